@@ -1,0 +1,47 @@
+"""hf_deepnmt: very deep neural machine translation as Hugging Face `transformers` models.
+
+Importing the package registers every model type with `AutoConfig`, `AutoModel` and `AutoModelForSeq2SeqLM`,
+marks the classes for `register_for_auto_class` (so `save_pretrained` copies the code and writes `auto_map`), and
+restores `pipeline("translation")` (removed in transformers 5) for seq2seq models.
+
+Only torch, transformers and safetensors are needed at import time; the training tools live in `training`.
+"""
+
+from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
+
+from .configuration_deep_transformer import DeepTransformerConfig
+from .modeling_deep_transformer import (
+    DeepTransformerForConditionalGeneration,
+    DeepTransformerModel,
+    DeepTransformerPreTrainedModel,
+    shift_tokens_right,
+)
+from .pipeline_translation import TranslationPipeline, register_translation_pipeline
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DeepTransformerConfig",
+    "DeepTransformerForConditionalGeneration",
+    "DeepTransformerModel",
+    "DeepTransformerPreTrainedModel",
+    "TranslationPipeline",
+    "register_translation_pipeline",
+    "shift_tokens_right",
+]
+
+
+def _register() -> None:
+    for config_class, base_class, seq2seq_class in (
+        (DeepTransformerConfig, DeepTransformerModel, DeepTransformerForConditionalGeneration),
+    ):
+        AutoConfig.register(config_class.model_type, config_class, exist_ok=True)
+        AutoModel.register(config_class, base_class, exist_ok=True)
+        AutoModelForSeq2SeqLM.register(config_class, seq2seq_class, exist_ok=True)
+        config_class.register_for_auto_class("AutoConfig")
+        base_class.register_for_auto_class("AutoModel")
+        seq2seq_class.register_for_auto_class("AutoModelForSeq2SeqLM")
+    register_translation_pipeline()
+
+
+_register()

@@ -1,0 +1,242 @@
+"""Configuration of the one Transformer implementation of hf_deepnmt.
+
+`DeepTransformerConfig` (``model_type="deep_transformer"``) describes the Vaswani et al. encoder-decoder of
+SPEC.md §0 with Marian/BART field names. The deep-NMT methods of the other papers are switches of this same
+configuration (SPEC.md §1-3, §5); their paper-named configs are thin subclasses that only change ``model_type``
+and defaults.
+
+Every field is validated when the config is built (and again when a model is built from it, so a config mutated
+after construction cannot slip through): a bad value raises one ``ValueError`` sentence that names the field, the
+value and what is allowed.
+
+This file is copied next to the weights by ``save_pretrained`` (trust_remote_code), so it may import only torch,
+transformers and same-folder modules with ``from .module import Name``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import PreTrainedConfig
+
+# Activation names accepted by `activation_function` (a subset of transformers.activations.ACT2FN that makes sense
+# for a position-wise FFN). Kept explicit so that a typo fails at config time, not at the first forward.
+ALLOWED_ACTIVATIONS: tuple[str, ...] = (
+    "relu",
+    "gelu",
+    "gelu_new",
+    "gelu_fast",
+    "gelu_pytorch_tanh",
+    "quick_gelu",
+    "silu",
+    "swish",
+    "mish",
+    "tanh",
+    "sigmoid",
+    "relu2",
+)
+ALLOWED_LAYER_NORM_POSITIONS: tuple[str, ...] = ("post", "pre")
+
+
+def _fail(config_name: str, field: str, value: Any, allowed: str) -> None:
+    """Raise the project's one-sentence validation error."""
+    raise ValueError(f"{config_name}: `{field}` = {value!r} is not allowed; {allowed}.")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+class DeepTransformerConfig(PreTrainedConfig):
+    r"""Configuration of [`DeepTransformerForConditionalGeneration`]: a Transformer encoder-decoder for NMT.
+
+    Defaults give Transformer-base (Vaswani et al. 2017): 6+6 layers, d_model 512, 8 heads, FFN 2048, post-LN, ReLU,
+    a shared (joint-BPE) source/target vocabulary and embeddings tied to the output projection (SPEC.md §0).
+
+    Args:
+        vocab_size (`int`, defaults to 32000):
+            Size of the joint source/target vocabulary. Source and target embeddings are one matrix (joint BPE,
+            SPEC.md §0); must be greater than every special token id.
+        d_model (`int`, defaults to 512):
+            Width of every layer (embedding and hidden size). Even, and divisible by both head counts.
+        encoder_layers (`int`, defaults to 6):
+            Number of encoder layers L_e (≥ 1). liu2020 goes to 60, li2022 to 30.
+        decoder_layers (`int`, defaults to 6):
+            Number of decoder layers L_d (≥ 1). li2022 studies decoders as deep as 27-30 layers.
+        encoder_attention_heads (`int`, defaults to 8):
+            Heads of every encoder self-attention; must divide `d_model`.
+        decoder_attention_heads (`int`, defaults to 8):
+            Heads of every decoder self- and cross-attention; must divide `d_model`.
+        encoder_ffn_dim (`int`, defaults to 2048):
+            Inner width of the encoder position-wise feed-forward network (fc1 -> activation -> fc2).
+        decoder_ffn_dim (`int`, defaults to 2048):
+            Inner width of the decoder feed-forward network.
+        activation_function (`str`, defaults to `"relu"`):
+            FFN non-linearity; ReLU as in Vaswani et al. and all four papers. One of `ALLOWED_ACTIVATIONS`.
+        dropout (`float`, defaults to 0.1):
+            Residual dropout on every sub-layer output and on the embeddings, in [0, 1).
+        attention_dropout (`float`, defaults to 0.0):
+            Dropout on the attention probabilities, in [0, 1).
+        activation_dropout (`float`, defaults to 0.0):
+            Dropout after the FFN activation (fairseq's relu_dropout), in [0, 1).
+        max_position_embeddings (`int`, defaults to 1024):
+            Longest source or target sequence, in tokens, the model accepts. Positions are sinusoidal (not learned),
+            so this is a guard, not a parameter count.
+        scale_embedding (`bool`, defaults to `True`):
+            Multiply token embeddings by sqrt(d_model) before adding positions (Vaswani et al. §3.4).
+        layer_norm_position (`str`, defaults to `"post"`):
+            `"post"`: x_{k} = LN(x_{k-1} + f_k(x_{k-1})), the papers' default (Eq. (3) li2022, Eq. (1) liu2020).
+            `"pre"`: x_{k} = x_{k-1} + f_k(LN(x_{k-1})), with a final LayerNorm on each stack (SPEC.md §0).
+        layer_norm_eps (`float`, defaults to 1e-5):
+            Epsilon of every LayerNorm (> 0).
+        tie_word_embeddings (`bool`, defaults to `True`):
+            Tie the output projection (`lm_head`) to the shared token embedding (Press & Wolf 2017; SPEC.md §0).
+        init_std (`float`, *optional*, defaults to `None`):
+            Standard deviation of the normal init of the token embedding (and of an untied `lm_head`). `None` means
+            d_model ** -0.5, the fairseq/Vaswani choice that gives unit-variance scaled embeddings. Linear layers use
+            Xavier-uniform weights and zero biases; LayerNorms start at weight 1, bias 0.
+        pad_token_id (`int`, defaults to 0):
+            Id of `<pad>`; its embedding row is kept at zero and it is never attended to.
+        bos_token_id (`int`, defaults to 1):
+            Id of `<s>`.
+        eos_token_id (`int`, defaults to 2):
+            Id of `</s>`, which ends every source and target sequence.
+        unk_token_id (`int`, defaults to 3):
+            Id of `<unk>`. Used by the li2022 ALD loss (SPEC.md §1) to mask source tokens.
+        decoder_start_token_id (`int`, defaults to 1):
+            First decoder input token (`<s>`); labels are shifted right behind it.
+        use_cache (`bool`, defaults to `True`):
+            Return and use key/value caches (`EncoderDecoderCache`) during incremental decoding.
+        is_encoder_decoder (`bool`, defaults to `True`):
+            Always `True`; present because transformers reads it.
+
+    Example:
+
+    ```python
+    >>> from hf_deepnmt import DeepTransformerConfig, DeepTransformerForConditionalGeneration
+    >>> config = DeepTransformerConfig(vocab_size=8000, d_model=256, encoder_layers=12, decoder_layers=6)
+    >>> model = DeepTransformerForConditionalGeneration(config)
+    ```
+    """
+
+    model_type = "deep_transformer"
+    keys_to_ignore_at_inference = ["past_key_values", "encoder_last_hidden_state"]
+    attribute_map = {
+        "num_attention_heads": "encoder_attention_heads",
+        "hidden_size": "d_model",
+        "num_hidden_layers": "encoder_layers",
+    }
+
+    def __init__(
+        self,
+        vocab_size: int = 32000,
+        d_model: int = 512,
+        encoder_layers: int = 6,
+        decoder_layers: int = 6,
+        encoder_attention_heads: int = 8,
+        decoder_attention_heads: int = 8,
+        encoder_ffn_dim: int = 2048,
+        decoder_ffn_dim: int = 2048,
+        activation_function: str = "relu",
+        dropout: float = 0.1,
+        attention_dropout: float = 0.0,
+        activation_dropout: float = 0.0,
+        max_position_embeddings: int = 1024,
+        scale_embedding: bool = True,
+        layer_norm_position: str = "post",
+        layer_norm_eps: float = 1e-5,
+        tie_word_embeddings: bool = True,
+        init_std: float | None = None,
+        pad_token_id: int = 0,
+        bos_token_id: int = 1,
+        eos_token_id: int = 2,
+        unk_token_id: int = 3,
+        decoder_start_token_id: int = 1,
+        use_cache: bool = True,
+        is_encoder_decoder: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        self.vocab_size = vocab_size
+        self.d_model = d_model
+        self.encoder_layers = encoder_layers
+        self.decoder_layers = decoder_layers
+        self.encoder_attention_heads = encoder_attention_heads
+        self.decoder_attention_heads = decoder_attention_heads
+        self.encoder_ffn_dim = encoder_ffn_dim
+        self.decoder_ffn_dim = decoder_ffn_dim
+        self.activation_function = activation_function
+        self.dropout = dropout
+        self.attention_dropout = attention_dropout
+        self.activation_dropout = activation_dropout
+        self.max_position_embeddings = max_position_embeddings
+        self.scale_embedding = scale_embedding
+        self.layer_norm_position = layer_norm_position
+        self.layer_norm_eps = layer_norm_eps
+        self.init_std = init_std
+        self.unk_token_id = unk_token_id
+        self.use_cache = use_cache
+        self.tie_word_embeddings = tie_word_embeddings
+        super().__init__(
+            pad_token_id=pad_token_id,
+            bos_token_id=bos_token_id,
+            eos_token_id=eos_token_id,
+            decoder_start_token_id=decoder_start_token_id,
+            is_encoder_decoder=is_encoder_decoder,
+            tie_word_embeddings=tie_word_embeddings,
+            **kwargs,
+        )
+        self.check_fields()
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Validation. Subclasses and later features extend `check_fields` (call super first).
+    # ------------------------------------------------------------------------------------------------------------
+    def check_fields(self) -> None:
+        """Validate every field; raise one `ValueError` sentence naming the field, the value and what is allowed."""
+        name = type(self).__name__
+        for field in ("vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
+                      "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim", "max_position_embeddings"):
+            value = getattr(self, field)
+            if not (_is_int(value) and value >= 1):
+                _fail(name, field, value, "it must be a positive integer")
+        if self.d_model % 2 != 0:
+            _fail(name, "d_model", self.d_model, "it must be even (sinusoidal positions pair sin and cos)")
+        for field in ("encoder_attention_heads", "decoder_attention_heads"):
+            heads = getattr(self, field)
+            if self.d_model % heads != 0:
+                _fail(name, field, heads, f"it must divide d_model ({self.d_model})")
+        if self.activation_function not in ALLOWED_ACTIVATIONS:
+            _fail(name, "activation_function", self.activation_function, f"use one of {list(ALLOWED_ACTIVATIONS)}")
+        for field in ("dropout", "attention_dropout", "activation_dropout"):
+            value = getattr(self, field)
+            if not (_is_number(value) and 0.0 <= value < 1.0):
+                _fail(name, field, value, "it must be a probability in [0, 1)")
+        for field in ("scale_embedding", "tie_word_embeddings", "use_cache", "is_encoder_decoder"):
+            value = getattr(self, field)
+            if not isinstance(value, bool):
+                _fail(name, field, value, "it must be True or False")
+        if self.is_encoder_decoder is not True:
+            _fail(name, "is_encoder_decoder", self.is_encoder_decoder, "this model is always an encoder-decoder (True)")
+        if self.layer_norm_position not in ALLOWED_LAYER_NORM_POSITIONS:
+            _fail(name, "layer_norm_position", self.layer_norm_position,
+                  f"use one of {list(ALLOWED_LAYER_NORM_POSITIONS)}")
+        if not (_is_number(self.layer_norm_eps) and 0.0 < self.layer_norm_eps < 1.0):
+            _fail(name, "layer_norm_eps", self.layer_norm_eps, "it must be a number in (0, 1)")
+        if self.init_std is not None and not (_is_number(self.init_std) and self.init_std > 0):
+            _fail(name, "init_std", self.init_std, "it must be None (d_model ** -0.5) or a positive number")
+        token_fields = ("pad_token_id", "bos_token_id", "eos_token_id", "unk_token_id", "decoder_start_token_id")
+        for field in token_fields:
+            value = getattr(self, field, None)
+            if not (_is_int(value) and 0 <= value < self.vocab_size):
+                _fail(name, field, value, f"it must be a token id in [0, vocab_size={self.vocab_size})")
+        if self.eos_token_id == self.pad_token_id:
+            _fail(name, "eos_token_id", self.eos_token_id, "it must differ from pad_token_id, which is masked out")
+        if self.unk_token_id in (self.pad_token_id, self.eos_token_id):
+            _fail(name, "unk_token_id", self.unk_token_id,
+                  "it must differ from pad_token_id and eos_token_id (ALD masks source words with it)")
+        if self.decoder_start_token_id == self.pad_token_id:
+            _fail(name, "decoder_start_token_id", self.decoder_start_token_id,
+                  "it must differ from pad_token_id, which the decoder never attends to")

@@ -1,0 +1,732 @@
+"""The one Transformer encoder-decoder of hf_deepnmt.
+
+Every Transformer variant of the package is this file with switches of `DeepTransformerConfig` (SPEC.md §0, §5):
+the paper-named models are thin subclasses that only set ``model_type`` and defaults.
+
+Read top to bottom:
+
+1. `sinusoidal_positions`, masks and the attention kernel (SDPA; an eager path only when weights are requested);
+2. `DeepTransformerAttention` (self- and cross-attention, `EncoderDecoderCache` aware);
+3. the residual sub-layer rule (post-LN or pre-LN) shared by both layer types;
+4. encoder / decoder layers and stacks, `DeepTransformerModel`, `DeepTransformerForConditionalGeneration`.
+
+Seams for the deep-NMT methods (filled by their issues, each validated in the config):
+
+* per-layer cross-attention presence (`DeepTransformerDecoderLayer(has_cross_attention=...)`, li2022 CAD);
+* per-sub-layer residual scaling ω (`DeepTransformerSublayerMixin._residual`, liu2020 ADMIN);
+* every layer's output is available to the stack (`_run_stack` collects them) for layer aggregation (dou2018);
+* attention takes its keys/values from an explicit source tensor, so a layer can attend to several sources
+  (dou2018 multi-layer attention).
+
+This file is copied next to the weights by ``save_pretrained`` (trust_remote_code): it imports only torch,
+transformers and same-folder modules with ``from .module import Name``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn import init
+from transformers import GenerationMixin, PreTrainedModel
+from transformers.activations import ACT2FN
+from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+from transformers.modeling_outputs import (
+    BaseModelOutput,
+    BaseModelOutputWithPastAndCrossAttentions,
+    Seq2SeqLMOutput,
+    Seq2SeqModelOutput,
+)
+
+from .configuration_deep_transformer import DeepTransformerConfig
+from .pipeline_translation import TRANSLATION_PIPELINE_SPEC
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 1. Positions, masks, attention kernel
+# ----------------------------------------------------------------------------------------------------------------
+def sinusoidal_positions(start: int, length: int, dim: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """Sinusoidal position encodings for positions ``start .. start+length-1``, shape ``(length, dim)``.
+
+    Vaswani et al. (2017) §3.5: PE(pos, 2i) = sin(pos / 10000^{2i/d}), PE(pos, 2i+1) = cos(pos / 10000^{2i/d}).
+    Layout follows Marian (all sines, then all cosines), so a model without deep-NMT features exports exactly to
+    `transformers.MarianMTModel`. Computed in float64 and cast, as Marian's table is.
+    """
+    half = dim // 2
+    inv_freq = torch.pow(10000.0, -torch.arange(half, device=device, dtype=torch.float64) * 2.0 / dim)  # (d/2,)
+    positions = torch.arange(start, start + length, device=device, dtype=torch.float64)
+    angles = positions[:, None] * inv_freq[None, :]  # (T, d/2)
+    return torch.cat([angles.sin(), angles.cos()], dim=-1).to(dtype)  # (T, d)
+
+
+def padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """``(B, S)`` 1/0 key mask -> boolean ``(B, 1, 1, S)`` (True = attend), or None when there is none.
+
+    A row with no real key at all (an all-padding sequence) would give NaN in softmax; such rows attend to every
+    position instead (their outputs are padding and never used).
+    """
+    if attention_mask is None:
+        return None
+    if attention_mask.dim() == 4:  # already a (B, 1, Tq, Tk) mask: bool, or additive (0 = attend)
+        mask = attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0
+    else:
+        mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, S)
+    return mask | ~mask.any(dim=-1, keepdim=True)
+
+
+def causal_mask(query_length: int, key_length: int, device: torch.device) -> torch.Tensor:
+    """Boolean ``(1, 1, Tq, Tk)`` mask where query i (absolute position Tk-Tq+i) sees keys 0 .. Tk-Tq+i."""
+    return torch.ones(query_length, key_length, dtype=torch.bool, device=device).tril(key_length - query_length)[
+        None, None
+    ]
+
+
+def attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    is_causal: bool,
+    dropout_p: float,
+    need_weights: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """softmax(Q Kᵀ / sqrt(d_h) + mask) V (Vaswani et al. Eq. 1) on ``(B, H, T, d_h)`` tensors.
+
+    Uses `torch.nn.functional.scaled_dot_product_attention` (SPEC.md §0); computes the weights explicitly only
+    when they are requested (``output_attentions=True``). ``is_causal`` is only used with Tq == Tk.
+    """
+    if not need_weights:
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
+        return out, None
+    scores = torch.matmul(query, key.transpose(-1, -2)) * query.size(-1) ** -0.5  # (B, H, Tq, Tk)
+    if is_causal:
+        mask = causal_mask(query.size(-2), key.size(-2), query.device) if mask is None else mask
+    if mask is not None:
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    weights = torch.softmax(scores.float(), dim=-1).to(query.dtype)
+    out = torch.matmul(F.dropout(weights, p=dropout_p, training=dropout_p > 0.0), value)  # (B, H, Tq, d_h)
+    return out, weights
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 2. Multi-head attention
+# ----------------------------------------------------------------------------------------------------------------
+class DeepTransformerAttention(nn.Module):
+    """Multi-head attention, Vaswani et al. (2017) Eq. (1)-(2), with Marian/BART parameter names.
+
+    Self-attention appends its new keys/values to ``cache.self_attention_cache``; cross-attention projects the
+    encoder states once and reads them back from ``cache.cross_attention_cache`` on later decoding steps.
+    """
+
+    def __init__(self, embed_dim: int, num_heads: int, dropout: float, layer_idx: int, is_cross_attention: bool):
+        super().__init__()
+        self.embed_dim = embed_dim
+        self.num_heads = num_heads
+        self.head_dim = embed_dim // num_heads
+        self.dropout = dropout
+        self.layer_idx = layer_idx
+        self.is_cross_attention = is_cross_attention
+        self.q_proj = nn.Linear(embed_dim, embed_dim)
+        self.k_proj = nn.Linear(embed_dim, embed_dim)
+        self.v_proj = nn.Linear(embed_dim, embed_dim)
+        self.out_proj = nn.Linear(embed_dim, embed_dim)
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length, _ = x.shape
+        return x.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, d_h)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        key_value_states: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        cache: EncoderDecoderCache | None = None,
+        output_attentions: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        batch, length, _ = hidden_states.shape
+        query = self._heads(self.q_proj(hidden_states))  # (B, H, Tq, d_h)
+        if self.is_cross_attention:
+            if cache is not None and cache.is_updated.get(self.layer_idx):
+                layer = cache.cross_attention_cache.layers[self.layer_idx]
+                key, value = layer.keys, layer.values  # (B, H, S, d_h), projected on the first step
+            else:
+                key = self._heads(self.k_proj(key_value_states))  # (B, H, S, d_h)
+                value = self._heads(self.v_proj(key_value_states))
+                if cache is not None:
+                    key, value = cache.cross_attention_cache.update(key, value, self.layer_idx)
+                    cache.is_updated[self.layer_idx] = True
+        else:
+            key = self._heads(self.k_proj(hidden_states))  # (B, H, Tq, d_h)
+            value = self._heads(self.v_proj(hidden_states))
+            if cache is not None:
+                key, value = cache.self_attention_cache.update(key, value, self.layer_idx)  # (B, H, past+Tq, d_h)
+        out, weights = attention(
+            query,
+            key,
+            value,
+            attention_mask,
+            is_causal,
+            self.dropout if self.training else 0.0,
+            output_attentions,
+        )
+        out = out.transpose(1, 2).reshape(batch, length, self.embed_dim)  # (B, Tq, d)
+        return self.out_proj(out), weights
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 3. The residual sub-layer rule, shared by encoder and decoder layers
+# ----------------------------------------------------------------------------------------------------------------
+class DeepTransformerSublayerMixin:
+    """x_k = LN(x_{k-1} + f_k(x_{k-1})) (post-LN) or x_k = x_{k-1} + f_k(LN(x_{k-1})) (pre-LN).
+
+    Post-LN is Eq. (3) of li2022 and Eq. (1) of liu2020; pre-LN is the alternative of SPEC.md §0. Every sub-layer of
+    both layer types goes through `_sublayer_input` and `_residual`, which is where liu2020's ω_k (SPEC.md §3) scales
+    the residual branch.
+    """
+
+    pre_layer_norm: bool
+    dropout: float
+    training: bool
+
+    def _sublayer_input(self, hidden_states: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
+        return norm(hidden_states) if self.pre_layer_norm else hidden_states
+
+    def _residual(self, residual: torch.Tensor, branch: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
+        branch = F.dropout(branch, p=self.dropout, training=self.training)
+        if self.pre_layer_norm:
+            return residual + branch
+        return norm(residual + branch)  # Eq. (3) li2022 / Eq. (1) liu2020: post-LN
+
+    def _feed_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """FFN(x) = fc2(dropout(act(fc1(x)))) (Vaswani et al. Eq. 2)."""
+        residual = hidden_states
+        x = self._sublayer_input(hidden_states, self.final_layer_norm)
+        x = F.dropout(self.activation_fn(self.fc1(x)), p=self.activation_dropout, training=self.training)
+        return self._residual(residual, self.fc2(x), self.final_layer_norm)
+
+
+class DeepTransformerEncoderLayer(DeepTransformerSublayerMixin, nn.Module):
+    """Self-attention and FFN sub-layers (2 residual sub-layers per layer)."""
+
+    def __init__(self, config: DeepTransformerConfig, layer_idx: int):
+        super().__init__()
+        d = config.d_model
+        self.layer_idx = layer_idx
+        self.pre_layer_norm = config.layer_norm_position == "pre"
+        self.dropout = config.dropout
+        self.activation_dropout = config.activation_dropout
+        self.self_attn = DeepTransformerAttention(d, config.encoder_attention_heads, config.attention_dropout,
+                                                  layer_idx, is_cross_attention=False)
+        self.self_attn_layer_norm = nn.LayerNorm(d, eps=config.layer_norm_eps)
+        self.activation_fn = ACT2FN[config.activation_function]
+        self.fc1 = nn.Linear(d, config.encoder_ffn_dim)
+        self.fc2 = nn.Linear(config.encoder_ffn_dim, d)
+        self.final_layer_norm = nn.LayerNorm(d, eps=config.layer_norm_eps)
+
+    def forward(
+        self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None, output_attentions: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        residual = hidden_states
+        x = self._sublayer_input(hidden_states, self.self_attn_layer_norm)
+        x, weights = self.self_attn(x, attention_mask=attention_mask, output_attentions=output_attentions)
+        hidden_states = self._residual(residual, x, self.self_attn_layer_norm)
+        return self._feed_forward(hidden_states), weights
+
+
+class DeepTransformerDecoderLayer(DeepTransformerSublayerMixin, nn.Module):
+    """Causal self-attention, cross-attention and FFN sub-layers (3 residual sub-layers per layer).
+
+    ``has_cross_attention=False`` builds a layer without any cross-attention parameters (the seam for li2022's CAD
+    with p_net = 1.0, SPEC.md §1); it is always True in the plain model.
+    """
+
+    def __init__(self, config: DeepTransformerConfig, layer_idx: int, has_cross_attention: bool = True):
+        super().__init__()
+        d = config.d_model
+        self.layer_idx = layer_idx
+        self.pre_layer_norm = config.layer_norm_position == "pre"
+        self.dropout = config.dropout
+        self.activation_dropout = config.activation_dropout
+        self.self_attn = DeepTransformerAttention(d, config.decoder_attention_heads, config.attention_dropout,
+                                                  layer_idx, is_cross_attention=False)
+        self.self_attn_layer_norm = nn.LayerNorm(d, eps=config.layer_norm_eps)
+        self.encoder_attn: DeepTransformerAttention | None = None
+        self.encoder_attn_layer_norm: nn.LayerNorm | None = None
+        if has_cross_attention:
+            self.encoder_attn = DeepTransformerAttention(d, config.decoder_attention_heads, config.attention_dropout,
+                                                         layer_idx, is_cross_attention=True)
+            self.encoder_attn_layer_norm = nn.LayerNorm(d, eps=config.layer_norm_eps)
+        self.activation_fn = ACT2FN[config.activation_function]
+        self.fc1 = nn.Linear(d, config.decoder_ffn_dim)
+        self.fc2 = nn.Linear(config.decoder_ffn_dim, d)
+        self.final_layer_norm = nn.LayerNorm(d, eps=config.layer_norm_eps)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        self_attention_mask: torch.Tensor | None,
+        self_attention_is_causal: bool,
+        encoder_hidden_states: torch.Tensor,
+        encoder_attention_mask: torch.Tensor | None,
+        cache: EncoderDecoderCache | None = None,
+        output_attentions: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        residual = hidden_states
+        x = self._sublayer_input(hidden_states, self.self_attn_layer_norm)
+        x, self_weights = self.self_attn(
+            x,
+            attention_mask=self_attention_mask,
+            is_causal=self_attention_is_causal,
+            cache=cache,
+            output_attentions=output_attentions,
+        )
+        hidden_states = self._residual(residual, x, self.self_attn_layer_norm)
+
+        cross_weights = None
+        if self.encoder_attn is not None:
+            residual = hidden_states
+            x = self._sublayer_input(hidden_states, self.encoder_attn_layer_norm)
+            x, cross_weights = self.encoder_attn(
+                x,
+                key_value_states=encoder_hidden_states,
+                attention_mask=encoder_attention_mask,
+                cache=cache,
+                output_attentions=output_attentions,
+            )
+            hidden_states = self._residual(residual, x, self.encoder_attn_layer_norm)
+        return self._feed_forward(hidden_states), self_weights, cross_weights
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 4. Stacks and models
+# ----------------------------------------------------------------------------------------------------------------
+def _bind_shared_embedding(stack: nn.Module, embedding: nn.Embedding) -> None:
+    """Give a stack the shared token embedding without registering it a second time.
+
+    The joint source/target embedding (SPEC.md §0) has one owner, ``DeepTransformerModel.shared``; the stacks
+    hold a plain reference so that the state dict, DDP and ZeRO see a single parameter.
+    """
+    stack.__dict__["embed_tokens"] = embedding
+
+
+class _DeepTransformerStack(nn.Module):
+    """What encoder and decoder share: embeddings + positions, gradient checkpointing, the final pre-LN norm."""
+
+    embed_tokens: nn.Embedding
+
+    def __init__(self, config: DeepTransformerConfig, embed_tokens: nn.Embedding):
+        super().__init__()
+        self.config = config
+        _bind_shared_embedding(self, embed_tokens)
+        self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
+        self.dropout = config.dropout
+        self.gradient_checkpointing = False
+        # Pre-LN needs a final LayerNorm on each stack (SPEC.md §0); post-LN already ends on one.
+        self.layer_norm = (
+            nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.layer_norm_position == "pre" else None
+        )
+
+    def _embed(self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, past_length: int):
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError(f"{type(self).__name__}: pass exactly one of `input_ids` and `inputs_embeds`.")
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids) * self.embed_scale
+        length = inputs_embeds.size(1)
+        if past_length + length > self.config.max_position_embeddings:
+            raise ValueError(
+                f"{type(self).__name__}: a sequence of {past_length + length} tokens is longer than "
+                f"max_position_embeddings={self.config.max_position_embeddings}; truncate the input (the tokenizer "
+                "and the translation pipeline do this with truncation=True)."
+            )
+        positions = sinusoidal_positions(past_length, length, self.config.d_model, inputs_embeds.device,
+                                         inputs_embeds.dtype)
+        hidden_states = inputs_embeds + positions[None]  # (B, T, d)
+        return F.dropout(hidden_states, p=self.dropout, training=self.training)
+
+    def _call_layer(self, layer: nn.Module, *args: Any) -> tuple:
+        if self.gradient_checkpointing and self.training:
+            return self._gradient_checkpointing_func(layer.__call__, *args)
+        return layer(*args)
+
+    def _finish(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.layer_norm(hidden_states) if self.layer_norm is not None else hidden_states
+
+
+class DeepTransformerEncoder(_DeepTransformerStack):
+    """``encoder_layers`` encoder layers over the embedded source. Reusable: its `BaseModelOutput` can feed any
+    number of decoder passes (``model(encoder_outputs=..., ...)``), which li2022's DDR/ALD losses rely on."""
+
+    main_input_name = "input_ids"
+
+    def __init__(self, config: DeepTransformerConfig, embed_tokens: nn.Embedding):
+        super().__init__(config, embed_tokens)
+        self.layers = nn.ModuleList(DeepTransformerEncoderLayer(config, i) for i in range(config.encoder_layers))
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+    ) -> BaseModelOutput | tuple:
+        output_attentions = bool(output_attentions if output_attentions is not None else self.config.output_attentions)
+        output_hidden_states = bool(
+            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
+        )
+        hidden_states = self._embed(input_ids, inputs_embeds, past_length=0)
+        mask = padding_mask(attention_mask)  # (B, 1, 1, S)
+        all_states: list[torch.Tensor] = []
+        all_attentions: list[torch.Tensor] = []
+        for layer in self.layers:
+            if output_hidden_states:
+                all_states.append(hidden_states)
+            hidden_states, weights = self._call_layer(layer, hidden_states, mask, output_attentions)
+            if output_attentions:
+                all_attentions.append(weights)
+        hidden_states = self._finish(hidden_states)
+        if output_hidden_states:
+            all_states.append(hidden_states)
+        output = BaseModelOutput(
+            last_hidden_state=hidden_states,
+            hidden_states=tuple(all_states) if output_hidden_states else None,
+            attentions=tuple(all_attentions) if output_attentions else None,
+        )
+        return output if return_dict is not False else output.to_tuple()
+
+
+class DeepTransformerDecoder(_DeepTransformerStack):
+    """``decoder_layers`` decoder layers; incremental decoding through `EncoderDecoderCache`."""
+
+    main_input_name = "input_ids"
+
+    def __init__(self, config: DeepTransformerConfig, embed_tokens: nn.Embedding):
+        super().__init__(config, embed_tokens)
+        self.layers = nn.ModuleList(DeepTransformerDecoderLayer(config, i) for i in range(config.decoder_layers))
+
+    @staticmethod
+    def _self_attention_mask(
+        decoder_attention_mask: torch.Tensor | None, query_length: int, past_length: int, device: torch.device
+    ) -> tuple[torch.Tensor | None, bool]:
+        """(mask, is_causal) for decoder self-attention.
+
+        Without a user mask, training and the first step use SDPA's causal kernel, single-token steps need no mask,
+        and a multi-token chunk after a cache gets an explicit offset causal mask. A user's ``(B, past+T)`` mask is
+        combined with the causal one (right-padded targets never need it: a real position never sees a later pad).
+        """
+        key_length = past_length + query_length
+        if decoder_attention_mask is None:
+            if past_length == 0:
+                return None, True
+            if query_length == 1:
+                return None, False
+            return causal_mask(query_length, key_length, device), False
+        if decoder_attention_mask.dim() == 4:
+            return padding_mask(decoder_attention_mask), False
+        keys = decoder_attention_mask.bool()[:, None, None, :]  # (B, 1, 1, past+T)
+        mask = keys & causal_mask(query_length, key_length, device)  # (B, 1, T, past+T)
+        return mask | ~mask.any(dim=-1, keepdim=True), False
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        past_key_values: EncoderDecoderCache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+    ) -> BaseModelOutputWithPastAndCrossAttentions | tuple:
+        output_attentions = bool(output_attentions if output_attentions is not None else self.config.output_attentions)
+        output_hidden_states = bool(
+            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
+        )
+        use_cache = use_cache if use_cache is not None else self.config.use_cache
+        if self.gradient_checkpointing and self.training:
+            use_cache = False  # a cache written during the forward would be written again by the recomputation
+        cache = past_key_values if use_cache else None
+        if use_cache and cache is None:
+            cache = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
+        if cache is not None and not isinstance(cache, EncoderDecoderCache):
+            raise TypeError(
+                f"{type(self).__name__}: `past_key_values` must be an EncoderDecoderCache, got {type(cache).__name__}."
+            )
+        if encoder_hidden_states is None:
+            raise ValueError(f"{type(self).__name__}: `encoder_hidden_states` is required (run the encoder first).")
+        past_length = cache.get_seq_length() if cache is not None else 0
+
+        hidden_states = self._embed(input_ids, inputs_embeds, past_length)
+        self_mask, is_causal = self._self_attention_mask(attention_mask, hidden_states.size(1), past_length,
+                                                          hidden_states.device)
+        cross_mask = padding_mask(encoder_attention_mask)  # (B, 1, 1, S)
+        all_states: list[torch.Tensor] = []
+        all_self: list[torch.Tensor] = []
+        all_cross: list[torch.Tensor] = []
+        for layer in self.layers:
+            if output_hidden_states:
+                all_states.append(hidden_states)
+            hidden_states, self_weights, cross_weights = self._call_layer(
+                layer, hidden_states, self_mask, is_causal, encoder_hidden_states, cross_mask, cache, output_attentions
+            )
+            if output_attentions:
+                all_self.append(self_weights)
+                all_cross.append(cross_weights)
+        hidden_states = self._finish(hidden_states)
+        if output_hidden_states:
+            all_states.append(hidden_states)
+        output = BaseModelOutputWithPastAndCrossAttentions(
+            last_hidden_state=hidden_states,
+            past_key_values=cache if use_cache else None,
+            hidden_states=tuple(all_states) if output_hidden_states else None,
+            attentions=tuple(all_self) if output_attentions else None,
+            cross_attentions=tuple(all_cross) if output_attentions else None,
+        )
+        return output if return_dict is not False else output.to_tuple()
+
+
+class DeepTransformerPreTrainedModel(PreTrainedModel):
+    """Weight init, attention capabilities and Hub plumbing shared by the DeepTransformer models."""
+
+    config_class = DeepTransformerConfig
+    base_model_prefix = "model"
+    main_input_name = "input_ids"
+    supports_gradient_checkpointing = True
+    _supports_sdpa = True
+    _no_split_modules = ["DeepTransformerEncoderLayer", "DeepTransformerDecoderLayer"]
+    # The model returns a per-token *mean* loss; Trainer must scale it for gradient accumulation itself
+    # (notes/hf-transformers-v5-findings.md §4).
+    accepts_loss_kwargs = False
+
+    def __init__(self, config: DeepTransformerConfig, *args: Any, **kwargs: Any):
+        config.check_fields()  # a config mutated after construction is re-validated here
+        super().__init__(config, *args, **kwargs)
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        """Xavier-uniform linear weights and zero biases (fairseq/Vaswani), N(0, init_std) token embeddings and
+        output projection, unit LayerNorms. Uses `torch.nn.init`, which transformers guards for loaded weights."""
+        std = self.config.init_std if self.config.init_std is not None else self.config.d_model ** -0.5
+        if isinstance(module, nn.Linear):
+            if module is getattr(self, "lm_head", None):
+                init.normal_(module.weight, mean=0.0, std=std)
+            else:
+                init.xavier_uniform_(module.weight)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            init.normal_(module.weight, mean=0.0, std=std)
+            if module.padding_idx is not None and not getattr(module.weight, "_is_hf_initialized", False):
+                module.weight[module.padding_idx].zero_()
+        elif isinstance(module, nn.LayerNorm):
+            init.ones_(module.weight)
+            init.zeros_(module.bias)
+
+    def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> None:
+        """`PreTrainedModel.save_pretrained`, plus what makes the folder self-sufficient on the Hub: the
+        `translation` pipeline (``custom_pipelines``) and ``auto_map`` entries for both Auto classes."""
+        if self._auto_class is not None:
+            module = type(self).__module__.rsplit(".", 1)[-1]
+            self.config.custom_pipelines = {"translation": dict(TRANSLATION_PIPELINE_SPEC)}
+            self.config.auto_map = {
+                **(getattr(self.config, "auto_map", None) or {}),
+                "AutoModel": f"{module}.{self.base_model_class_name}",
+                "AutoModelForSeq2SeqLM": f"{module}.{self.seq2seq_class_name}",
+            }
+        super().save_pretrained(save_directory, *args, **kwargs)
+
+    base_model_class_name = "DeepTransformerModel"
+    seq2seq_class_name = "DeepTransformerForConditionalGeneration"
+
+
+class DeepTransformerModel(DeepTransformerPreTrainedModel):
+    """Encoder and decoder over one shared (joint-vocabulary) token embedding; returns decoder states."""
+
+    def __init__(self, config: DeepTransformerConfig):
+        super().__init__(config)
+        self.shared = nn.Embedding(config.vocab_size, config.d_model, padding_idx=config.pad_token_id)
+        self.encoder = DeepTransformerEncoder(config, self.shared)
+        self.decoder = DeepTransformerDecoder(config, self.shared)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.shared
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.shared = value
+        _bind_shared_embedding(self.encoder, value)
+        _bind_shared_embedding(self.decoder, value)
+
+    def get_encoder(self, modality: str | None = None) -> DeepTransformerEncoder:
+        return self.encoder
+
+    def get_decoder(self) -> DeepTransformerDecoder:
+        return self.decoder
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: BaseModelOutput | tuple | None = None,
+        past_key_values: EncoderDecoderCache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+    ) -> Seq2SeqModelOutput | tuple:
+        if encoder_outputs is None:
+            encoder_outputs = self.encoder(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                inputs_embeds=inputs_embeds,
+                output_attentions=output_attentions,
+                output_hidden_states=output_hidden_states,
+            )
+        elif not isinstance(encoder_outputs, BaseModelOutput):
+            encoder_outputs = BaseModelOutput(
+                last_hidden_state=encoder_outputs[0],
+                hidden_states=encoder_outputs[1] if len(encoder_outputs) > 1 else None,
+                attentions=encoder_outputs[2] if len(encoder_outputs) > 2 else None,
+            )
+        decoder_outputs = self.decoder(
+            input_ids=decoder_input_ids,
+            attention_mask=decoder_attention_mask,
+            encoder_hidden_states=encoder_outputs.last_hidden_state,
+            encoder_attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            inputs_embeds=decoder_inputs_embeds,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+        )
+        output = Seq2SeqModelOutput(
+            last_hidden_state=decoder_outputs.last_hidden_state,
+            past_key_values=decoder_outputs.past_key_values,
+            decoder_hidden_states=decoder_outputs.hidden_states,
+            decoder_attentions=decoder_outputs.attentions,
+            cross_attentions=decoder_outputs.cross_attentions,
+            encoder_last_hidden_state=encoder_outputs.last_hidden_state,
+            encoder_hidden_states=encoder_outputs.hidden_states,
+            encoder_attentions=encoder_outputs.attentions,
+        )
+        return output if return_dict is not False else output.to_tuple()
+
+
+def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
+    """Teacher-forcing decoder inputs: ``<s> y_1 … y_{n-1}`` from labels ``y_1 … y_n`` (-100 becomes pad)."""
+    shifted = labels.new_full(labels.shape, pad_token_id)
+    shifted[:, 1:] = labels[:, :-1]
+    shifted[:, 0] = decoder_start_token_id
+    return shifted.masked_fill(shifted == -100, pad_token_id)
+
+
+class DeepTransformerForConditionalGeneration(DeepTransformerPreTrainedModel, GenerationMixin):
+    """`DeepTransformerModel` + output projection (tied to the shared embedding by default); generates with
+    greedy search, beam search and sampling through `GenerationMixin` and `EncoderDecoderCache`.
+
+    ``labels`` give the mean token-level cross-entropy over non-pad targets as ``loss`` (padding may be -100 or
+    the pad id). Label smoothing and the papers' auxiliary losses live in `hf_deepnmt.losses`.
+    """
+
+    _tied_weights_keys = {"lm_head.weight": "model.shared.weight"}
+
+    def __init__(self, config: DeepTransformerConfig):
+        super().__init__(config)
+        self.model = DeepTransformerModel(config)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.post_init()
+        # MT-sized defaults (a saved generation_config.json overrides them): beam 4 and up to 256 new tokens instead
+        # of transformers' 20. `generate` below keeps an explicit `max_length` working without a warning.
+        self.generation_config.max_new_tokens = min(256, config.max_position_embeddings - 1)
+        self.generation_config.num_beams = 4
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.model.shared
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.model.set_input_embeddings(value)
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
+        self.lm_head = new_embeddings
+
+    def get_encoder(self, modality: str | None = None) -> DeepTransformerEncoder:
+        return self.model.encoder
+
+    def get_decoder(self) -> DeepTransformerDecoder:
+        return self.model.decoder
+
+    def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        """`GenerationMixin.generate`; an explicit ``max_length`` replaces the default ``max_new_tokens`` instead
+        of being overridden by it."""
+        if kwargs.get("max_length") is not None and "max_new_tokens" not in kwargs:
+            kwargs["max_new_tokens"] = None
+        return super().generate(*args, **kwargs)
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: BaseModelOutput | tuple | None = None,
+        past_key_values: EncoderDecoderCache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+    ) -> Seq2SeqLMOutput | tuple:
+        if labels is not None:
+            use_cache = False
+            if decoder_input_ids is None and decoder_inputs_embeds is None:
+                decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            decoder_input_ids=decoder_input_ids,
+            decoder_attention_mask=decoder_attention_mask,
+            encoder_outputs=encoder_outputs,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            decoder_inputs_embeds=decoder_inputs_embeds,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+        )
+        logits = self.lm_head(outputs.last_hidden_state)  # (B, T, V)
+        loss = None
+        if labels is not None:
+            targets = labels.masked_fill(labels == self.config.pad_token_id, -100)
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1), ignore_index=-100)
+        output = Seq2SeqLMOutput(
+            loss=loss,
+            logits=logits,
+            past_key_values=outputs.past_key_values,
+            decoder_hidden_states=outputs.decoder_hidden_states,
+            decoder_attentions=outputs.decoder_attentions,
+            cross_attentions=outputs.cross_attentions,
+            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
+            encoder_hidden_states=outputs.encoder_hidden_states,
+            encoder_attentions=outputs.encoder_attentions,
+        )
+        return output if return_dict is not False else output.to_tuple()

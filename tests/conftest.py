@@ -1,0 +1,112 @@
+"""Shared fixtures: offline Hub, tiny configs (d_model 16, 2+2 layers, vocab 99), deprecation policing."""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+
+# Offline, and a private HF_HOME so dynamic (trust_remote_code) modules never leak between runs or users.
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ.setdefault("HF_HOME", tempfile.mkdtemp(prefix="hf_deepnmt_tests_hf_home_"))
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import hf_deepnmt  # noqa: E402,F401  (registers Auto classes and the translation pipeline)
+from hf_deepnmt import DeepTransformerConfig, DeepTransformerForConditionalGeneration  # noqa: E402
+
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+TINY = dict(
+    vocab_size=99,
+    d_model=16,
+    encoder_layers=2,
+    decoder_layers=2,
+    encoder_attention_heads=4,
+    decoder_attention_heads=4,
+    encoder_ffn_dim=32,
+    decoder_ffn_dim=32,
+    max_position_embeddings=64,
+)
+
+
+def tiny_config(**overrides) -> DeepTransformerConfig:
+    return DeepTransformerConfig(**{**TINY, **overrides})
+
+
+def tiny_model(seed: int = 0, **overrides) -> DeepTransformerForConditionalGeneration:
+    torch.manual_seed(seed)
+    return DeepTransformerForConditionalGeneration(tiny_config(**overrides)).eval()
+
+
+@pytest.fixture
+def batch() -> dict[str, torch.Tensor]:
+    """Two right-padded source sentences and their (-100 padded) labels; ids avoid the specials 0-3."""
+    input_ids = torch.tensor([[5, 6, 7, 8, 9, 2], [10, 11, 12, 2, 0, 0]])
+    labels = torch.tensor([[13, 14, 15, 16, 2], [17, 18, 2, -100, -100]])
+    return {"input_ids": input_ids, "attention_mask": (input_ids != 0).long(), "labels": labels}
+
+
+# --------------------------------------------------------------------------------------------------------------
+# transformers deprecations fail the tests: both the `warnings` kind (pyproject filterwarnings) and the logged kind
+# (`logger.warning_once("... is deprecated ...")`), which the handler below collects.
+# --------------------------------------------------------------------------------------------------------------
+class _DeprecationCollector(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(level=logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if is_deprecation_message(message):
+            self.messages.append(message)
+
+
+def is_deprecation_message(message: str) -> bool:
+    lowered = message.lower()
+    return "deprecat" in lowered or "will be removed" in lowered or "no longer supported" in lowered
+
+
+@pytest.fixture(autouse=True)
+def _fail_on_transformers_deprecations():
+    collector = _DeprecationCollector()
+    logger = logging.getLogger("transformers")
+    logger.addHandler(collector)
+    try:
+        yield
+    finally:
+        logger.removeHandler(collector)
+    assert not collector.messages, f"transformers logged deprecations: {collector.messages}"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# A tiny saved model + joint BPE tokenizer, shared by the pipeline, remote-code and tokenizer tests.
+# --------------------------------------------------------------------------------------------------------------
+PARALLEL = [
+    ("In the beginning God created the heavens and the earth.", "En el principio creó Dios los cielos y la tierra."),
+    ("And God said, Let there be light, and there was light.", "Y dijo Dios: Sea la luz, y fué la luz."),
+    ("And God saw the light, that it was good.", "Y vió Dios que la luz era buena."),
+    ("The earth was without form and void.", "Y la tierra estaba desordenada y vacía."),
+    ("And the evening and the morning were the first day.", "Y fué la tarde y la mañana un día."),
+    ("Blessed are the meek, for they shall inherit the earth.", "Bienaventurados los mansos, porque heredarán la tierra."),
+]
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    from training.tokenizer import train_joint_bpe
+
+    sources, targets = zip(*PARALLEL)
+    return train_joint_bpe(sources * 3, targets * 3, vocab_size=120, min_frequency=1, model_max_length=64)
+
+
+@pytest.fixture(scope="session")
+def tiny_folder(tmp_path_factory, tiny_tokenizer):
+    """A saved tiny model with its tokenizer, as `save_pretrained` leaves it for the Hub."""
+    folder = tmp_path_factory.mktemp("tiny_model")
+    model = tiny_model(vocab_size=len(tiny_tokenizer))
+    model.save_pretrained(folder)
+    tiny_tokenizer.save_pretrained(folder)
+    return folder

@@ -1,0 +1,371 @@
+"""The Hugging Face contract of DeepTransformerForConditionalGeneration (DESIGN.md), on tiny configs."""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+
+import pytest
+import torch
+from conftest import TINY, tiny_config, tiny_model
+from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
+from transformers.cache_utils import EncoderDecoderCache
+
+from hf_deepnmt import DeepTransformerConfig, DeepTransformerForConditionalGeneration, DeepTransformerModel
+
+GRID = [
+    dict(layer_norm_position="post", tie_word_embeddings=True),
+    dict(layer_norm_position="pre", tie_word_embeddings=True),
+    dict(layer_norm_position="post", tie_word_embeddings=False),
+    dict(layer_norm_position="pre", tie_word_embeddings=False, scale_embedding=False, activation_function="gelu"),
+]
+
+
+def _generate(model, batch, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # generate() must not warn
+        return model.generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], **kwargs)
+
+
+# ------------------------------------------------------------------------------------------------ save / load / Auto
+@pytest.mark.parametrize("switches", GRID)
+def test_save_load_gives_identical_logits(tmp_path, batch, switches):
+    model = tiny_model(**switches)
+    model.save_pretrained(tmp_path)
+    assert (tmp_path / "model.safetensors").exists()
+    reloaded = DeepTransformerForConditionalGeneration.from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        expected = model(**batch).logits
+        got = reloaded(**batch).logits
+    assert torch.equal(expected, got)
+    assert reloaded.config.to_diff_dict() == model.config.to_diff_dict()
+    if switches["tie_word_embeddings"]:
+        assert reloaded.lm_head.weight.data_ptr() == reloaded.model.shared.weight.data_ptr()
+    else:
+        assert reloaded.lm_head.weight.data_ptr() != reloaded.model.shared.weight.data_ptr()
+
+
+def test_state_dict_holds_the_shared_embedding_once():
+    names = list(tiny_model().state_dict())
+    assert "model.shared.weight" in names
+    assert not any("embed_tokens" in name for name in names)
+    assert any(name.endswith("encoder_attn.q_proj.weight") for name in names)  # Marian/BART names
+
+
+def test_auto_classes_resolve_after_import(tmp_path):
+    config = AutoConfig.for_model("deep_transformer", **TINY)
+    assert isinstance(config, DeepTransformerConfig)
+    assert isinstance(AutoModel.from_config(config), DeepTransformerModel)
+    model = AutoModelForSeq2SeqLM.from_config(config)
+    assert isinstance(model, DeepTransformerForConditionalGeneration)
+    model.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["auto_map"] == {
+        "AutoConfig": "configuration_deep_transformer.DeepTransformerConfig",
+        "AutoModel": "modeling_deep_transformer.DeepTransformerModel",
+        "AutoModelForSeq2SeqLM": "modeling_deep_transformer.DeepTransformerForConditionalGeneration",
+    }
+    assert saved["custom_pipelines"]["translation"]["impl"] == "pipeline_translation.TranslationPipeline"
+    for name in ("configuration_deep_transformer.py", "modeling_deep_transformer.py", "pipeline_translation.py"):
+        assert (tmp_path / name).exists(), name
+    assert isinstance(AutoConfig.from_pretrained(tmp_path), DeepTransformerConfig)
+    assert isinstance(AutoModelForSeq2SeqLM.from_pretrained(tmp_path), DeepTransformerForConditionalGeneration)
+    base = AutoModel.from_pretrained(tmp_path)  # the base model out of a seq2seq checkpoint
+    assert isinstance(base, DeepTransformerModel)
+    assert torch.equal(base.shared.weight, model.model.shared.weight)
+
+
+def test_bad_value_in_saved_config_fails_at_load_time(tmp_path):
+    tiny_model().save_pretrained(tmp_path)
+    path = tmp_path / "config.json"
+    config = json.loads(path.read_text())
+    config["layer_norm_position"] = "sandwich"
+    path.write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="layer_norm_position"):
+        AutoModelForSeq2SeqLM.from_pretrained(tmp_path)
+
+
+def test_config_mutated_after_construction_is_rejected_by_the_model():
+    config = tiny_config()
+    config.decoder_attention_heads = 3
+    with pytest.raises(ValueError, match="decoder_attention_heads"):
+        DeepTransformerForConditionalGeneration(config)
+
+
+# ------------------------------------------------------------------------------------------------ generation
+@pytest.mark.parametrize("switches", GRID)
+def test_greedy_cached_equals_uncached(batch, switches):
+    model = tiny_model(**switches)
+    cached = _generate(model, batch, num_beams=1, do_sample=False, max_new_tokens=12)
+    uncached = _generate(model, batch, num_beams=1, do_sample=False, max_new_tokens=12, use_cache=False)
+    assert cached.shape[1] > 2
+    assert torch.equal(cached, uncached)
+
+
+@pytest.mark.parametrize("switches", GRID[:2])
+def test_beam_search_cached_equals_uncached(batch, switches):
+    model = tiny_model(**switches)
+    kwargs = dict(num_beams=4, num_return_sequences=3, length_penalty=0.6, early_stopping=True, max_new_tokens=10)
+    cached = _generate(model, batch, return_dict_in_generate=True, output_scores=True, **kwargs)
+    uncached = _generate(model, batch, use_cache=False, return_dict_in_generate=True, output_scores=True, **kwargs)
+    assert cached.sequences.shape[0] == 2 * 3
+    assert torch.equal(cached.sequences, uncached.sequences)
+    assert torch.allclose(cached.sequences_scores, uncached.sequences_scores, atol=1e-5)
+    # n-best lists are sorted by score
+    scores = cached.sequences_scores.view(2, 3)
+    assert torch.all(scores[:, :-1] >= scores[:, 1:] - 1e-6)
+
+
+def test_beam_search_with_length_penalty_changes_ranking_not_validity(batch):
+    model = tiny_model()
+    short = _generate(model, batch, num_beams=4, length_penalty=-2.0, max_new_tokens=10)
+    long = _generate(model, batch, num_beams=4, length_penalty=2.0, max_new_tokens=10)
+    assert short.shape[0] == long.shape[0] == 2
+
+
+def test_sampling_cached_equals_uncached(batch):
+    model = tiny_model()
+    torch.manual_seed(123)
+    cached = _generate(model, batch, do_sample=True, num_beams=1, top_k=20, temperature=0.9, max_new_tokens=10)
+    torch.manual_seed(123)
+    uncached = _generate(model, batch, do_sample=True, num_beams=1, top_k=20, temperature=0.9, max_new_tokens=10,
+                         use_cache=False)
+    assert torch.equal(cached, uncached)
+
+
+def test_default_generation_config_is_mt_sized(batch):
+    model = tiny_model()
+    assert model.generation_config.num_beams == 4
+    out = _generate(model, batch)  # no length argument: up to 63 new tokens here (max_position_embeddings 64)
+    assert out.shape[1] > 21
+    assert _generate(model, batch, max_length=6).shape[1] <= 6
+    assert _generate(model, batch, max_new_tokens=3).shape[1] <= 4
+
+
+@pytest.mark.parametrize("switches", GRID[:2])
+def test_incremental_decoding_matches_full_forward(batch, switches):
+    """Feeding the target one token at a time through the cache gives the teacher-forced logits."""
+    model = tiny_model(**switches)
+    decoder_input_ids = model.prepare_decoder_input_ids_from_labels(batch["labels"])
+    with torch.no_grad():
+        full = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                     decoder_input_ids=decoder_input_ids).logits
+        encoder_outputs = model.get_encoder()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+        cache, steps = None, []
+        for t in range(decoder_input_ids.shape[1]):
+            out = model(encoder_outputs=encoder_outputs, attention_mask=batch["attention_mask"],
+                        decoder_input_ids=decoder_input_ids[:, t:t + 1], past_key_values=cache, use_cache=True)
+            cache = out.past_key_values
+            steps.append(out.logits)
+        assert isinstance(cache, EncoderDecoderCache)
+        # a multi-token chunk after a cached prefix (offset causal mask)
+        prefix = model(encoder_outputs=encoder_outputs, attention_mask=batch["attention_mask"],
+                       decoder_input_ids=decoder_input_ids[:, :2], use_cache=True)
+        chunk = model(encoder_outputs=encoder_outputs, attention_mask=batch["attention_mask"],
+                      decoder_input_ids=decoder_input_ids[:, 2:], past_key_values=prefix.past_key_values,
+                      use_cache=True)
+    assert torch.allclose(torch.cat(steps, dim=1), full, atol=1e-5)
+    assert torch.allclose(torch.cat([prefix.logits, chunk.logits], dim=1), full, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------------ numerics
+@pytest.mark.parametrize("switches", GRID[:2])
+def test_padding_invariance_encoder_and_decoder(switches):
+    """A sentence alone gives the same logits as inside a padded batch (source and target padding)."""
+    model = tiny_model(**switches)
+    source = torch.tensor([[5, 6, 7, 2]])
+    target = torch.tensor([[8, 9, 2]])
+    longer_source = torch.tensor([[10, 11, 12, 13, 14, 15, 16, 2]])
+    longer_target = torch.tensor([[17, 18, 19, 20, 21, 2]])
+    with torch.no_grad():
+        alone = model(input_ids=source, labels=target).logits
+        input_ids = torch.cat([torch.cat([source, torch.zeros(1, 4, dtype=torch.long)], 1), longer_source])
+        labels = torch.cat([torch.cat([target, torch.full((1, 3), -100)], 1), longer_target])
+        padded = model(input_ids=input_ids, attention_mask=(input_ids != 0).long(), labels=labels).logits
+    assert torch.allclose(padded[0, :3], alone[0], atol=1e-5)
+
+
+def test_loss_ignores_padding_whether_pad_id_or_minus_100(batch):
+    model = tiny_model()
+    with_pad_id = batch["labels"].masked_fill(batch["labels"] == -100, 0)
+    with torch.no_grad():
+        a = model(**batch).loss
+        b = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=with_pad_id).loss
+        logits = model(**batch).logits
+    assert torch.allclose(a, b)
+    mask = batch["labels"] != -100
+    manual = torch.nn.functional.cross_entropy(logits[mask], batch["labels"][mask])
+    assert torch.allclose(a, manual, atol=1e-6)
+
+
+def test_eager_attention_path_matches_sdpa_and_returns_weights(batch):
+    model = tiny_model()
+    with torch.no_grad():
+        fast = model(**batch)
+        eager = model(**batch, output_attentions=True, output_hidden_states=True)
+    assert torch.allclose(fast.logits, eager.logits, atol=1e-5)
+    assert len(eager.encoder_attentions) == len(eager.decoder_attentions) == len(eager.cross_attentions) == 2
+    assert eager.encoder_attentions[0].shape == (2, 4, 6, 6)  # (B, H, S, S)
+    assert eager.cross_attentions[0].shape == (2, 4, 5, 6)  # (B, H, T, S)
+    assert torch.allclose(eager.encoder_attentions[0].sum(-1), torch.ones(2, 4, 6), atol=1e-5)
+    assert eager.cross_attentions[0][1, :, :, 4:].abs().max() == 0  # padded source positions get no weight
+    causal = eager.decoder_attentions[0][0]
+    assert causal.triu(1).abs().max() == 0  # no attention to the future
+    assert len(eager.encoder_hidden_states) == len(eager.decoder_hidden_states) == 3  # embeddings + 2 layers
+    assert torch.equal(eager.encoder_hidden_states[-1], eager.encoder_last_hidden_state)
+
+
+def test_encoder_outputs_feed_several_decoder_passes(batch):
+    """li2022's losses need one encoder pass reused by independent decoder passes (different dropout draws)."""
+    model = tiny_model(dropout=0.3).train()
+    encoder_outputs = model.get_encoder()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+    first = model(encoder_outputs=encoder_outputs, attention_mask=batch["attention_mask"], labels=batch["labels"])
+    second = model(encoder_outputs=encoder_outputs, attention_mask=batch["attention_mask"], labels=batch["labels"])
+    assert not torch.allclose(first.logits, second.logits)
+    (first.loss + second.loss).backward()
+    assert model.model.encoder.layers[0].self_attn.q_proj.weight.grad.abs().sum() > 0
+    model.eval()
+    with torch.no_grad():
+        a = model(encoder_outputs=encoder_outputs, attention_mask=batch["attention_mask"], labels=batch["labels"])
+        b = model(encoder_outputs=encoder_outputs, attention_mask=batch["attention_mask"], labels=batch["labels"])
+    assert torch.equal(a.logits, b.logits)
+
+
+@pytest.mark.parametrize("switches", GRID)
+def test_gradient_reaches_every_parameter(batch, switches):
+    model = tiny_model(**switches).train()
+    model(**batch).loss.backward()
+    missing = [name for name, p in model.named_parameters() if p.grad is None or p.grad.abs().sum() == 0]
+    assert not missing, missing
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(batch):
+    def grads(checkpointing: bool) -> dict[str, torch.Tensor]:
+        model = tiny_model(dropout=0.2).train()
+        if checkpointing:
+            # transformers >= 5.2x renamed it; 5.17 only has the old name
+            enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+            enable()
+            assert model.model.encoder.gradient_checkpointing and model.model.decoder.gradient_checkpointing
+        torch.manual_seed(7)
+        model(**batch).loss.backward()
+        return {name: p.grad.clone() for name, p in model.named_parameters()}
+
+    plain, checkpointed = grads(False), grads(True)
+    for name, grad in plain.items():
+        assert torch.allclose(grad, checkpointed[name], atol=1e-6), name
+
+
+def _deterministic_init(model: torch.nn.Module) -> None:
+    """Set every parameter by a closed-form hash (no RNG), scaled like a sensible init: golden values that do not
+    depend on torch's random generator or on `_init_weights`."""
+    with torch.no_grad():
+        for index, (name, param) in enumerate(sorted(model.named_parameters())):
+            i = torch.arange(param.numel(), dtype=torch.float64)
+            u = torch.frac(torch.sin(i * 12.9898 + index * 78.233) * 43758.5453) - 0.5  # in [-0.5, 0.5)
+            if param.dim() == 2:
+                values = u * 2 * math.sqrt(3.0 / param.shape[1])
+            elif name.endswith("norm.weight"):
+                values = 1.0 + 0.4 * u
+            else:
+                values = 0.2 * u
+            param.copy_(values.view_as(param).to(param.dtype))
+
+
+GOLDEN_POST_LN = [
+    [-0.5569, -0.6189, 1.7341, -0.2109, 0.1304],
+    [-0.5404, -0.6152, 1.7321, -0.2193, 0.0977],
+    [-0.5249, -0.6113, 1.7297, -0.2278, 0.0653],
+]
+GOLDEN_PRE_LN = [
+    [1.9638, 4.3860, 4.6504, 5.2775, 4.8785],
+    [1.8426, 4.1951, 4.5395, 5.0995, 4.8627],
+    [1.8517, 4.1932, 4.5535, 5.1290, 4.8768],
+]
+
+
+@pytest.mark.parametrize("position,golden", [("post", GOLDEN_POST_LN), ("pre", GOLDEN_PRE_LN)])
+def test_golden_logits_from_a_deterministic_init(position, golden):
+    model = tiny_model(layer_norm_position=position)
+    _deterministic_init(model)
+    input_ids = torch.tensor([[5, 6, 7, 8, 2]])
+    with torch.no_grad():
+        logits = model(input_ids=input_ids, decoder_input_ids=torch.tensor([[1, 9, 10]])).logits
+    assert torch.allclose(logits[0, :, :5], torch.tensor(golden), atol=2e-4), logits[0, :, :5]
+
+
+def test_resize_token_embeddings_keeps_ties(batch, tmp_path):
+    model = tiny_model()
+    model.resize_token_embeddings(120)
+    assert model.config.vocab_size == 120
+    assert model.model.shared.weight.shape == (120, 16)
+    assert model.lm_head.weight.data_ptr() == model.model.shared.weight.data_ptr()
+    assert model.model.encoder.embed_tokens is model.model.shared is model.model.decoder.embed_tokens
+    with torch.no_grad():
+        assert model(**batch).logits.shape[-1] == 120
+    model.save_pretrained(tmp_path)
+    reloaded = DeepTransformerForConditionalGeneration.from_pretrained(tmp_path)
+    assert reloaded.lm_head.weight.data_ptr() == reloaded.model.shared.weight.data_ptr()
+    assert reloaded.model.encoder.embed_tokens is reloaded.model.shared
+
+
+def test_untied_output_projection_resizes_too():
+    model = tiny_model(tie_word_embeddings=False)
+    model.resize_token_embeddings(110)
+    assert model.lm_head.weight.shape == (110, 16)
+    assert model.lm_head.weight.data_ptr() != model.model.shared.weight.data_ptr()
+
+
+def test_return_dict_false_gives_tuples(batch):
+    model = tiny_model()
+    with torch.no_grad():
+        as_tuple = model(**batch, return_dict=False)
+        as_output = model(**batch)
+    assert isinstance(as_tuple, tuple)
+    assert torch.equal(as_tuple[0], as_output.loss) and torch.equal(as_tuple[1], as_output.logits)
+
+
+def test_too_long_input_is_a_clear_error():
+    model = tiny_model()
+    with pytest.raises(ValueError, match="max_position_embeddings=64"):
+        model(input_ids=torch.full((1, 70), 5), decoder_input_ids=torch.tensor([[1]]))
+
+
+# ------------------------------------------------------------------------------------------------ config validation
+BAD_VALUES = [
+    ("vocab_size", 0),
+    ("vocab_size", 12.5),
+    ("d_model", 15),
+    ("d_model", -8),
+    ("encoder_layers", 0),
+    ("decoder_layers", True),
+    ("encoder_attention_heads", 3),
+    ("decoder_attention_heads", 0),
+    ("encoder_ffn_dim", "2048"),
+    ("activation_function", "rleu"),
+    ("dropout", 1.0),
+    ("attention_dropout", -0.1),
+    ("activation_dropout", "0.1"),
+    ("max_position_embeddings", 0),
+    ("scale_embedding", "yes"),
+    ("layer_norm_position", "sandwich"),
+    ("layer_norm_eps", 0.0),
+    ("tie_word_embeddings", 1),
+    ("init_std", -0.02),
+    ("pad_token_id", 99),
+    ("eos_token_id", -1),
+    ("unk_token_id", 0),
+    ("decoder_start_token_id", 0),
+    ("is_encoder_decoder", False),
+]
+
+
+@pytest.mark.parametrize("field,value", BAD_VALUES, ids=[f"{f}={v!r}" for f, v in BAD_VALUES])
+def test_bad_config_value_raises_one_sentence_naming_the_field(field, value):
+    with pytest.raises(ValueError) as info:
+        tiny_config(**{field: value})
+    message = str(info.value)
+    assert f"`{field}`" in message or f"`{field}" in message, message
+    assert repr(value) in message, message
+    assert "\n" not in message and message.count(". ") == 0 and message.endswith("."), message

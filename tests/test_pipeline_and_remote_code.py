@@ -1,0 +1,159 @@
+"""pipeline("translation") in-process, and a saved folder used where hf_deepnmt cannot be imported."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+import torch
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
+
+from hf_deepnmt import TranslationPipeline
+
+SENTENCES = ["In the beginning God created the heavens.", "Let there be light.", "The earth was void."]
+
+
+def _direct(model, tokenizer, text: str, **generate_kwargs) -> str:
+    inputs = tokenizer(text, return_tensors="pt")
+    with torch.no_grad():
+        ids = model.generate(**inputs, **generate_kwargs)
+    return tokenizer.decode(ids[0], skip_special_tokens=True)
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_folder):
+    return AutoModelForSeq2SeqLM.from_pretrained(tiny_folder).eval(), AutoTokenizer.from_pretrained(tiny_folder)
+
+
+def test_in_process_pipeline_translates_like_generate(loaded):
+    model, tokenizer = loaded
+    translate = pipeline("translation", model=model, tokenizer=tokenizer)
+    assert isinstance(translate, TranslationPipeline)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        single = translate(SENTENCES[0], num_beams=3, max_new_tokens=8)
+    assert single == [{"translation_text": _direct(model, tokenizer, SENTENCES[0], num_beams=3, max_new_tokens=8)}]
+    assert single[0]["translation_text"] != ""
+
+
+def test_batched_input_equals_one_by_one(loaded):
+    model, tokenizer = loaded
+    translate = pipeline("translation", model=model, tokenizer=tokenizer, num_beams=2, max_new_tokens=6)
+    batched = translate(SENTENCES, batch_size=3)
+    one_by_one = [translate(text)[0] for text in SENTENCES]
+    assert batched == one_by_one
+    assert [r["translation_text"] for r in batched] == [
+        _direct(model, tokenizer, text, num_beams=2, max_new_tokens=6) for text in SENTENCES
+    ]
+
+
+def test_generation_kwargs_reach_generate(loaded):
+    model, tokenizer = loaded
+    translate = pipeline("translation", model=model, tokenizer=tokenizer)
+    short = translate(SENTENCES[0], max_new_tokens=2, num_beams=1, return_tensors=True)[0]["translation_token_ids"]
+    assert len(short) <= 3  # decoder start + 2 new tokens
+    longer = translate(SENTENCES[0], max_new_tokens=6, num_beams=1, return_tensors=True)[0]["translation_token_ids"]
+    assert len(longer) > 3
+    n_best = translate(SENTENCES, num_beams=4, num_return_sequences=3, max_new_tokens=5)
+    assert len(n_best) == 3 and all(len(candidates) == 3 for candidates in n_best)
+    ids = translate(SENTENCES[1], return_tensors=True, max_new_tokens=4)[0]["translation_token_ids"]
+    assert ids[0].item() == model.config.decoder_start_token_id
+
+
+def test_empty_string_gives_empty_translation(loaded):
+    model, tokenizer = loaded
+    translate = pipeline("translation", model=model, tokenizer=tokenizer, max_new_tokens=5)
+    assert translate("") == [{"translation_text": ""}]
+    mixed = translate(["", SENTENCES[0], "   "])
+    assert mixed[0] == mixed[2] == {"translation_text": ""}
+    assert mixed[1] == translate(SENTENCES[0])[0]
+
+
+def test_over_long_input_is_truncated_with_a_warning(loaded):
+    model, tokenizer = loaded
+    translate = pipeline("translation", model=model, tokenizer=tokenizer, max_new_tokens=5)
+    too_long = " ".join([SENTENCES[0]] * 20)  # far beyond max_position_embeddings = 64
+    with pytest.warns(UserWarning, match="truncated to the 64 tokens"):
+        result = translate(too_long)
+    assert isinstance(result[0]["translation_text"], str)
+    with pytest.raises(ValueError, match="truncation=True"):
+        translate(too_long, truncation=False)
+
+
+def test_pipeline_from_a_saved_folder_in_process(tiny_folder, loaded):
+    model, tokenizer = loaded
+    translate = pipeline("translation", model=str(tiny_folder), trust_remote_code=True)
+    assert translate(SENTENCES[2], max_new_tokens=6, num_beams=2) == [
+        {"translation_text": _direct(model, tokenizer, SENTENCES[2], max_new_tokens=6, num_beams=2)}
+    ]
+
+
+FRESH_PROCESS = textwrap.dedent(
+    """
+    import importlib.abc, json, sys
+
+    class BlockOurPackages(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name.split(".")[0] in ("hf_deepnmt", "training", "model_cards"):
+                raise ImportError(f"{name} is blocked in this process")
+
+    sys.meta_path.insert(0, BlockOurPackages())
+    import torch
+    from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
+
+    folder, text = sys.argv[1], sys.argv[2]
+    try:
+        import hf_deepnmt  # noqa: F401
+        raise SystemExit("hf_deepnmt was importable")
+    except ImportError:
+        pass
+    config = AutoConfig.from_pretrained(folder, trust_remote_code=True)
+    model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+    inputs = tokenizer(text, return_tensors="pt")
+    ids = model.generate(**inputs, num_beams=3, max_new_tokens=8)
+    translate = pipeline("translation", model=folder, trust_remote_code=True)
+    print(json.dumps({
+        "config_module": type(config).__module__,
+        "model_module": type(model).__module__,
+        "tokenizer_class": type(tokenizer).__name__,
+        "pipeline_module": type(translate).__module__,
+        "generated": tokenizer.decode(ids[0], skip_special_tokens=True),
+        "pipeline": translate([text, ""], num_beams=3, max_new_tokens=8),
+    }))
+    """
+)
+
+
+def test_saved_folder_loads_and_translates_where_hf_deepnmt_is_not_importable(tiny_folder, loaded, tmp_path):
+    model, tokenizer = loaded
+    script = tmp_path / "fresh.py"
+    script.write_text(FRESH_PROCESS)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf_home"), "PYTHONPATH": ""}
+    result = subprocess.run(
+        [sys.executable, "-I", str(script), str(tiny_folder), SENTENCES[0]],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["config_module"].startswith("transformers_modules.")
+    assert report["model_module"].startswith("transformers_modules.")
+    assert report["pipeline_module"].startswith("transformers_modules.")
+    assert report["tokenizer_class"] in ("TokenizersBackend", "PreTrainedTokenizerFast")  # no custom tokenizer code
+    expected = _direct(model, tokenizer, SENTENCES[0], num_beams=3, max_new_tokens=8)
+    assert report["generated"] == expected
+    assert report["pipeline"] == [{"translation_text": expected}, {"translation_text": ""}]
+    assert "Do you wish to run the custom code" not in result.stdout + result.stderr
+
+
+def test_saved_config_names_the_pipeline(tiny_folder):
+    config = json.loads((tiny_folder / "config.json").read_text())
+    assert config["custom_pipelines"] == {
+        "translation": {"impl": "pipeline_translation.TranslationPipeline", "pt": ["AutoModelForSeq2SeqLM"],
+                        "type": "text"}
+    }
