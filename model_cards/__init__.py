@@ -1,1 +1,150 @@
-"""Model cards for hf_deepnmt models: templates per model type and the renderer."""
+"""Model cards for hf_deepnmt models: one Jinja template per model type, rendered with `huggingface_hub`.
+
+`render_model_card(folder, ...)` reads ``config.json`` (architecture, switched-on methods) and the evaluation
+results, and returns a `huggingface_hub.ModelCard` whose YAML front matter carries language, license, tags,
+datasets, metrics and a ``model-index`` with the test scores; the text carries the sacreBLEU signatures, the
+training details and the BibTeX of every paper whose method the model uses. `write_model_card` saves it as the
+folder's ``README.md``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
+
+from .bibtex import BIBTEX, papers_for_config
+
+TEMPLATES = Path(__file__).parent / "templates"
+
+ARCHITECTURE_FIELDS = (
+    "model_type", "encoder_layers", "decoder_layers", "d_model", "encoder_attention_heads", "encoder_ffn_dim",
+    "decoder_ffn_dim", "vocab_size", "layer_norm_position", "activation_function", "dropout", "attention_dropout",
+    "activation_dropout", "tie_word_embeddings", "max_position_embeddings",
+)
+
+
+@dataclass
+class EvalRow:
+    """One evaluated split."""
+
+    split: str
+    sentences: int
+    bleu: float
+    chrf: float
+    ter: float
+    decoding: str
+    signatures: dict[str, str] = field(default_factory=dict)
+
+
+def template_for(model_type: str) -> Path:
+    """The card template of a model type (``templates/<model_type>.md``; Transformer variants share one)."""
+    path = TEMPLATES / f"{model_type}.md"
+    return path if path.exists() else TEMPLATES / "deep_transformer.md"
+
+
+def _methods(config: dict[str, Any]) -> list[str]:
+    lines = []
+    if config.get("layer_norm_position") == "pre":
+        lines.append("pre-LN residual blocks with a final LayerNorm per stack (SPEC.md §0)")
+    return lines
+
+
+def render_model_card(
+    folder: str | Path,
+    source_lang: str,
+    target_lang: str,
+    results: list[EvalRow] | None = None,
+    training: dict[str, Any] | None = None,
+    dataset_name: str = "custom",
+    dataset_id: str | None = None,
+    dataset_description: str = "",
+    license: str = "apache-2.0",
+    repo_id: str | None = None,
+    model_name: str | None = None,
+    example_source: str = "Hello, world!",
+    limitations: str = "",
+) -> ModelCard:
+    """Render the card of a saved model folder (see the module docstring)."""
+    folder = Path(folder)
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    model_type = config.get("model_type", "deep_transformer")
+    papers = papers_for_config(config)
+    results = results or []
+    generation = {}
+    if (folder / "generation_config.json").exists():
+        generation = json.loads((folder / "generation_config.json").read_text(encoding="utf-8"))
+    eval_results = []
+    for row in results:
+        for metric, value, name in (("bleu", row.bleu, "BLEU"), ("chrf", row.chrf, "chrF"), ("ter", row.ter, "TER")):
+            eval_results.append(
+                EvalResult(
+                    task_type="translation",
+                    task_name=f"Translation {source_lang}-{target_lang}",
+                    dataset_type=dataset_id or dataset_name,
+                    dataset_name=dataset_name,
+                    dataset_split=row.split,
+                    metric_type=metric,
+                    metric_name=name,
+                    metric_value=value,
+                    metric_config=row.signatures.get(metric),
+                )
+            )
+    name = model_name or repo_id or folder.name
+    card_data = ModelCardData(
+        language=[source_lang, target_lang],
+        license=license,
+        library_name="transformers",
+        pipeline_tag="translation",
+        tags=["translation", "hf_deepnmt", model_type, "custom_code", *papers],
+        datasets=[dataset_id] if dataset_id else None,
+        metrics=["bleu", "chrf", "ter"],
+        model_name=name,
+        eval_results=eval_results or None,
+    )
+    architecture = {key: config[key] for key in ARCHITECTURE_FIELDS if key in config}
+    summary = (
+        f"{config.get('encoder_layers', '?')}-layer encoder / {config.get('decoder_layers', '?')}-layer decoder "
+        f"{config.get('layer_norm_position', 'post')}-LN Transformer (d_model {config.get('d_model', '?')})"
+    )
+    signatures: dict[str, str] = {}
+    for row in results:
+        signatures.update(row.signatures)
+    return ModelCard.from_template(
+        card_data,
+        template_path=str(template_for(model_type)),
+        model_name=name,
+        repo_id=repo_id or "path/to/this/folder",
+        architecture_summary=summary,
+        source_lang=source_lang,
+        target_lang=target_lang,
+        example_source=example_source,
+        num_beams=generation.get("num_beams", 4),
+        results=[row.__dict__ for row in results],
+        signatures=signatures,
+        architecture=architecture,
+        methods=_methods(config),
+        training=training or {},
+        dataset_description=dataset_description or dataset_name,
+        limitations=limitations or "Trained on a single domain; expect degraded output on other text.",
+        bibtex="\n\n".join(BIBTEX[key] for key in papers),
+    )
+
+
+def write_model_card(folder: str | Path, trainer: Any | None = None, **kwargs: Any) -> Path:
+    """Render and save ``README.md`` in ``folder``. With a ``trainer`` only (its ``create_model_card`` hook), the
+    languages and results come from ``<folder>/deepnmt_card.json`` written by ``deepnmt train``."""
+    folder = Path(folder)
+    if trainer is not None and not kwargs:
+        stored = folder / "deepnmt_card.json"
+        if not stored.exists():
+            raise FileNotFoundError(f"{stored} is missing; it is written by `deepnmt train` before the card.")
+        kwargs = json.loads(stored.read_text(encoding="utf-8"))
+        kwargs["results"] = [EvalRow(**row) for row in kwargs.get("results", [])]
+    card = render_model_card(folder, **kwargs)
+    path = folder / "README.md"
+    card.save(str(path))
+    return path

@@ -110,3 +110,52 @@ def tiny_folder(tmp_path_factory, tiny_tokenizer):
     model.save_pretrained(folder)
     tiny_tokenizer.save_pretrained(folder)
     return folder
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Small data files for the training-system tests (taken from the embedded corpus).
+# --------------------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def small_corpus(tmp_path_factory):
+    """train/valid/test JSONL files (run_translation format) with 160/24/24 short verse pairs."""
+    import gzip
+    import json
+
+    from training.corpus import corpus_dir
+
+    folder = tmp_path_factory.mktemp("small_corpus")
+    sizes = {"train": 160, "valid": 24, "test": 24}
+    for split, size in sizes.items():
+        records = []
+        with gzip.open(corpus_dir() / f"{split}.jsonl.gz", "rt", encoding="utf-8") as handle:
+            for line in handle:
+                record = json.loads(line)
+                if len(record["translation"]["en"]) < 90:
+                    records.append(line)
+                if len(records) == size:
+                    break
+        (folder / f"{split}.jsonl").write_text("".join(records), encoding="utf-8")
+    return folder
+
+
+TINY_TRAIN_ARGS = [
+    "--config_overrides", "d_model=16,encoder_layers=2,decoder_layers=2,encoder_attention_heads=2,"
+    "decoder_attention_heads=2,encoder_ffn_dim=32,decoder_ffn_dim=32,max_position_embeddings=64",
+    "--vocab_size", "200", "--bpe_min_frequency", "1",
+    "--max_source_length", "48", "--max_target_length", "48",
+    "--learning_rate", "3e-3", "--warmup_steps", "0", "--lr_scheduler_type", "constant",
+    "--logging_steps", "1", "--report_to", "none", "--use_cpu", "true", "--seed", "3",
+    "--per_device_train_batch_size", "8", "--eval_strategy", "no", "--save_strategy", "no",
+    "--dataloader_num_workers", "0", "--disable_tqdm", "true",
+]
+
+
+def train_argv(corpus_folder, output_dir, *extra: str) -> list[str]:
+    return [
+        "--train_file", str(corpus_folder / "train.jsonl"),
+        "--validation_file", str(corpus_folder / "valid.jsonl"),
+        "--test_file", str(corpus_folder / "test.jsonl"),
+        "--output_dir", str(output_dir),
+        *TINY_TRAIN_ARGS,
+        *extra,
+    ]

@@ -1,0 +1,183 @@
+"""The `deepnmt` command line: train (run_translation arguments), evaluate, translate, push, quickstart, recipes."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import train_argv
+from huggingface_hub import ModelCard
+
+from training.cli import main
+from training.hub import files_to_upload, push_folder
+from training.recipes import RECIPES_DIR, load_model_config_dict, load_recipe
+
+RUN_TRANSLATION_ARGS = ("--train_file", "--validation_file", "--test_file", "--source_lang", "--target_lang",
+                        "--output_dir", "--max_source_length", "--max_target_length", "--max_train_samples",
+                        "--max_eval_samples", "--max_predict_samples", "--dataset_name", "--dataset_config_name",
+                        "--predict_with_generate", "--per_device_train_batch_size", "--learning_rate")
+OUR_ARGS = ("--recipe", "--config_name", "--config_overrides", "--max_tokens", "--tokenizer_name", "--vocab_size")
+
+
+@pytest.fixture(scope="module")
+def trained(small_corpus, tmp_path_factory):
+    """One tiny `deepnmt train` run with evaluation, reused by the tests below."""
+    from training.run import train
+
+    output_dir = tmp_path_factory.mktemp("cli") / "run"
+    outcome = train(train_argv(small_corpus, output_dir, "--max_steps", "6", "--eval_strategy", "steps",
+                               "--eval_steps", "3", "--predict_with_generate", "true", "--generation_max_length", "16",
+                               "--max_eval_samples", "8", "--max_predict_samples", "10", "--eval_num_beams", "2"))
+    return outcome
+
+
+def test_help_of_every_command(capsys):
+    assert main(["--help"]) == 0
+    top = capsys.readouterr().out
+    for command in ("quickstart", "train", "evaluate", "translate", "push"):
+        assert command in top
+    with pytest.raises(SystemExit) as info:
+        main(["train", "--help"])
+    assert info.value.code == 0
+    text = capsys.readouterr().out
+    for flag in RUN_TRANSLATION_ARGS + OUR_ARGS:
+        assert flag in text, flag
+    for command in ("evaluate", "translate", "push", "quickstart"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        assert "usage: deepnmt " + command in capsys.readouterr().out
+
+
+def test_unknown_command_and_bad_arguments_give_one_sentence(capsys, small_corpus, tmp_path):
+    assert main(["fly"]) == 2
+    assert "unknown command 'fly'" in capsys.readouterr().err
+    code = main(["train", "--train_file", str(tmp_path / "missing.jsonl"), "--output_dir", str(tmp_path / "o")])
+    error = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(error) == 1 and "missing.jsonl" in error[0]
+    assert main(["train", "--recipe", "no-such-recipe"]) == 2
+    assert "no-such-recipe" in capsys.readouterr().err
+    assert main(["train", *train_argv(small_corpus, tmp_path / "o2"), "--config_overrides", "d_model=15"]) == 2
+    assert "`d_model` = 15 is not allowed" in capsys.readouterr().err
+
+
+def test_train_writes_a_complete_model_folder(trained):
+    folder = trained.output_dir
+    for name in ("model.safetensors", "config.json", "generation_config.json", "tokenizer.json",
+                 "tokenizer_config.json", "modeling_deep_transformer.py", "configuration_deep_transformer.py",
+                 "pipeline_translation.py", "README.md", "metrics.json", "loss_components.png", "validation.png",
+                 "test_translations.txt"):
+        assert (folder / name).exists(), name
+    metrics = json.loads((folder / "metrics.json").read_text())
+    assert metrics["global_step"] == 6 and metrics["test"]["sentences"] == 10 and metrics["test"]["num_beams"] == 2
+    assert metrics["test"]["signatures"]["bleu"].startswith("nrefs:1|")
+    assert "eval_bleu" in metrics["validation"]
+    generation = json.loads((folder / "generation_config.json").read_text())
+    assert generation["num_beams"] == 2
+    assert generation.get("max_length") != 20  # Seq2SeqTrainer's evaluation default is not saved with the model
+    card = ModelCard.load(folder / "README.md")
+    assert card.data.language == ["en", "es"] and card.data.pipeline_tag == "translation"
+    assert {"hf_deepnmt", "deep_transformer", "translation"} <= set(card.data.tags)
+    bleu = next(r for r in card.data.eval_results if r.metric_type == "bleu")
+    assert bleu.metric_value == metrics["test"]["bleu"] and bleu.dataset_split == "test"
+    assert bleu.metric_config == metrics["test"]["signatures"]["bleu"]
+    assert "@inproceedings{vaswani2017attention" in card.text
+    assert "training" in card.text.lower() and "optimizer steps" in card.text
+
+
+def test_an_existing_run_is_never_overwritten(trained, small_corpus, tmp_path, capsys):
+    before = (trained.output_dir / "model.safetensors").read_bytes()
+    assert main(["train", *train_argv(small_corpus, trained.output_dir), "--max_steps", "1"]) == 2
+    assert "already holds a trained model" in capsys.readouterr().err
+    assert (trained.output_dir / "model.safetensors").read_bytes() == before
+    fresh = tmp_path / "fresh"
+    assert main(["train", *train_argv(small_corpus, fresh), "--max_steps", "2", "--save_strategy", "steps",
+                 "--save_steps", "1", "--save_only_model", "true"]) == 0
+    (fresh / "model.safetensors").unlink()  # only the checkpoints are left, as after a crash
+    assert main(["train", *train_argv(small_corpus, fresh), "--max_steps", "2"]) == 2
+    assert "already holds checkpoint-2; continue it with --resume_from_checkpoint last" in capsys.readouterr().err
+
+
+def test_evaluate_reproduces_the_training_runs_test_score(trained, small_corpus, tmp_path, capsys):
+    out = tmp_path / "scores.json"
+    assert main(["evaluate", "--model", str(trained.output_dir), "--test_file", str(small_corpus / "test.jsonl"),
+                 "--num_beams", "2", "--max_samples", "10", "--output_json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("BLEU ")
+    scores = json.loads(out.read_text())
+    metrics = json.loads((trained.output_dir / "metrics.json").read_text())
+    assert scores["bleu"] == metrics["test"]["bleu"] and scores["chrf"] == metrics["test"]["chrf"]
+
+
+def test_translate_from_file_and_stdin(trained, tmp_path, monkeypatch, capsys):
+    source = tmp_path / "in.txt"
+    source.write_text("In the beginning.\n\nAnd God said.\n", encoding="utf-8")
+    target = tmp_path / "out.txt"
+    assert main(["translate", "--model", str(trained.output_dir), "--input", str(source), "--output", str(target),
+                 "--num_beams", "2", "--max_new_tokens", "8"]) == 0
+    lines = target.read_text(encoding="utf-8").split("\n")
+    assert len(lines) == 4 and lines[1] == "" and lines[0] != ""
+    monkeypatch.setattr(sys, "stdin", io.StringIO("In the beginning.\nAnd God said.\n"))
+    assert main(["translate", "--model", str(trained.output_dir), "--num_beams", "2", "--max_new_tokens", "8"]) == 0
+    assert capsys.readouterr().out.split("\n")[:2] == [lines[0], lines[2]]
+
+
+class RecordingHub:
+    """Stands in for huggingface_hub.HfApi: records what would be sent, sends nothing."""
+
+    def __init__(self):
+        self.calls = []
+
+    def create_repo(self, **kwargs):
+        self.calls.append(("create_repo", kwargs))
+
+    def create_commit(self, **kwargs):
+        self.calls.append(("create_commit", kwargs))
+
+
+def test_push_uploads_exactly_the_model_files(trained):
+    hub = RecordingHub()
+    files = push_folder(trained.output_dir, "someone/tiny-en-es", api=hub, private=True)
+    assert hub.calls[0] == ("create_repo", {"repo_id": "someone/tiny-en-es", "private": True, "exist_ok": True,
+                                            "repo_type": "model"})
+    kind, commit = hub.calls[1]
+    uploaded = sorted(op.path_in_repo for op in commit["operations"])
+    assert kind == "create_commit" and uploaded == files
+    assert uploaded == sorted([
+        "README.md", "all_results.json", "config.json", "configuration_deep_transformer.py", "deepnmt_card.json",
+        "generation_config.json", "loss_components.png", "metrics.json", "model.safetensors",
+        "modeling_deep_transformer.py", "pipeline_translation.py", "test_translations.txt", "tokenizer.json",
+        "tokenizer_config.json", "train_results.json", "training_args.bin", "validation.png",
+    ])
+    assert all(Path(op.path_or_fileobj).parent == trained.output_dir for op in commit["operations"])
+
+
+def test_push_refuses_an_incomplete_folder(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match="missing model.safetensors, tokenizer.json"):
+        files_to_upload(tmp_path)
+
+
+def test_push_dry_run_lists_files(trained, capsys):
+    assert main(["push", str(trained.output_dir), "--repo_id", "someone/x", "--dry_run"]) == 0
+    assert capsys.readouterr().out.split() == files_to_upload(trained.output_dir)
+
+
+@pytest.mark.parametrize("recipe", sorted(p.stem for p in RECIPES_DIR.glob("*.yaml")))
+def test_every_recipe_is_complete_and_documented(recipe):
+    from hf_deepnmt import DeepTransformerConfig
+
+    path = RECIPES_DIR / f"{recipe}.yaml"
+    header = [line for line in path.read_text().splitlines() if line.startswith("#")]
+    assert any("Reproduces:" in line for line in header) and any("Command:" in line for line in header)
+    sections = load_recipe(recipe)
+    fields = load_model_config_dict(None, sections["model"])
+    # complete: every documented config field is spelled out (no chain of mutated defaults)
+    documented = set(DeepTransformerConfig().to_dict()) & set(DeepTransformerConfig.__init__.__code__.co_varnames)
+    token_fields = {"vocab_size", "pad_token_id", "bos_token_id", "eos_token_id", "unk_token_id",
+                    "decoder_start_token_id", "use_cache", "is_encoder_decoder"}
+    assert documented - token_fields <= set(fields), documented - token_fields - set(fields)
+    yaml.safe_dump(sections)  # plain data

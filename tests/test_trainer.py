@@ -1,0 +1,164 @@
+"""training/trainer.py: losses and their logging, gradient accumulation, evaluation, token batching, NaN guard,
+atomic checkpoints."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import tiny_model
+from safetensors.torch import load_file
+from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainingArguments
+
+from hf_deepnmt.losses import AuxiliaryLoss
+from training.data import read_parallel_file, tokenize_corpus
+from training.metrics import TranslationMetrics
+from training.trainer import INCOMPLETE_DIR, DeepNMTTrainer, NonFiniteLossError, last_checkpoint
+
+
+@pytest.fixture(scope="module")
+def data(small_corpus, tiny_tokenizer):
+    train = tokenize_corpus(read_parallel_file(small_corpus / "train.jsonl", "en", "es"), tiny_tokenizer, 48, 48)
+    valid = tokenize_corpus(read_parallel_file(small_corpus / "valid.jsonl", "en", "es", max_samples=8),
+                            tiny_tokenizer, 48, 48)
+    return train, valid
+
+
+def make_trainer(tmp_path, data, tokenizer, aux=None, max_tokens=None, dropout=0.0, **args):
+    model = tiny_model(vocab_size=len(tokenizer), dropout=dropout, max_position_embeddings=64).train()
+    defaults = dict(
+        output_dir=str(tmp_path), learning_rate=3e-3, per_device_train_batch_size=8, max_steps=4, logging_steps=1,
+        report_to="none", use_cpu=True, seed=0, save_strategy="no", eval_strategy="no", warmup_steps=0,
+        lr_scheduler_type="constant", disable_tqdm=True, dataloader_num_workers=0, label_smoothing_factor=0.1,
+        predict_with_generate=True, generation_num_beams=1, generation_max_length=12,
+    )
+    defaults.update(args)
+    training_args = Seq2SeqTrainingArguments(**defaults)
+    return DeepNMTTrainer(
+        model=model, args=training_args, train_dataset=data[0], eval_dataset=data[1], processing_class=tokenizer,
+        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100),
+        compute_metrics=TranslationMetrics(tokenizer), auxiliary_losses=aux, max_tokens=max_tokens,
+    )
+
+
+def logit_l2() -> AuxiliaryLoss:
+    return AuxiliaryLoss("l2", 0.01, lambda model, inputs, outputs: outputs.logits.float().pow(2).mean())
+
+
+def test_every_component_is_logged_separately_and_to_tensorboard(tmp_path, data, tiny_tokenizer):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    trainer = make_trainer(tmp_path, data, tiny_tokenizer, aux=[logit_l2()], report_to="tensorboard",
+                           logging_steps=2)
+    trainer.train()
+    logs = [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert len(logs) == 2
+    for entry in logs:
+        assert {"loss", "nll", "smoothed_nll", "l2"} <= set(entry)
+        assert entry["l2"] > 0 and entry["nll"] > 0
+    events = EventAccumulator(str(next(tmp_path.rglob("events.out.tfevents.*")).parent))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"train/loss", "train/nll", "train/smoothed_nll", "train/l2"} <= tags, tags
+
+
+def test_gradient_accumulation_equals_the_doubled_batch(tmp_path, data, tiny_tokenizer):
+    def one_step(batch_size: int, accumulation: int, folder: str) -> dict[str, torch.Tensor]:
+        trainer = make_trainer(tmp_path / folder, data, tiny_tokenizer, aux=[logit_l2()], max_steps=1,
+                               per_device_train_batch_size=batch_size, gradient_accumulation_steps=accumulation,
+                               optim="sgd", learning_rate=1.0, max_grad_norm=0.0,
+                               train_sampling_strategy="sequential")
+        trainer.train()
+        logged = next(entry for entry in trainer.state.log_history if "loss" in entry)
+        return {"__loss": torch.tensor(logged["loss"]),
+                **{name: p.detach().clone() for name, p in trainer.model.named_parameters()}}
+
+    big = one_step(8, 1, "big")
+    accumulated = one_step(4, 2, "accumulated")
+    assert abs(big["__loss"] - accumulated["__loss"]) < 2e-3  # logged loss is not inflated by accumulation
+    for name, value in big.items():
+        assert torch.allclose(value, accumulated[name], atol=2e-4), name
+
+
+def test_evaluation_generates_and_scores_with_sacrebleu(tmp_path, data, tiny_tokenizer):
+    trainer = make_trainer(tmp_path, data, tiny_tokenizer)
+    metrics = trainer.evaluate()
+    assert {"eval_bleu", "eval_chrf", "eval_ter", "eval_loss"} <= set(metrics)
+    assert all(isinstance(metrics[k], float) for k in ("eval_bleu", "eval_chrf", "eval_ter"))
+    signatures = trainer.compute_metrics.last.signatures
+    assert signatures["bleu"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
+    assert signatures["chrf"].startswith("nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:")
+    assert "ter" in signatures
+    # eval_loss is the model's unsmoothed NLL even though training smooths labels
+    batch = trainer.data_collator([data[1][i] for i in range(len(data[1]))])
+    batch.pop("length", None)
+    with torch.no_grad():
+        nll = trainer.model(**{k: v for k, v in batch.items() if k in ("input_ids", "attention_mask", "labels")}).loss
+    assert math.isclose(metrics["eval_loss"], nll.item(), rel_tol=1e-3)
+
+
+def test_token_budget_batches_are_used_for_training(tmp_path, data, tiny_tokenizer):
+    trainer = make_trainer(tmp_path, data, tiny_tokenizer, max_tokens=160)
+    loader = trainer.get_train_dataloader()
+    shapes = [tuple(batch["input_ids"].shape) for batch in loader]
+    assert len({shape[0] for shape in shapes}) > 1  # variable sentence counts
+    assert all(rows * max(cols, 1) <= 160 + 48 for rows, cols in shapes)
+    assert sum(shape[0] for shape in shapes) == len(data[0])
+    trainer.train()
+    assert trainer.state.global_step == 4
+
+
+def test_non_finite_loss_stops_training_and_keeps_the_last_good_checkpoint(tmp_path, data, tiny_tokenizer):
+    calls = {"n": 0}
+
+    def explode(model, inputs, outputs):
+        calls["n"] += 1
+        return outputs.logits.sum() * (float("nan") if calls["n"] >= 5 else 0.0)
+
+    trainer = make_trainer(tmp_path, data, tiny_tokenizer, aux=[AuxiliaryLoss("boom", 1.0, explode)],
+                           max_steps=8, save_strategy="steps", save_steps=2)
+    with pytest.raises(NonFiniteLossError, match=r"step 5 because the loss is nan .*checkpoint-4\) is intact"):
+        trainer.train()
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
+    weights = load_file(str(tmp_path / "checkpoint-4" / "model.safetensors"))
+    assert all(torch.isfinite(tensor).all() for tensor in weights.values())
+    assert last_checkpoint(str(tmp_path)).endswith("checkpoint-4")
+
+
+def test_checkpoints_are_atomic(tmp_path, data, tiny_tokenizer, monkeypatch):
+    trainer = make_trainer(tmp_path, data, tiny_tokenizer, max_steps=6, save_strategy="steps", save_steps=2)
+    original = trainer._save_optimizer_and_scheduler
+    saves = {"n": 0}
+
+    def crash_on_second_save(output_dir):
+        saves["n"] += 1
+        if saves["n"] == 2:
+            raise KeyboardInterrupt("killed while writing the optimizer state")
+        return original(output_dir)
+
+    monkeypatch.setattr(trainer, "_save_optimizer_and_scheduler", crash_on_second_save)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train()
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-2"]  # no half-written checkpoint-4
+    assert (tmp_path / INCOMPLETE_DIR / "checkpoint-4" / "model.safetensors").exists()
+    assert last_checkpoint(str(tmp_path)).endswith("checkpoint-2")
+    state = json.loads((tmp_path / "checkpoint-2" / "trainer_state.json").read_text())
+    assert state["global_step"] == 2
+
+    resumed = make_trainer(tmp_path, data, tiny_tokenizer, max_steps=6, save_strategy="steps", save_steps=2)
+    resumed.train(resume_from_checkpoint=last_checkpoint(str(tmp_path)))
+    assert resumed.state.global_step == 6
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
+    assert not (tmp_path / INCOMPLETE_DIR).exists()  # the stale partial save was cleaned up
+
+
+def test_model_card_hook_writes_our_card(tmp_path, data, tiny_tokenizer):
+    trainer = make_trainer(tmp_path, data, tiny_tokenizer, max_steps=1)
+    trainer.train()
+    trainer.save_model(str(tmp_path))
+    (tmp_path / "deepnmt_card.json").write_text(json.dumps({"source_lang": "en", "target_lang": "es"}))
+    trainer.create_model_card()
+    assert "hf_deepnmt" in Path(tmp_path / "README.md").read_text()

@@ -1,0 +1,174 @@
+"""`deepnmt`: the command line of hf_deepnmt.
+
+    deepnmt quickstart            train + evaluate a deep Transformer on the embedded corpus (the main job)
+    deepnmt train ...             train any model (run_translation arguments, --recipe, --max_tokens, ...)
+    deepnmt evaluate ...          BLEU / chrF / TER of a saved model on a test file, with beam search
+    deepnmt translate ...         translate a file or stdin, batched, to stdout
+    deepnmt push DIR --repo_id    upload model + tokenizer + code + pipeline + card to the Hub
+
+`deepnmt <command> --help` documents every option. Set DEEPNMT_DEBUG=1 for tracebacks of argument errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from .trainer import NonFiniteLossError
+
+COMMANDS = ("quickstart", "train", "evaluate", "translate", "push")
+
+
+def _top_level_help() -> str:
+    return __doc__.split("\n\n", 1)[1]
+
+
+def _evaluate(argv: Sequence[str]) -> int:
+    from .run import evaluate_model
+
+    parser = argparse.ArgumentParser(prog="deepnmt evaluate", description="Score a saved model on a test file "
+                                     "(BLEU, chrF, TER with sacreBLEU signatures) using beam search.")
+    parser.add_argument("--model", required=True, help="Saved model folder (or Hub id).")
+    parser.add_argument("--test_file", required=True, help="Test data: .jsonl/.json/.tsv, a PREFIX of "
+                        "PREFIX.<lang> files, or corpus:web-sparv/test.jsonl.gz (the embedded corpus).")
+    parser.add_argument("--source_lang", default="en", help="Source language code (default: en).")
+    parser.add_argument("--target_lang", default="es", help="Target language code (default: es).")
+    parser.add_argument("--num_beams", type=int, default=4, help="Beam size (default: 4).")
+    parser.add_argument("--batch_size", type=int, default=32, help="Sentences per generate() call (default: 32).")
+    parser.add_argument("--max_samples", type=int, default=None, help="Score only the first N pairs.")
+    parser.add_argument("--output_json", default=None, help="Also write the scores and signatures to this file.")
+    parser.add_argument("--hypotheses", default=None, help="Also write the translations, one per line, here.")
+    args = parser.parse_args(argv)
+    if args.num_beams < 1 or args.batch_size < 1:
+        parser.error("--num_beams and --batch_size must be ≥ 1.")
+    scores, hypotheses = evaluate_model(args.model, args.test_file, args.source_lang, args.target_lang,
+                                        num_beams=args.num_beams, batch_size=args.batch_size,
+                                        max_samples=args.max_samples)
+    report = {**scores.as_dict(), "sentences": scores.num_sentences, "num_beams": args.num_beams,
+              "signatures": scores.signatures}
+    print(f"BLEU {scores.bleu}  chrF {scores.chrf}  TER {scores.ter}  ({scores.num_sentences} sentences, "
+          f"beam {args.num_beams})")
+    for name, signature in scores.signatures.items():
+        print(f"  {name}: {signature}")
+    if args.output_json:
+        Path(args.output_json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    if args.hypotheses:
+        Path(args.hypotheses).write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
+    return 0
+
+
+def _translate(argv: Sequence[str]) -> int:
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    import hf_deepnmt  # noqa: F401
+
+    from .run import translate_sentences
+
+    parser = argparse.ArgumentParser(prog="deepnmt translate", description="Translate one sentence per line "
+                                     "from a file or stdin to stdout (batched, beam search).")
+    parser.add_argument("--model", required=True, help="Saved model folder (or Hub id).")
+    parser.add_argument("--input", default="-", help="Input file, one sentence per line (default: stdin).")
+    parser.add_argument("--output", default="-", help="Output file (default: stdout).")
+    parser.add_argument("--num_beams", type=int, default=4, help="Beam size (default: 4).")
+    parser.add_argument("--batch_size", type=int, default=32, help="Sentences per generate() call (default: 32).")
+    parser.add_argument("--max_new_tokens", type=int, default=None,
+                        help="Longest translation in tokens (default: 1.5 × source length + 10).")
+    args = parser.parse_args(argv)
+    if args.num_beams < 1 or args.batch_size < 1:
+        parser.error("--num_beams and --batch_size must be ≥ 1.")
+    if args.input == "-":
+        lines = sys.stdin.read().splitlines()
+    else:
+        if not Path(args.input).is_file():
+            parser.error(f"--input {args.input} does not exist.")
+        lines = Path(args.input).read_text(encoding="utf-8").splitlines()
+    model = AutoModelForSeq2SeqLM.from_pretrained(args.model)
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    translations = translate_sentences(model, tokenizer, lines, num_beams=args.num_beams, batch_size=args.batch_size,
+                                       max_new_tokens=args.max_new_tokens, progress=args.input != "-")
+    text = "\n".join(translations) + ("\n" if translations else "")
+    if args.output == "-":
+        sys.stdout.write(text)
+    else:
+        Path(args.output).write_text(text, encoding="utf-8")
+    return 0
+
+
+def _push(argv: Sequence[str]) -> int:
+    from .hub import files_to_upload, push_folder
+
+    parser = argparse.ArgumentParser(prog="deepnmt push", description="Upload a trained model folder (weights, "
+                                     "config, generation config, tokenizer, remote code, translation pipeline, model "
+                                     "card, metrics and plots; never checkpoints) to the Hugging Face Hub.")
+    parser.add_argument("folder", help="The model folder written by `deepnmt train` / `deepnmt quickstart`.")
+    parser.add_argument("--repo_id", required=True, help="USER/NAME on the Hub.")
+    parser.add_argument("--private", action="store_true", help="Create the repository as private.")
+    parser.add_argument("--token", default=None, help="Hub token (default: the logged-in one).")
+    parser.add_argument("--commit_message", default="Upload hf_deepnmt model", help="Commit message.")
+    parser.add_argument("--dry_run", action="store_true", help="Only list the files that would be uploaded.")
+    args = parser.parse_args(argv)
+    if args.dry_run:
+        print("\n".join(files_to_upload(args.folder)))
+        return 0
+    files = push_folder(args.folder, args.repo_id, private=args.private, token=args.token,
+                        commit_message=args.commit_message)
+    print(f"uploaded {len(files)} files to https://huggingface.co/{args.repo_id}")
+    return 0
+
+
+def _quickstart(argv: Sequence[str]) -> int:
+    from .quickstart import run_quickstart
+
+    parser = argparse.ArgumentParser(
+        prog="deepnmt quickstart",
+        description="The main job: train a small deep Transformer on the embedded WEB ↔ RV1909 (en→es) corpus on "
+        "this machine's CPU, evaluate BLEU/chrF/TER on the test books with beam search, translate a few sentences, "
+        "and write the model, its card, metrics.json and plots to --output_dir. Any `deepnmt train` option may "
+        "follow and overrides the quickstart recipe (e.g. --max_steps 200).",
+    )
+    parser.add_argument("--output_dir", default=None, help="Where to write everything (default: "
+                        "runs/quickstart-<date>-<time>, never an existing run).")
+    args, rest = parser.parse_known_args(argv)
+    return run_quickstart(args.output_dir, rest)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: deepnmt {" + ",".join(COMMANDS) + "} [options]\n\n" + _top_level_help())
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        print(f"deepnmt: unknown command {command!r}; use one of {', '.join(COMMANDS)} (deepnmt --help).",
+              file=sys.stderr)
+        return 2
+    started = time.time()
+    try:
+        if command == "train":
+            from .run import train
+
+            train(rest)
+            code = 0
+        else:
+            code = {"evaluate": _evaluate, "translate": _translate, "push": _push, "quickstart": _quickstart}[command](
+                rest)
+    except (ValueError, FileNotFoundError) as error:  # user mistakes: one sentence, no traceback
+        if os.environ.get("DEEPNMT_DEBUG"):
+            raise
+        print(f"deepnmt {command}: {error}", file=sys.stderr)
+        return 2
+    except NonFiniteLossError as error:
+        print(f"deepnmt {command}: {error}", file=sys.stderr)
+        return 3
+    if command in ("train", "quickstart"):
+        print(f"[deepnmt] {command} finished in {(time.time() - started) / 60:.1f} min", file=sys.stderr)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

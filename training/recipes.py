@@ -1,0 +1,121 @@
+"""Recipes (``training/recipes/*.yaml``) and model presets (``training/presets/*.json``).
+
+A recipe is one complete, citable training setup. Its header comment names the paper table it reproduces and the
+exact command; its body has three sections::
+
+    model:      # complete model config (every field spelled out) — or `preset: <name>`
+      model_type: deep_transformer
+      d_model: 512
+      ...
+    data:       # DataArguments (run_translation names), e.g. train_file, source_lang, max_tokens
+      ...
+    training:   # Seq2SeqTrainingArguments + ModelArguments, e.g. learning_rate, max_steps, vocab_size
+      ...
+
+File paths that start with ``corpus:`` point into the embedded corpus shipped with the package
+(``corpus:web-sparv/train.jsonl.gz``). Command-line arguments override the recipe.
+
+Presets are complete `config.json`-style files that users can cite by name (fairseq's named architectures):
+``--config_name transformer-base``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .corpus import corpus_dir
+
+RECIPES_DIR = Path(__file__).parent / "recipes"
+PRESETS_DIR = Path(__file__).parent / "presets"
+CORPUS_PREFIX = "corpus:"
+SECTIONS = ("model", "data", "training")
+
+
+def resolve_path(value: Any) -> Any:
+    """``corpus:<path>`` -> the absolute path inside the embedded corpus folder; anything else unchanged."""
+    if isinstance(value, str) and value.startswith(CORPUS_PREFIX):
+        return str(corpus_dir().parent / value[len(CORPUS_PREFIX):])
+    return value
+
+
+def find_recipe(name_or_path: str) -> Path:
+    """A recipe file path, or the name of one shipped in ``training/recipes`` (with or without ``.yaml``)."""
+    path = Path(name_or_path)
+    if path.exists():
+        return path
+    shipped = RECIPES_DIR / (name_or_path if name_or_path.endswith(".yaml") else f"{name_or_path}.yaml")
+    if shipped.exists():
+        return shipped
+    available = ", ".join(sorted(p.stem for p in RECIPES_DIR.glob("*.yaml")))
+    raise FileNotFoundError(f"--recipe {name_or_path!r} is neither a file nor a shipped recipe ({available}).")
+
+
+def load_recipe(name_or_path: str) -> dict[str, dict[str, Any]]:
+    """Read a recipe; every section is optional, unknown sections are an error."""
+    path = find_recipe(name_or_path)
+    recipe = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    if not isinstance(recipe, dict):
+        raise ValueError(f"{path}: a recipe is a mapping with sections {list(SECTIONS)}.")
+    unknown = set(recipe) - set(SECTIONS)
+    if unknown:
+        raise ValueError(f"{path}: unknown section(s) {sorted(unknown)}; allowed: {list(SECTIONS)}.")
+    return {section: dict(recipe.get(section) or {}) for section in SECTIONS}
+
+
+def recipe_to_argv(recipe: dict[str, dict[str, Any]]) -> list[str]:
+    """The ``data`` and ``training`` sections as command-line arguments (so the command line can override them)."""
+    argv: list[str] = []
+    for section in ("data", "training"):
+        for key, value in recipe[section].items():
+            if value is None:
+                continue
+            if isinstance(value, bool):
+                argv += [f"--{key}", str(value)]
+            elif isinstance(value, (list, tuple)):
+                argv += [f"--{key}", *map(str, value)]
+            elif isinstance(value, dict):
+                argv += [f"--{key}", json.dumps(value)]
+            else:
+                argv += [f"--{key}", str(resolve_path(value))]
+    return argv
+
+
+def find_preset(name: str) -> Path | None:
+    path = PRESETS_DIR / f"{name}.json"
+    return path if path.exists() else None
+
+
+def load_model_config_dict(config_name: str | None, recipe_model: dict[str, Any]) -> dict[str, Any]:
+    """The model config fields: a preset / config file named by ``--config_name`` (or ``preset:`` in the recipe),
+    then the recipe's own fields on top."""
+    fields = dict(recipe_model)
+    name = config_name or fields.pop("preset", None)
+    fields.pop("preset", None)
+    base: dict[str, Any] = {}
+    if name:
+        preset = find_preset(name)
+        path = preset or Path(name)
+        if path.is_dir():
+            path = path / "config.json"
+        if not path.exists():
+            available = ", ".join(sorted(p.stem for p in PRESETS_DIR.glob("*.json")))
+            raise FileNotFoundError(f"--config_name {name!r} is neither a config file/folder nor a preset ({available}).")
+        base = json.loads(path.read_text(encoding="utf-8"))
+    return {**base, **fields}
+
+
+def parse_overrides(text: str | None) -> dict[str, Any]:
+    """``"d_model=256,encoder_layers=12,dropout=0.2"`` -> typed dict (run_clm's --config_overrides syntax)."""
+    overrides: dict[str, Any] = {}
+    if not text:
+        return overrides
+    for item in text.split(","):
+        if "=" not in item:
+            raise ValueError(f"--config_overrides item {item!r} is not KEY=VALUE.")
+        key, raw = (part.strip() for part in item.split("=", 1))
+        overrides[key] = yaml.safe_load(raw)
+    return overrides

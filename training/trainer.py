@@ -1,0 +1,228 @@
+"""`DeepNMTTrainer`: a thin `Seq2SeqTrainer` subclass for hf_deepnmt models.
+
+What it adds to `Seq2SeqTrainer`:
+
+* ``compute_loss`` = label-smoothed NLL + the auxiliary terms of `hf_deepnmt.losses` (one entry point shared with
+  any other training loop), normalised by the tokens of the whole optimizer step, so gradient accumulation and
+  data parallelism give the same update as one big batch (notes/hf-transformers-v5-findings.md §4);
+* every loss component (``nll``, ``ddr``, ``ald``, ``div``, …) logged on its own next to ``loss``, averaged over
+  the logging interval and over processes — into the Trainer logs and TensorBoard;
+* ``eval_loss`` is the *unsmoothed* NLL per target token (comparable across label-smoothing settings);
+* fairseq-style token-budget batches (``max_tokens``) for training;
+* a non-finite loss stops training at once with a clear message — before the optimizer step, so no checkpoint
+  with NaN weights is ever written;
+* atomic checkpoints: written to ``<output_dir>/.incomplete/checkpoint-N`` and renamed into place when complete,
+  so a run killed while saving never leaves a half-written ``checkpoint-N`` that resuming would pick up.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+from transformers import Seq2SeqTrainer
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
+
+from hf_deepnmt.losses import AuxiliaryLoss, auxiliary_losses_from_config, compute_losses
+
+from .data import TokenBudgetBatchSampler
+
+INCOMPLETE_DIR = ".incomplete"
+
+
+class NonFiniteLossError(RuntimeError):
+    """Training produced a NaN or infinite loss; raised before the optimizer step that would spread it."""
+
+
+class DeepNMTTrainer(Seq2SeqTrainer):
+    """`Seq2SeqTrainer` with the paper losses, per-component logging, token batching, NaN guard, atomic saves.
+
+    Args:
+        max_tokens: token budget per training batch and device (fairseq ``--max-tokens``); ``None`` uses
+            ``per_device_train_batch_size`` sentences per batch.
+        auxiliary_losses: auxiliary terms; ``None`` takes those the model config switches on
+            (`hf_deepnmt.losses.auxiliary_losses_from_config`).
+        All other arguments are those of `Seq2SeqTrainer`. Label smoothing is ``args.label_smoothing_factor``.
+    """
+
+    # compute_loss already divides by the tokens of the whole accumulated step (transformers >= 5.2x reads this;
+    # older versions decide from `model_accepts_loss_kwargs`, set in __init__).
+    loss_is_scaled_for_ga = True
+
+    def __init__(
+        self,
+        *args: Any,
+        max_tokens: int | None = None,
+        auxiliary_losses: Sequence[AuxiliaryLoss] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.max_tokens = max_tokens
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        self.auxiliary_losses = (
+            list(auxiliary_losses) if auxiliary_losses is not None else auxiliary_losses_from_config(unwrapped.config)
+        )
+        # Make the Trainer count the target tokens of every optimizer step and hand them to compute_loss.
+        self.model_accepts_loss_kwargs = True
+        # eval_loss: the model's own unsmoothed token-level NLL (compute_loss handles smoothing in training).
+        self.label_smoother = None
+        self._component_sums: dict[str, torch.Tensor] = {}
+        self._component_tokens = torch.zeros((), dtype=torch.float64)
+
+    # ------------------------------------------------------------------------------------------------ loss
+    def compute_loss(
+        self,
+        model: torch.nn.Module,
+        inputs: dict[str, torch.Tensor],
+        return_outputs: bool = False,
+        num_items_in_batch: torch.Tensor | int | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, Any]:
+        result = compute_losses(
+            model,
+            inputs,
+            label_smoothing=self.args.label_smoothing_factor,
+            auxiliary=self.auxiliary_losses,
+            num_items_in_batch=num_items_in_batch,
+        )
+        loss = result.loss
+        if model.training:
+            self._stop_if_not_finite(loss, result.components)
+            self._accumulate_components(result.components, result.num_tokens)
+        if (
+            num_items_in_batch is not None
+            and self.args.average_tokens_across_devices
+            and self.accelerator.num_processes > 1
+        ):
+            # DDP averages gradients over processes; the divisor already counts every process' tokens.
+            loss = loss * self.accelerator.num_processes
+        return (loss, result.outputs) if return_outputs else loss
+
+    def _stop_if_not_finite(self, loss: torch.Tensor, components: dict[str, torch.Tensor]) -> None:
+        bad = (~torch.isfinite(loss.detach())).float()
+        if self.accelerator.num_processes > 1:  # every process stops at the same step
+            bad = self.accelerator.reduce(bad, reduction="sum")
+        if bad.item() == 0:
+            return
+        last = last_checkpoint(self.args.output_dir)
+        parts = ", ".join(f"{name}={value.item():.4g}" for name, value in components.items())
+        raise NonFiniteLossError(
+            f"Training stopped at step {self.state.global_step + 1} because the loss is "
+            f"{loss.detach().float().item()} ({parts}), before any update with it, so the last good checkpoint "
+            f"({last or 'none saved yet'}) is intact; lower --learning_rate, lengthen --warmup_steps or set "
+            "--max_grad_norm, then resume with --resume_from_checkpoint."
+        )
+
+    def _accumulate_components(self, components: dict[str, torch.Tensor], num_tokens: torch.Tensor) -> None:
+        tokens = num_tokens.detach().double().cpu()
+        for name, value in components.items():
+            weighted = value.detach().double().cpu() * tokens
+            self._component_sums[name] = self._component_sums.get(name, torch.zeros((), dtype=torch.float64)) + weighted
+        self._component_tokens = self._component_tokens + tokens
+
+    def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
+        """Add the token-weighted means of every loss component since the last training log."""
+        if "loss" in logs and self._component_sums:
+            names = sorted(self._component_sums)
+            stacked = torch.stack([self._component_sums[name] for name in names] + [self._component_tokens])
+            if self.accelerator.num_processes > 1:
+                stacked = self.accelerator.reduce(stacked.to(self.args.device), reduction="sum").cpu()
+            tokens = max(float(stacked[-1]), 1.0)
+            for name, total in zip(names, stacked[:-1].tolist()):
+                logs[name] = round(total / tokens, 4)
+            self._component_sums = {}
+            self._component_tokens = torch.zeros((), dtype=torch.float64)
+        super().log(logs, *args, **kwargs)
+
+    # ------------------------------------------------------------------------------------------------ data
+    def get_train_dataloader(self) -> DataLoader:
+        if self.max_tokens is None:
+            return super().get_train_dataloader()
+        dataset = self.train_dataset
+        if dataset is None or "length" not in dataset.column_names:
+            raise ValueError("DeepNMTTrainer: max_tokens needs a training dataset with a `length` column "
+                             "(training.data.tokenize_corpus adds it).")
+        sampler = TokenBudgetBatchSampler(list(dataset["length"]), self.max_tokens, seed=self.args.data_seed or self.args.seed)
+        dataset = self._remove_unused_columns(dataset, description="training")
+        loader = DataLoader(
+            dataset,
+            batch_sampler=sampler,
+            collate_fn=self.data_collator,
+            num_workers=self.args.dataloader_num_workers,
+            pin_memory=self.args.dataloader_pin_memory,
+        )
+        return self.accelerator.prepare(loader)
+
+    # ------------------------------------------------------------------------------------------------ saving
+    def _save_checkpoint(self, model: torch.nn.Module, trial: Any) -> None:
+        """Write the checkpoint under ``.incomplete/`` and move it into place only once every file is on disk."""
+        run_dir = self._get_output_dir(trial=trial)
+        name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        staging_root = os.path.join(run_dir, INCOMPLETE_DIR)
+        staged, final = os.path.join(staging_root, name), os.path.join(run_dir, name)
+        if self.args.should_save and os.path.exists(staged):
+            shutil.rmtree(staged)  # left over by a run killed while saving
+        self.accelerator.wait_for_everyone()
+        self._get_output_dir = lambda trial=None: staging_root  # type: ignore[method-assign]
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            del self._get_output_dir
+        self.accelerator.wait_for_everyone()
+        if self.args.should_save:
+            _fsync_tree(staged)
+            if os.path.exists(final):
+                shutil.rmtree(final)
+            os.replace(staged, final)
+            if not os.listdir(staging_root):
+                os.rmdir(staging_root)
+            _fsync_dir(run_dir)
+            for attribute in ("best_model_checkpoint",):
+                value = getattr(self.state, attribute, None)
+                if isinstance(value, str) and value.startswith(staging_root):
+                    setattr(self.state, attribute, value.replace(staging_root, run_dir, 1))
+            rotate_checkpoints(run_dir, self.args.save_total_limit, self.state.best_model_checkpoint, use_mtime=False)
+        self.accelerator.wait_for_everyone()
+
+    def create_model_card(self, *args: Any, **kwargs: Any) -> None:
+        """Write hf_deepnmt's card (model_cards/) instead of the generic Trainer card."""
+        from model_cards import write_model_card
+
+        if self.is_world_process_zero():
+            write_model_card(self.args.output_dir, trainer=self)
+
+
+def last_checkpoint(output_dir: str) -> str | None:
+    """The newest complete ``checkpoint-N`` in ``output_dir`` (``.incomplete/`` is never considered)."""
+    if not os.path.isdir(output_dir):
+        return None
+    steps = [
+        int(name.split("-")[-1])
+        for name in os.listdir(output_dir)
+        if name.startswith(f"{PREFIX_CHECKPOINT_DIR}-") and name.split("-")[-1].isdigit()
+    ]
+    return os.path.join(output_dir, f"{PREFIX_CHECKPOINT_DIR}-{max(steps)}") if steps else None
+
+
+def _fsync_tree(path: str) -> None:
+    for root, _, files in os.walk(path):
+        for file_name in files:
+            with open(os.path.join(root, file_name), "rb") as handle:
+                os.fsync(handle.fileno())
+        _fsync_dir(root)
+
+
+def _fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
