@@ -181,3 +181,13 @@ def test_every_recipe_is_complete_and_documented(recipe):
                     "decoder_start_token_id", "use_cache", "is_encoder_decoder"}
     assert documented - token_fields <= set(fields), documented - token_fields - set(fields)
     yaml.safe_dump(sections)  # plain data
+
+
+def test_shipped_distributed_configs_parse():
+    from training.recipes import RECIPES_DIR
+
+    configs = RECIPES_DIR.parent / "configs"
+    accelerate = yaml.safe_load((configs / "accelerate_ddp.yaml").read_text())
+    assert accelerate["distributed_type"] == "MULTI_GPU" and accelerate["num_processes"] >= 1
+    zero2 = json.loads((configs / "deepspeed_zero2.json").read_text())
+    assert zero2["zero_optimization"]["stage"] == 2 and zero2["train_micro_batch_size_per_gpu"] == "auto"

@@ -1,0 +1,118 @@
+"""Real `deepnmt train` processes: SIGKILL + resume, torchrun and accelerate launch with 2 CPU processes (gloo)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import train_argv
+from safetensors.torch import load_file
+
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+       "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+TRAIN = [sys.executable, "-m", "training.cli", "train"]
+ACCELERATE_CONFIG = Path(__file__).resolve().parents[1] / "training" / "configs" / "accelerate_ddp.yaml"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _run(command: list[str], timeout: int = 300) -> subprocess.CompletedProcess:
+    result = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result
+
+
+def _losses(folder: Path) -> dict[int, float]:
+    state = json.loads((folder / "trainer_state.json").read_text())
+    return {entry["step"]: entry["loss"] for entry in state["log_history"] if "loss" in entry}
+
+
+def _weights(folder: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(folder / "model.safetensors"))
+
+
+def test_sigkilled_run_resumes_to_the_same_result(small_corpus, tmp_path):
+    args = ["--max_steps", "160", "--save_strategy", "steps", "--save_steps", "20", "--config_overrides",
+            "d_model=16,encoder_layers=2,decoder_layers=2,encoder_attention_heads=2,decoder_attention_heads=2,"
+            "encoder_ffn_dim=32,decoder_ffn_dim=32,max_position_embeddings=64,dropout=0.1",
+            "--max_tokens", "300", "--per_device_train_batch_size", "4"]  # token batches + dropout RNG both resume
+    _run(TRAIN + train_argv(small_corpus, tmp_path / "straight", *args))
+
+    killed = tmp_path / "killed"
+    process = subprocess.Popen(TRAIN + train_argv(small_corpus, killed, *args), env=ENV,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    while not (killed / "checkpoint-40").exists():
+        assert process.poll() is None, "the run ended before it could be killed: " + process.stderr.read()[-2000:]
+        assert time.time() < deadline
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=30)
+    assert process.returncode == -signal.SIGKILL
+    assert not (killed / "model.safetensors").exists()  # it really died mid-run
+
+    _run(TRAIN + train_argv(small_corpus, killed, *args, "--resume_from_checkpoint", "last"))
+    straight, resumed = _losses(tmp_path / "straight"), _losses(killed)
+    assert max(resumed) == max(straight) == 160
+    assert resumed[160] == pytest.approx(straight[160], rel=1e-3, abs=1e-3)
+    a, b = _weights(tmp_path / "straight"), _weights(killed)
+    assert all(torch.allclose(a[name], b[name], atol=1e-4) for name in a)
+
+
+# SGD: with Adam, parameters whose true gradient is exactly zero (attention key biases) turn float noise into
+# lr-sized steps, so weights would differ where the mathematics says they cannot.
+DDP_ARGS = ["--max_steps", "4", "--train_sampling_strategy", "sequential", "--ddp_find_unused_parameters", "false",
+            "--optim", "sgd", "--learning_rate", "0.5",
+            "--config_overrides", "d_model=16,encoder_layers=2,decoder_layers=2,encoder_attention_heads=2,"
+            "decoder_attention_heads=2,encoder_ffn_dim=32,decoder_ffn_dim=32,max_position_embeddings=64,dropout=0.0"]
+
+
+@pytest.fixture(scope="module")
+def single_process_double_batch(small_corpus, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("ddp") / "single"
+    _run(TRAIN + train_argv(small_corpus, folder, *DDP_ARGS, "--per_device_train_batch_size", "8"))
+    return folder
+
+
+def _compare_with_single(single: Path, multi: Path) -> None:
+    one, two = _losses(single), _losses(multi)
+    assert sorted(one) == sorted(two) == [1, 2, 3, 4]
+    for step in one:
+        assert two[step] == pytest.approx(one[step], rel=2e-3), (step, one, two)
+    a, b = _weights(single), _weights(multi)
+    assert all(torch.allclose(a[name], b[name], atol=2e-4) for name in a)
+
+
+def test_torchrun_two_processes_match_one_process_with_the_doubled_batch(small_corpus, tmp_path,
+                                                                         single_process_double_batch):
+    folder = tmp_path / "torchrun"
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+               str(_free_port()), "-m", "training.cli", "train",
+               *train_argv(small_corpus, folder, *DDP_ARGS, "--per_device_train_batch_size", "4")]
+    result = _run(command)
+    assert "parallel_mode" not in result.stderr or "DISTRIBUTED" in result.stderr
+    _compare_with_single(single_process_double_batch, folder)
+
+
+def test_accelerate_launch_two_processes_match_one_process(small_corpus, tmp_path, single_process_double_batch):
+    folder = tmp_path / "accelerate"
+    # `--multi_gpu` selects accelerate's torch.distributed launcher; with no GPU it runs gloo processes on the CPU
+    # (accelerate's `--cpu` flag would start a single process).
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ACCELERATE_CONFIG),
+               "--num_processes", "2", "--main_process_port",
+               str(_free_port()), "-m", "training.cli", "train",
+               *train_argv(small_corpus, folder, *DDP_ARGS, "--per_device_train_batch_size", "4")]
+    _run(command)
+    _compare_with_single(single_process_double_batch, folder)
