@@ -1,0 +1,263 @@
+"""In-process measurements: logits equivalence, training and decoding throughput, per-step decoding cost, profiles,
+FLOP counts, matmul peak and torch.compile. Each returns plain dicts (JSON-ready); `run.py` orchestrates them."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+
+from .common import BOS, Batch, fixed_generation_config, interleaved, median, synthetic_batch
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Equivalence of the contenders (same weights)
+# ----------------------------------------------------------------------------------------------------------------
+@torch.no_grad()
+def equivalence(models: dict[str, torch.nn.Module], batch: Batch, new_tokens: int) -> dict[str, dict[str, object]]:
+    """Max |logit difference| against ``ours`` over non-pad target positions (eval mode, teacher forcing), and
+    whether greedy and beam-4 outputs are identical."""
+    reference = models["ours"].eval()
+    mask = batch.labels != -100
+    expected = reference(**batch.as_kwargs()).logits[mask]
+    source = dict(input_ids=batch.input_ids[:8], attention_mask=batch.attention_mask[:8])
+    outputs = {}
+    for beams in (1, 4):
+        fixed_generation_config(reference, beams, new_tokens)
+        outputs[beams] = reference.generate(**source)
+    result = {}
+    for name, model in models.items():
+        model.eval()
+        got = model(**batch.as_kwargs()).logits[mask]
+        same = {}
+        for beams in (1, 4):
+            fixed_generation_config(model, beams, new_tokens)
+            same[beams] = bool(torch.equal(model.generate(**source), outputs[beams]))
+        result[name] = {"max_abs_logit_diff": float((got - expected).abs().max()), "greedy_identical": same[1],
+                        "beam4_identical": same[4]}
+    return result
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Throughput
+# ----------------------------------------------------------------------------------------------------------------
+def training_step(model: torch.nn.Module, batch: Batch) -> Callable[[], None]:
+    """One optimisation step: forward with labels (mean token cross-entropy), backward, AdamW step."""
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    kwargs = batch.as_kwargs()
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        model(**kwargs).loss.backward()
+        optimizer.step()
+
+    return step
+
+
+def training_throughput(models: dict[str, torch.nn.Module], batch: Batch, repeats: int) -> dict[str, object]:
+    steps = {name: training_step(model, batch) for name, model in models.items()}
+    times = interleaved(steps, repeats=repeats, warmup=1)
+    for model in models.values():
+        model.eval()
+    return {
+        "source_tokens": batch.source_tokens,
+        "target_tokens": batch.target_tokens,
+        "sentences": int(batch.input_ids.size(0)),
+        "seconds": times,
+        "median_s": {name: median(values) for name, values in times.items()},
+        "target_tokens_per_s": {name: batch.target_tokens / median(values) for name, values in times.items()},
+    }
+
+
+def decoding_throughput(models: dict[str, torch.nn.Module], source: Batch, num_beams: int, new_tokens: int,
+                        repeats: int) -> dict[str, object]:
+    """Sentences/s of ``generate`` with exactly ``new_tokens`` steps for every contender."""
+    calls = {}
+    for name, model in models.items():
+        model.eval()
+        fixed_generation_config(model, num_beams, new_tokens)
+        calls[name] = (lambda m: lambda: m.generate(input_ids=source.input_ids,
+                                                    attention_mask=source.attention_mask))(model)
+    times = interleaved(calls, repeats=repeats, warmup=1)
+    sentences = int(source.input_ids.size(0))
+    return {
+        "batch": sentences,
+        "num_beams": num_beams,
+        "new_tokens": new_tokens,
+        "seconds": times,
+        "median_s": {name: median(values) for name, values in times.items()},
+        "sentences_per_s": {name: sentences / median(values) for name, values in times.items()},
+    }
+
+
+@torch.no_grad()
+def _decode_step_times(model: torch.nn.Module, source: Batch, steps: int) -> list[float]:
+    """Seconds of each single-token decoder step through the cache (greedy continuation), encoder excluded."""
+    encoder_outputs = model.get_encoder()(input_ids=source.input_ids, attention_mask=source.attention_mask)
+    tokens = torch.full((source.input_ids.size(0), 1), BOS, dtype=torch.long)
+    cache, times = None, []
+    for _ in range(steps):
+        start = time.perf_counter()
+        out = model(encoder_outputs=encoder_outputs, attention_mask=source.attention_mask, decoder_input_ids=tokens,
+                    past_key_values=cache, use_cache=True)
+        cache = out.past_key_values
+        tokens = out.logits[:, -1].argmax(-1, keepdim=True)  # (B, 1)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def incremental_decoding_cost(models: dict[str, torch.nn.Module], source: Batch, steps: int, repeats: int,
+                              early: tuple[int, int] = (1, 11)) -> dict[str, object]:
+    """Per-step cost vs generated length: the median over repeats of each step's time; ``late_over_early`` is the
+    median of the last 10 steps over the median of steps ``early`` (the first step also projects the cross-attention
+    keys/values and is excluded). Contenders alternate between repeats."""
+    for model in models.values():
+        model.eval()
+    runs = {name: [] for name in models}
+    for round_index in range(repeats):
+        names = list(models)
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            runs[name].append(_decode_step_times(models[name], source, steps))
+    result = {"batch": int(source.input_ids.size(0)), "steps": steps, "per_step_s": {}, "early_s": {}, "late_s": {},
+              "late_over_early": {}}
+    for name, per_run in runs.items():
+        per_step = [median([run[t] for run in per_run]) for t in range(steps)]
+        early_s = median(per_step[early[0]:early[1]])
+        late_s = median(per_step[-10:])
+        result["per_step_s"][name] = per_step
+        result["early_s"][name], result["late_s"][name] = early_s, late_s
+        result["late_over_early"][name] = late_s / early_s
+    return result
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Profiles
+# ----------------------------------------------------------------------------------------------------------------
+def top_ops(function: Callable[[], object], rows: int) -> dict[str, object]:
+    """torch.profiler (CPU) over one call: the ``rows`` aten ops with the most self CPU time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    function()  # warm
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        function()
+    events = [e for e in prof.key_averages() if e.key.startswith("aten::")]
+    total = sum(e.self_cpu_time_total for e in prof.key_averages())
+    events.sort(key=lambda e: e.self_cpu_time_total, reverse=True)
+    return {
+        "total_self_cpu_ms": total / 1e3,
+        "ops": [{"op": e.key, "self_cpu_ms": e.self_cpu_time_total / 1e3, "calls": e.count} for e in events[:rows]],
+        "aten_calls": sum(e.count for e in prof.key_averages() if e.key.startswith("aten::")),
+    }
+
+
+def profiles(models: dict[str, torch.nn.Module], batch: Batch, source: Batch, new_tokens: int,
+             rows: int = 12) -> dict[str, dict[str, object]]:
+    result: dict[str, dict[str, object]] = {"train": {}, "beam4": {}}
+    for name, model in models.items():
+        result["train"][name] = top_ops(training_step(model, batch), rows)
+        model.eval()
+        fixed_generation_config(model, 4, new_tokens)
+        result["beam4"][name] = top_ops(
+            lambda m=model: m.generate(input_ids=source.input_ids, attention_mask=source.attention_mask), rows)
+    return result
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# FLOPs and the machine's matmul peak
+# ----------------------------------------------------------------------------------------------------------------
+def _cpu_flash_mapping() -> dict[object, Callable[..., int]]:
+    """FlopCounterMode knows the CUDA SDPA kernels; count the CPU flash kernel with the same formulas."""
+    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
+
+    aten = torch.ops.aten
+
+    def forward(query, key, value, *args, out_shape=None, **kwargs) -> int:
+        return sdpa_flop_count(query, key, value)
+
+    def backward(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:
+        return sdpa_backward_flop_count(grad_out, query, key, value)
+
+    return {aten._scaled_dot_product_flash_attention_for_cpu: forward,
+            aten._scaled_dot_product_flash_attention_for_cpu_backward: backward}
+
+
+def training_flops(model: torch.nn.Module, batch: Batch) -> int:
+    """FLOPs of one forward + backward (matmuls and attention; the optimizer and element-wise ops are not
+    counted, as usual for MFU figures)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model.train()
+    counter = FlopCounterMode(display=False, custom_mapping=_cpu_flash_mapping())
+    with counter:
+        model(**batch.as_kwargs()).loss.backward()
+    model.zero_grad(set_to_none=True)
+    model.eval()
+    return int(counter.get_total_flops())
+
+
+def matmul_peak(n: int = 2048, repeats: int = 10) -> dict[str, float]:
+    """fp32 GFLOP/s of a plain (n x n) @ (n x n) matmul on this machine: the best and the median of ``repeats``."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.mm(a, b)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.mm(a, b)
+        times.append(time.perf_counter() - start)
+    flops = 2 * n ** 3
+    return {"n": n, "best_gflops": flops / min(times) / 1e9, "median_gflops": flops / median(times) / 1e9}
+
+
+def gflops_vs_peak(model: torch.nn.Module, batch: Batch, step_seconds: float) -> dict[str, float]:
+    flops = training_flops(model, batch)
+    peak = matmul_peak()
+    achieved = flops / step_seconds / 1e9
+    return {"flops_per_step": flops, "step_s": step_seconds, "achieved_gflops": achieved, **peak,
+            "fraction_of_best_peak": achieved / peak["best_gflops"]}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# torch.compile
+# ----------------------------------------------------------------------------------------------------------------
+def compiled_training(model_factory: Callable[[], torch.nn.Module], batch: Batch,
+                      repeats: int) -> dict[str, object]:
+    """Eager vs ``torch.compile(model)`` (inductor) training steps of the same weights, interleaved; the compile
+    time is the first compiled step minus a median compiled step."""
+    eager = model_factory()
+    compiled_model = model_factory()
+    compiled_model.load_state_dict(eager.state_dict())
+    compiled = torch.compile(compiled_model)
+    step_eager, step_compiled = training_step(eager, batch), training_step(compiled, batch)
+    start = time.perf_counter()
+    step_compiled()
+    first = time.perf_counter() - start
+    times = interleaved({"eager": step_eager, "compiled": step_compiled}, repeats=repeats, warmup=1)
+    with torch.no_grad():
+        eager.eval(), compiled.eval()
+        diff = float((eager(**batch.as_kwargs()).logits - compiled(**batch.as_kwargs()).logits).abs().max())
+    medians = {name: median(values) for name, values in times.items()}
+    return {"seconds": times, "median_s": medians, "compile_s": first - medians["compiled"],
+            "speedup": medians["eager"] / medians["compiled"], "max_abs_logit_diff_after_training": diff}
+
+
+def trainer_compile_smoke(model: torch.nn.Module, batch: Batch, steps: int, output_dir: str) -> dict[str, object]:
+    """`Seq2SeqTrainer` with ``torch_compile=True`` runs ``steps`` optimisation steps on ``model``."""
+    from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
+
+    rows = [{key: value[i] for key, value in batch.as_kwargs().items()} for i in range(batch.input_ids.size(0))]
+    args = Seq2SeqTrainingArguments(output_dir=output_dir, torch_compile=True, max_steps=steps,
+                                    per_device_train_batch_size=len(rows), report_to="none", use_cpu=True,
+                                    save_strategy="no", logging_steps=1, disable_tqdm=True)
+    start = time.perf_counter()
+    result = Seq2SeqTrainer(model=model, args=args, train_dataset=rows).train()
+    return {"ok": True, "steps": result.global_step, "train_loss": result.training_loss,
+            "wall_s": time.perf_counter() - start}
+
+
+def default_batches(quick: bool) -> tuple[Batch, dict[int, Batch]]:
+    """The training batch (~4k source tokens, 1k in quick mode) and the decoding sources at batch 1 and 32."""
+    train = synthetic_batch(tokens=1024 if quick else 4096, seed=0)
+    return train, {1: synthetic_batch(sentences=1, seed=1), 32: synthetic_batch(sentences=32, seed=2)}

@@ -1,0 +1,351 @@
+"""Render ``results.json`` as ``RESULTS.md`` and ``scaling.png``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+# The profile-and-fix work on hf_deepnmt/modeling_deep_transformer.py. The end-to-end effect of all of them together
+# is the ``before`` column of every table (the model as of `common.BEFORE_REF`, measured in the same run); the
+# per-fix effect is what was measured when the fix was made (interleaved A/B, same method), recorded here.
+FIXES: list[tuple[str, str]] = []
+
+# Candidates measured and rejected (kept out of the code), with the reason.
+REJECTED: list[tuple[str, str]] = []
+
+DECODE_ROWS = (("greedy_b1", "greedy, batch 1"), ("greedy_b32", "greedy, batch 32"),
+               ("beam4_b1", "beam 4, batch 1"), ("beam4_b32", "beam 4, batch 32"))
+MEMORY_ROWS = (("train", "training step"), ("greedy_b32", "greedy, batch 32"), ("beam4_b32", "beam 4, batch 32"))
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}×" if a is not None and b else "–"
+
+
+def _num(value: float | None, digits: int = 1) -> str:
+    return "–" if value is None else f"{value:,.{digits}f}"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def linear_fit(x: list[float], y: list[float]) -> dict[str, float]:
+    """Least-squares y = a·x + b and its R²."""
+    slope, intercept = np.polyfit(np.asarray(x, float), np.asarray(y, float), 1)
+    predicted = slope * np.asarray(x, float) + intercept
+    residual = float(((np.asarray(y) - predicted) ** 2).sum())
+    total = float(((np.asarray(y) - np.mean(y)) ** 2).sum())
+    return {"slope": float(slope), "intercept": float(intercept), "r2": 1.0 - residual / total if total else 1.0}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+def _headline(results: dict) -> list[str]:
+    lines = ["## Ratio table (ours vs MarianMTModel, same weights, same run)", "",
+             "Throughput: higher is better; memory: lower is better. `before` is this model before the "
+             "profile-and-fix work (see the last section); `ours/before` is what the fixes bought."]
+    train, decode, memory = results.get("train", {}), results.get("decode", {}), results.get("memory", {})
+    for size in sorted(set(train) | set(decode) | set(memory)):
+        rows = []
+        if size in train:
+            t = train[size]["target_tokens_per_s"]
+            rows.append(["training target tokens/s", _num(t.get("ours")), _num(t.get("marian")),
+                         _ratio(t.get("ours"), t.get("marian")), _num(t.get("before")),
+                         _ratio(t.get("before"), t.get("marian")), _ratio(t.get("ours"), t.get("before"))])
+        for key, label in DECODE_ROWS:
+            if key in decode.get(size, {}):
+                s = decode[size][key]["sentences_per_s"]
+                rows.append([f"{label}: sentences/s", _num(s.get("ours"), 2), _num(s.get("marian"), 2),
+                             _ratio(s.get("ours"), s.get("marian")), _num(s.get("before"), 2),
+                             _ratio(s.get("before"), s.get("marian")), _ratio(s.get("ours"), s.get("before"))])
+        for key, label in MEMORY_ROWS:
+            ours = memory.get(size, {}).get("ours", {}).get(key)
+            marian = memory.get(size, {}).get("marian", {}).get(key)
+            if ours and marian:
+                rows.append([f"peak memory, {label} (MiB)", _num(ours["peak_mib"], 0), _num(marian["peak_mib"], 0),
+                             _ratio(ours["peak_mib"], marian["peak_mib"]), "–", "–", "–"])
+        lines += ["", f"### {size}", ""]
+        lines += _table(["metric", "ours", "Marian", "ours/Marian", "before", "before/Marian", "ours/before"], rows)
+    return lines
+
+
+def _equivalence(results: dict) -> list[str]:
+    if "equivalence" not in results:
+        return []
+    lines = ["## Equivalence of the contenders", "",
+             "Our state-dict names are Marian's, so the weights are copied 1:1 (Marian's extra entries — its position "
+             "tables, the encoder/decoder aliases of the shared embedding and a zero `final_logits_bias` — are "
+             "the only keys not loaded). Teacher-forced logits over non-pad target positions in eval mode, and "
+             "greedy / beam-4 outputs on 8 sentences:", ""]
+    rows = []
+    for size, per_model in results["equivalence"].items():
+        for name, r in per_model.items():
+            rows.append([size, name, f"{r['max_abs_logit_diff']:.2e}", str(r["greedy_identical"]),
+                         str(r["beam4_identical"])])
+    lines += _table(["size", "model", "max abs logit diff vs ours", "greedy identical", "beam-4 identical"], rows)
+    lines += ["", "Conventions kept equal on purpose: Marian's checkpoints start the decoder from `<pad>`; here both "
+              "models use `decoder_start_token_id = <s>` = 1 (a convention of the id, not of the architecture), "
+              "`pad = 0`, `eos = 2`, Marian's `forced_eos_token_id` is off. Marian adds `final_logits_bias` "
+              "(zeros) to every logit — an extra (B, T, V) addition that is part of its cost."]
+    return lines
+
+
+def _details(results: dict) -> list[str]:
+    lines = []
+    if "train" in results:
+        lines += ["## Training throughput", "",
+                  "Forward with labels (mean token cross-entropy), backward and an AdamW step on one synthetic batch "
+                  "(random ids, lengths uniform in 20–40, padded to the longest); dropout 0.1 in both models. "
+                  "Tokens/s counts non-pad target tokens (fairseq's wps).", ""]
+        rows = []
+        for size, r in results["train"].items():
+            for name, seconds in r["median_s"].items():
+                rows.append([size, name, f"{r['sentences']} / {r['source_tokens']} / {r['target_tokens']}",
+                             f"{seconds:.3f}", _num(r["target_tokens_per_s"][name]), str(len(r["seconds"][name])),
+                             f"{min(r['seconds'][name]):.3f}–{max(r['seconds'][name]):.3f}"])
+        lines += _table(["size", "model", "sentences / src tok / tgt tok", "median step (s)", "target tok/s",
+                         "repeats", "range (s)"], rows)
+        lines.append("")
+    if "decode" in results:
+        lines += ["## Decoding throughput", "",
+                  "`generate()` with exactly the same number of new tokens for every contender "
+                  "(`min_new_tokens = max_new_tokens`, so end-of-sentence cannot stop one model earlier), "
+                  "no sampling, length penalty 1.", ""]
+        rows = []
+        for size, per_mode in results["decode"].items():
+            for key, r in per_mode.items():
+                for name, seconds in r["median_s"].items():
+                    rows.append([size, key, name, str(r["new_tokens"]), f"{seconds:.3f}",
+                                 _num(r["sentences_per_s"][name], 2), str(len(r["seconds"][name]))])
+        lines += _table(["size", "mode", "model", "new tokens", "median (s)", "sentences/s", "repeats"], rows)
+        lines.append("")
+    if "memory" in results:
+        lines += ["## Peak memory", "",
+                  "One fresh child process per configuration (`benchmarks/probe.py`): PyTorch's CPU tensors live in the "
+                  "C allocator, which keeps freed memory, and tracemalloc does not see them, so the only trustworthy "
+                  "figure is the operating system's resident set size. The child imports torch and transformers, "
+                  "reads its RSS, resets the kernel's peak counter (`/proc/self/clear_refs`), builds the model and the "
+                  "data, runs the workload twice (the second training step is the steady state with AdamW moments) "
+                  "and reads VmHWM. Reported: peak − RSS after imports (parameters, gradients, optimizer state, "
+                  "activations, caches).", ""]
+        rows = []
+        for size, per_model in results["memory"].items():
+            for name, per_workload in per_model.items():
+                for workload, r in per_workload.items():
+                    rows.append([size, workload, name, _num(r["peak_mib"], 0), _num(r["peak_rss_mib"], 0),
+                                 _num(r["baseline_mib"], 0)])
+        lines += _table(["size", "workload", "model", "peak above baseline (MiB)", "peak RSS (MiB)",
+                         "baseline after imports (MiB)"], rows)
+        lines.append("")
+    if "flat" in results:
+        lines += ["## Incremental decoding: cost per step vs generated length", "",
+                  "Greedy continuation one token at a time through the key/value cache (encoder excluded), "
+                  "median over repeats of each step's time. A working cache keeps the cost flat: only attention "
+                  "over the cached keys (and the cache's concatenation) grows with the length.", ""]
+        rows = []
+        for size, r in results["flat"].items():
+            for name in r["early_s"]:
+                rows.append([size, name, str(r["batch"]), f"{r['early_s'][name] * 1e3:.2f}",
+                             f"{r['late_s'][name] * 1e3:.2f}", f"{r['late_over_early'][name]:.2f}"])
+            steps = r["steps"]
+        lines += _table(["size", "model", "batch", "step 2–11 (ms)", f"steps {steps - 9}–{steps} (ms)",
+                         "late / early"], rows)
+        lines.append("")
+    return lines
+
+
+def _scaling(results: dict) -> list[str]:
+    if "scaling" not in results:
+        return []
+    s = results["scaling"]
+    lines = ["## Scaling with depth and sentence length", "",
+             f"d256 (ffn 1024), training step (forward + backward + AdamW), one child process per point (time = "
+             f"median of the timed steps after a warm-up step; memory as above). Depth: ~{s['tokens_depth']} source "
+             f"tokens per batch, the other stack fixed at 6 layers. Length: ~{s['tokens_length']} tokens per batch, "
+             "every sentence of the given length (fewer sentences as they get longer). Plot: `scaling.png`.", ""]
+    rows, fits = [], {}
+    for stack in ("encoder", "decoder"):
+        points = s[f"{stack}_depth"]
+        depths = [p[f"{stack}_layers"] for p in points]
+        if len(points) >= 2:
+            fits[stack] = (linear_fit(depths, [p["step_s"] for p in points]),
+                           linear_fit(depths, [p["peak_mib"] for p in points]))
+        for p in points:
+            rows.append([stack, f"{p['encoder_layers']}-{p['decoder_layers']}", f"{p['step_s']:.3f}",
+                         _num(p["peak_mib"], 0)])
+    lines += _table(["varied stack", "layers (enc-dec)", "step (s)", "peak memory (MiB)"], rows)
+    lines += ["", "Linear fits in the number of layers:", ""]
+    fit_rows = [[stack, f"{t['slope'] * 1e3:.1f} ms/layer", f"{t['r2']:.4f}", f"{m['slope']:.1f} MiB/layer",
+                 f"{m['r2']:.4f}"] for stack, (t, m) in fits.items()]
+    lines += _table(["varied stack", "time slope", "time R²", "memory slope", "memory R²"], fit_rows)
+    rows = [[str(p["length"]), str(p["units"]), f"{p['step_s']:.3f}", f"{p['step_s'] / p['units'] * 1e3:.3f}",
+             _num(p["peak_mib"], 0)] for p in s["length"]]
+    lines += ["", "Sentence length at a fixed token budget (attention is the only part that grows with length):", ""]
+    lines += _table(["length", "target tokens", "step (s)", "ms per target token", "peak memory (MiB)"], rows)
+    return lines + [""]
+
+
+def _flops(results: dict) -> list[str]:
+    if "flops" not in results:
+        return []
+    f = results["flops"]
+    return ["## Achieved GFLOP/s vs this machine's matmul peak", "",
+            f"{f['size']} training step: {f['flops_per_step'] / 1e9:,.0f} GFLOP per forward + backward "
+            "(`torch.utils.flop_counter.FlopCounterMode`: matmuls and attention; the CPU flash-attention kernel "
+            "counted with torch's SDPA formulas), divided by the median step time of the training section "
+            f"({f['step_s']:.3f} s, which includes the optimizer step and element-wise work).", "",
+            *_table(["achieved GFLOP/s", f"fp32 {f['n']}² matmul peak (best / median of 10)", "fraction of best peak"],
+                    [[f"{f['achieved_gflops']:.1f}", f"{f['best_gflops']:.1f} / {f['median_gflops']:.1f}",
+                      f"{f['fraction_of_best_peak']:.0%}"]]), ""]
+
+
+def _compile(results: dict) -> list[str]:
+    if "compile" not in results:
+        return []
+    c = results["compile"]
+    smoke = c.get("trainer_smoke", {})
+    return ["## torch.compile", "",
+            "`torch.compile(model)` (inductor, CPU) on the d256 model, the same training step as above, interleaved "
+            "with the eager model of the same weights:", "",
+            *_table(["eager step (s)", "compiled step (s)", "speedup", "compile time (s)"],
+                    [[f"{c['median_s']['eager']:.3f}", f"{c['median_s']['compiled']:.3f}", f"{c['speedup']:.2f}×",
+                      f"{c['compile_s']:.0f}"]]),
+            "", f"`Seq2SeqTrainer(args=Seq2SeqTrainingArguments(torch_compile=True, ...))` on a tiny model: "
+            f"{'ran' if smoke.get('ok') else 'did not run'} {smoke.get('steps', 0)} steps "
+            f"(loss {smoke.get('train_loss', float('nan')):.3f}, {smoke.get('wall_s', 0):.0f} s including "
+            "compilation); `tests/test_compile.py` checks the same.", ""]
+
+
+def _profile(results: dict) -> list[str]:
+    lines = ["## Profile and fixes", ""]
+    if "profile" in results:
+        p = results["profile"]
+        lines += [f"`torch.profiler` (CPU) of one training step and one beam-4 `generate` (batch 32) at {p['size']}, "
+                  "top aten ops by self CPU time, before the fixes (commit "
+                  f"`{results['machine']['before_ref']}`) and after (this checkout); Marian for reference.", ""]
+        for phase in ("train", "beam4"):
+            per_model = p[phase]
+            names = [n for n in ("before", "ours", "marian") if n in per_model]
+            ops: list[str] = []
+            for name in names:
+                ops += [o["op"] for o in per_model[name]["ops"] if o["op"] not in ops]
+            rows = []
+            for op in ops:
+                row = [f"`{op}`"]
+                for name in names:
+                    hit = next((o for o in per_model[name]["ops"] if o["op"] == op), None)
+                    row.append("–" if hit is None else f"{hit['self_cpu_ms']:.0f} ({hit['calls']})")
+                rows.append(row)
+            rows.append(["**total self CPU (ms)**"] + [f"{per_model[n]['total_self_cpu_ms']:.0f}" for n in names])
+            rows.append(["aten op calls"] + [str(per_model[n]["aten_calls"]) for n in names])
+            title = "training step" if phase == "train" else "beam-4 generate, batch 32"
+            lines += [f"**{title}** — self CPU ms (calls)", ""]
+            lines += _table(["op"] + names, rows) + [""]
+    if FIXES:
+        lines += ["Fixes kept (each measured interleaved against the code without it when it was made):", ""]
+        lines += [f"- **{name}** — {effect}" for name, effect in FIXES]
+        lines.append("")
+    if REJECTED:
+        lines += ["Measured and not kept:", ""]
+        lines += [f"- **{name}** — {why}" for name, why in REJECTED]
+        lines.append("")
+    return lines
+
+
+def render(results: dict) -> str:
+    m = results["machine"]
+    lines = ["# Benchmarks: hf_deepnmt DeepTransformer vs transformers.MarianMTModel", "",
+             "Produced by (from the repository root):", "", "```bash", results["command"], "```", "",
+             "Absolute numbers come from a **shared 2-core machine** on which other work ran at the same time: the "
+             "**ratios are the point**, not the absolute numbers. Every ratio compares medians of contenders timed "
+             "interleaved (A, B, C, A, B, C, … with a rotating start) in the same process run, after a warm-up.", ""]
+    if results.get("quick"):
+        lines += ["**Quick (smoke) run**: small batches and few repeats; do not quote these numbers.", ""]
+    lines += ["## Machine", ""]
+    lines += _table(["", ""], [
+        ["CPU", f"{m['cpu']} ({m['logical_cpus']} logical CPUs, {m['memory_gib']} GiB RAM)"],
+        ["torch threads", str(m["torch_threads"])],
+        ["Python / torch / transformers", f"{m['python']} / {m['torch']} / {m['transformers']}"],
+        ["platform", m["platform"]],
+        ["load average at start", ", ".join(f"{x:.2f}" for x in m["load_average_at_start"] or [])],
+        ["code", f"commit `{m['commit']}`; before = `{m['before_ref']}`"],
+        ["run", f"{results['started']}, {results['duration_s'] / 60:.1f} min, sections: {', '.join(results['sections'])}"],
+        ["GPU", "none available in this session: the bf16 GPU tables of the issue are not produced (never needed "
+                "for CI)" if not m["cuda_available"] else "CUDA available but this harness measured CPU only"],
+    ])
+    lines.append("")
+    lines += _headline(results) + [""]
+    lines += _equivalence(results) + [""]
+    lines += _details(results)
+    lines += _scaling(results)
+    lines += _flops(results)
+    lines += _compile(results)
+    lines += _profile(results)
+    lines += ["## Adding rows for later features", "",
+              "ADMIN, CAD+CRT, layer aggregation and DTMT join these tables by adding an entry to "
+              "`benchmarks.common.VARIANTS` (row name → `DeepTransformerConfig` overrides) and running with "
+              "`--variants name,...`; the training, decoding and per-step tables then carry one more row each.", ""]
+    return "\n".join(lines)
+
+
+def plot(results: dict, path: Path) -> bool:
+    if "scaling" not in results and "flat" not in results:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(11, 8.5))
+    s = results.get("scaling")
+    if s:
+        for stack, marker in (("encoder", "o"), ("decoder", "s")):
+            points = s[f"{stack}_depth"]
+            depths = np.array([p[f"{stack}_layers"] for p in points])
+            for ax, key in ((axes[0, 0], "step_s"), (axes[0, 1], "peak_mib")):
+                values = np.array([p[key] for p in points])
+                fit = linear_fit(depths, values) if len(points) >= 2 else None
+                label = f"{stack} layers varied" + (f" (R²={fit['r2']:.3f})" if fit else "")
+                ax.plot(depths, values, marker, label=label)
+                if fit:
+                    ax.plot(depths, fit["slope"] * depths + fit["intercept"], "--", color=ax.lines[-1].get_color())
+        axes[0, 0].set(xlabel="layers in the varied stack (other stack: 6)", ylabel="training step (s)",
+                       title=f"Step time vs depth (d256, ~{s['tokens_depth']} tokens)")
+        axes[0, 1].set(xlabel="layers in the varied stack (other stack: 6)", ylabel="peak memory above baseline (MiB)",
+                       title="Peak memory vs depth")
+        lengths = [p["length"] for p in s["length"]]
+        axes[1, 0].plot(lengths, [p["step_s"] / p["units"] * 1e3 for p in s["length"]], "o-")
+        axes[1, 0].set(xscale="log", xlabel="sentence length (tokens)", ylabel="ms per target token",
+                       title=f"Cost per token vs length (~{s['tokens_length']} tokens per batch)")
+        axes[1, 0].set_xticks(lengths, [str(x) for x in lengths])
+        for ax in (axes[0, 0], axes[0, 1]):
+            ax.legend()
+    flat = results.get("flat")
+    if flat:
+        size = "d512" if "d512" in flat else next(iter(flat))
+        r = flat[size]
+        for name, per_step in r["per_step_s"].items():
+            axes[1, 1].plot(range(2, len(per_step) + 1), np.array(per_step[1:]) * 1e3, label=name, linewidth=1)
+        axes[1, 1].set(xlabel="generated length (tokens)", ylabel="decoder step (ms)",
+                       title=f"Cached decoding step vs length ({size}, batch {r['batch']})")
+        axes[1, 1].set_ylim(bottom=0)
+        axes[1, 1].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def write_report(results: dict, out_dir: Path) -> None:
+    if "scaling" in results:
+        s = results["scaling"]
+        results["scaling"]["fits"] = {
+            stack: {"time": linear_fit([p[f"{stack}_layers"] for p in s[f"{stack}_depth"]],
+                                       [p["step_s"] for p in s[f"{stack}_depth"]]),
+                    "memory": linear_fit([p[f"{stack}_layers"] for p in s[f"{stack}_depth"]],
+                                         [p["peak_mib"] for p in s[f"{stack}_depth"]])}
+            for stack in ("encoder", "decoder") if len(s[f"{stack}_depth"]) >= 2}
+    (out_dir / "RESULTS.md").write_text(render(results))
+    plot(results, out_dir / "scaling.png")

@@ -1,0 +1,226 @@
+"""The benchmark harness: ``python -m benchmarks.run`` (from the repository root).
+
+Writes ``benchmarks/results.json`` (every raw timing), ``benchmarks/RESULTS.md`` (the tables) and
+``benchmarks/scaling.png``. ``--quick`` is a smoke run of every cheap section on small batches (about two minutes)
+and writes to ``runs/benchmarks-quick/`` unless ``--out-dir`` says otherwise, so it never overwrites the committed
+results. ``--sections`` picks sections; ``--threads`` sets torch's intra-op threads (default 1, see `main`).
+
+Contenders, all with one set of weights: ``ours`` (this checkout's DeepTransformer), ``before`` (the same model as
+of commit `common.BEFORE_REF`, before the performance work, loaded from git) and ``marian`` (`MarianMTModel` of the
+same dimensions with the weights copied in). Later Transformer variants join as extra rows through
+`common.VARIANTS`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+
+from . import measure  # noqa: E402
+from .common import (  # noqa: E402
+    REPO,
+    SIZES,
+    VARIANTS,
+    build_ours,
+    contenders,
+    machine_info,
+    median,
+    model_dims,
+    synthetic_batch,
+)
+from .probe import run_probe  # noqa: E402
+
+SECTIONS = ("equivalence", "train", "decode", "flat", "memory", "scaling", "profile", "flops", "compile")
+QUICK_SECTIONS = ("equivalence", "train", "decode", "flat", "memory", "scaling", "profile", "flops")
+
+
+def settings(quick: bool) -> dict[str, object]:
+    """Every knob of a run, recorded in results.json. Quick mode shrinks batches and repeats, never the method."""
+    if quick:
+        return dict(sizes=["d256"], train_tokens=1024, train_repeats={"d256": 2}, new_tokens=8,
+                    decode_repeats={1: 3, 32: 2}, flat_steps=40, flat_repeats=1, flat_batch=8,
+                    memory_workloads=["beam4_b32"], depths=[6, 12], scaling_tokens=512,
+                    lengths=[16, 32], length_tokens=512, profile_size="d256", flops_size="d256",
+                    compile_repeats=2)
+    return dict(sizes=list(SIZES), train_tokens=4096, train_repeats={"d256": 5, "d512": 3}, new_tokens=32,
+                decode_repeats={1: 7, 32: 3}, flat_steps=200, flat_repeats=3, flat_batch=32,
+                memory_workloads=["train", "greedy_b32", "beam4_b32"], depths=[6, 12, 24, 48],
+                scaling_tokens=2048, lengths=[16, 32, 64, 128, 256], length_tokens=2048, profile_size="d256",
+                flops_size="d512", compile_repeats=3)
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def _probe_spec(workload: str, size: str, model: str, threads: int, cfg: dict[str, object]) -> dict[str, object]:
+    if workload == "train":
+        return dict(model=model, size=size, workload="train", tokens=cfg["train_tokens"], threads=threads)
+    kind, batch = workload.split("_b")
+    return dict(model=model, size=size, workload="generate", batch=int(batch), num_beams=4 if kind == "beam4" else 1,
+                new_tokens=cfg["new_tokens"], threads=threads)
+
+
+def run(args: argparse.Namespace) -> dict[str, object]:
+    cfg = settings(args.quick)
+    if args.sizes:
+        cfg["sizes"] = args.sizes
+    threads = torch.get_num_threads()
+    results: dict[str, object] = {
+        "command": args.command_line,
+        "quick": args.quick,
+        "started": dt.datetime.now().isoformat(timespec="seconds"),
+        "machine": machine_info(),
+        "settings": {**cfg, "train_repeats": {k: v for k, v in cfg["train_repeats"].items()},
+                     "decode_repeats": {str(k): v for k, v in cfg["decode_repeats"].items()}},
+        "sections": args.sections,
+    }
+    started = time.perf_counter()
+    train_batch, sources = measure.default_batches(args.quick)
+    main_sections = {"equivalence", "train", "decode", "flat"} & set(args.sections)
+    for size in cfg["sizes"] if main_sections else []:
+        log(f"{size}: building contenders")
+        models = contenders(size, with_before=not args.no_before, variants=args.variants)
+        if "equivalence" in args.sections:
+            log(f"{size}: equivalence")
+            results.setdefault("equivalence", {})[size] = measure.equivalence(models, train_batch, new_tokens=16)
+        if "train" in args.sections:
+            log(f"{size}: training throughput")
+            repeats = cfg["train_repeats"].get(size, 3)
+            results.setdefault("train", {})[size] = measure.training_throughput(models, train_batch, repeats)
+        if "decode" in args.sections:
+            for batch, source in sources.items():
+                for beams in (1, 4):
+                    log(f"{size}: decoding, batch {batch}, beams {beams}")
+                    results.setdefault("decode", {}).setdefault(size, {})[f"{'greedy' if beams == 1 else 'beam4'}_b{batch}"] = (
+                        measure.decoding_throughput(models, source, beams, cfg["new_tokens"],
+                                                    cfg["decode_repeats"][batch]))
+        if "flat" in args.sections:
+            log(f"{size}: per-step decoding cost vs length")
+            source = synthetic_batch(sentences=cfg["flat_batch"], seed=3)
+            results.setdefault("flat", {})[size] = measure.incremental_decoding_cost(
+                models, source, cfg["flat_steps"], cfg["flat_repeats"])
+        del models
+
+    if "memory" in args.sections:
+        memory: dict[str, dict[str, dict[str, object]]] = {}
+        for size in cfg["sizes"]:
+            for workload in cfg["memory_workloads"]:
+                for model in ("ours", "marian"):
+                    log(f"{size}: peak memory, {model}, {workload} (child process)")
+                    memory.setdefault(size, {}).setdefault(model, {})[workload] = run_probe(
+                        _probe_spec(workload, size, model, threads, cfg))
+        results["memory"] = memory
+
+    if "scaling" in args.sections:
+        results["scaling"] = scaling(cfg, threads)
+
+    if "profile" in args.sections:
+        log("profiles (torch.profiler): training step and beam-4 decode")
+        models = contenders(cfg["profile_size"], with_before=not args.no_before)
+        results["profile"] = {"size": cfg["profile_size"],
+                              **measure.profiles(models, train_batch, sources[32], cfg["new_tokens"])}
+        del models
+
+    if "flops" in args.sections:
+        size = cfg["flops_size"]
+        log(f"{size}: FLOPs of a training step vs the matmul peak")
+        step_s = results.get("train", {}).get(size, {}).get("median_s", {}).get("ours")
+        model = build_ours(model_dims(size))
+        if step_s is None:  # the train section did not run for this size: time the step here
+            step = measure.training_step(model, train_batch)
+            step()
+            step_s = median([_timed(step) for _ in range(3)])
+        results["flops"] = {"size": size, **measure.gflops_vs_peak(model, train_batch, step_s)}
+        del model
+
+    if "compile" in args.sections:
+        log("torch.compile: eager vs compiled training step (d256), and Seq2SeqTrainer(torch_compile=True)")
+        dims = model_dims("d256")
+        compiled = measure.compiled_training(lambda: build_ours(dims), train_batch, cfg["compile_repeats"])
+        tiny = dict(d_model=64, encoder_ffn_dim=128, decoder_ffn_dim=128, encoder_attention_heads=4,
+                    decoder_attention_heads=4, vocab_size=8000, encoder_layers=2, decoder_layers=2,
+                    max_position_embeddings=128)
+        with tempfile.TemporaryDirectory() as folder:
+            compiled["trainer_smoke"] = measure.trainer_compile_smoke(
+                build_ours(tiny), synthetic_batch(sentences=8, seed=4), steps=2, output_dir=folder)
+        results["compile"] = compiled
+
+    results["duration_s"] = time.perf_counter() - started
+    return results
+
+
+def _timed(function) -> float:
+    start = time.perf_counter()
+    function()
+    return time.perf_counter() - start
+
+
+def scaling(cfg: dict[str, object], threads: int) -> dict[str, object]:
+    """Training step time and peak memory (one child process per point) vs depth and vs sentence length, d256."""
+    points: dict[str, list[dict[str, object]]] = {"encoder_depth": [], "decoder_depth": [], "length": []}
+    for stack in ("encoder", "decoder"):
+        for depth in cfg["depths"]:
+            log(f"scaling: {stack} depth {depth} (child process)")
+            layers = {"encoder_layers": 6, "decoder_layers": 6, f"{stack}_layers": depth}
+            points[f"{stack}_depth"].append(run_probe(dict(model="ours", size="d256", workload="train",
+                                                           tokens=cfg["scaling_tokens"], threads=threads,
+                                                           timed=2, **layers)))
+    for length in cfg["lengths"]:
+        log(f"scaling: sentence length {length} (child process)")
+        points["length"].append(run_probe(dict(model="ours", size="d256", workload="train",
+                                               tokens=cfg["length_tokens"], length=length, threads=threads,
+                                               timed=2)))
+    return {"tokens_depth": cfg["scaling_tokens"], "tokens_length": cfg["length_tokens"], **points}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smoke mode: small batches, few repeats (~2 min)")
+    parser.add_argument("--sections", default=None,
+                        help=f"comma-separated subset of {','.join(SECTIONS)} (default: all; quick: all but compile)")
+    parser.add_argument("--sizes", default=None, help=f"comma-separated subset of {','.join(SIZES)}")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch intra-op threads (default 1: on a shared machine a second OpenMP thread stalls "
+                             "whenever another process holds the other core, which makes timings meaningless)")
+    parser.add_argument("--no-before", action="store_true", help="skip the pre-optimisation contender")
+    parser.add_argument("--variants", default="", help=f"extra DeepTransformer rows from {sorted(VARIANTS)}")
+    parser.add_argument("--out-dir", default=None,
+                        help="where results.json, RESULTS.md and scaling.png go (default: benchmarks/; "
+                             "quick: runs/benchmarks-quick/)")
+    args = parser.parse_args(argv)
+    args.command_line = "python -m benchmarks.run" + "".join(f" {shlex.quote(a)}" for a in (argv or sys.argv[1:]))
+    args.sections = args.sections.split(",") if args.sections else list(QUICK_SECTIONS if args.quick else SECTIONS)
+    unknown = set(args.sections) - set(SECTIONS)
+    if unknown:
+        parser.error(f"unknown sections {sorted(unknown)}; choose from {list(SECTIONS)}")
+    args.sizes = args.sizes.split(",") if args.sizes else None
+    args.variants = [v for v in args.variants.split(",") if v]
+    torch.set_num_threads(args.threads)
+    out_dir = Path(args.out_dir) if args.out_dir else (REPO / "runs" / "benchmarks-quick" if args.quick
+                                                          else REPO / "benchmarks")
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    results = run(args)
+    from .report import write_report
+
+    write_report(results, out_dir)  # adds the scaling fits to `results`
+    (out_dir / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    log(f"wrote {out_dir / 'results.json'}, {out_dir / 'RESULTS.md'}, {out_dir / 'scaling.png'} "
+        f"in {results['duration_s'] / 60:.1f} min")
+
+
+if __name__ == "__main__":
+    main()
