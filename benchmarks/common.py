@@ -67,20 +67,20 @@ def build_ours(dims: dict[str, int], seed: int = 0, **overrides: object) -> torc
     return DeepTransformerForConditionalGeneration(_ours_config(DeepTransformerConfig, dims, **overrides))
 
 
-_BEFORE_MODULE = None
+_BEFORE_MODULES: dict[str, object] = {}
 
 
 def load_before_package(ref: str = BEFORE_REF):
-    """Import the hf_deepnmt model files of git ``ref`` as a private package ``hf_deepnmt_before``.
+    """Import the hf_deepnmt model files of git ``ref`` as a private package (``hf_deepnmt_at_<ref>``).
 
     Returns the modeling module, or None when git or the commit is not available (a source tarball): the harness
     then simply has no "before" column.
     """
-    global _BEFORE_MODULE
-    if _BEFORE_MODULE is not None:
-        return _BEFORE_MODULE
+    if ref in _BEFORE_MODULES:
+        return _BEFORE_MODULES[ref]
     root = Path(tempfile.mkdtemp(prefix="hf_deepnmt_before_"))
-    package = root / "hf_deepnmt_before"
+    package_name = "hf_deepnmt_at_" + re.sub(r"\W", "_", ref)
+    package = root / package_name
     package.mkdir()
     (package / "__init__.py").write_text("")
     for name in ("configuration_deep_transformer.py", "modeling_deep_transformer.py", "pipeline_translation.py"):
@@ -91,12 +91,12 @@ def load_before_package(ref: str = BEFORE_REF):
             return None
         (package / name).write_text(text)
     sys.path.insert(0, str(root))
-    _BEFORE_MODULE = importlib.import_module("hf_deepnmt_before.modeling_deep_transformer")
-    return _BEFORE_MODULE
+    _BEFORE_MODULES[ref] = importlib.import_module(f"{package_name}.modeling_deep_transformer")
+    return _BEFORE_MODULES[ref]
 
 
-def build_before(dims: dict[str, int], seed: int = 0) -> torch.nn.Module | None:
-    module = load_before_package()
+def build_before(dims: dict[str, int], seed: int = 0, ref: str = BEFORE_REF) -> torch.nn.Module | None:
+    module = load_before_package(ref)
     if module is None:
         return None
     torch.manual_seed(seed)
@@ -131,15 +131,15 @@ def copy_weights(source: torch.nn.Module, target: torch.nn.Module) -> None:
         target.tie_weights()
 
 
-def contenders(size: str, with_before: bool = True, variants: tuple[str, ...] | list[str] = ()
-               ) -> dict[str, torch.nn.Module]:
+def contenders(size: str, with_before: bool = True, variants: tuple[str, ...] | list[str] = (),
+               before_ref: str = BEFORE_REF) -> dict[str, torch.nn.Module]:
     """``{"ours": ..., "before": ..., "marian": ..., *variants}`` with one set of weights (the ours init; a variant
     gets every weight it shares with the plain model)."""
     dims = model_dims(size)
     ours = build_ours(dims)
     models = {"ours": ours}
     if with_before:
-        before = build_before(dims)
+        before = build_before(dims, ref=before_ref)
         if before is not None:
             copy_weights(ours, before)
             models["before"] = before
@@ -248,7 +248,7 @@ def reset_peak_rss() -> bool:
         return False
 
 
-def machine_info() -> dict[str, object]:
+def machine_info(before_ref: str = BEFORE_REF) -> dict[str, object]:
     import transformers
 
     cpu = platform.processor() or "unknown"
@@ -286,5 +286,5 @@ def machine_info() -> dict[str, object]:
         "cuda_available": torch.cuda.is_available(),
         "load_average_at_start": load,
         "commit": commit + ("+uncommitted" if dirty else ""),
-        "before_ref": BEFORE_REF,
+        "before_ref": before_ref,
     }

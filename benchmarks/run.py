@@ -30,6 +30,7 @@ import torch  # noqa: E402
 
 from . import measure  # noqa: E402
 from .common import (  # noqa: E402
+    BEFORE_REF,
     REPO,
     SIZES,
     VARIANTS,
@@ -82,7 +83,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         "command": args.command_line,
         "quick": args.quick,
         "started": dt.datetime.now().isoformat(timespec="seconds"),
-        "machine": machine_info(),
+        "machine": machine_info(args.before_ref),
         "settings": {**cfg, "train_repeats": {k: v for k, v in cfg["train_repeats"].items()},
                      "decode_repeats": {str(k): v for k, v in cfg["decode_repeats"].items()}},
         "sections": args.sections,
@@ -92,7 +93,8 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     main_sections = {"equivalence", "train", "decode", "flat"} & set(args.sections)
     for size in cfg["sizes"] if main_sections else []:
         log(f"{size}: building contenders")
-        models = contenders(size, with_before=not args.no_before, variants=args.variants)
+        models = contenders(size, with_before=not args.no_before, variants=args.variants,
+                            before_ref=args.before_ref)
         if "equivalence" in args.sections:
             log(f"{size}: equivalence")
             results.setdefault("equivalence", {})[size] = measure.equivalence(models, train_batch, new_tokens=16)
@@ -129,7 +131,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
 
     if "profile" in args.sections:
         log("profiles (torch.profiler): training step and beam-4 decode")
-        models = contenders(cfg["profile_size"], with_before=not args.no_before)
+        models = contenders(cfg["profile_size"], with_before=not args.no_before, before_ref=args.before_ref)
         results["profile"] = {"size": cfg["profile_size"],
                               **measure.profiles(models, train_batch, sources[32], cfg["new_tokens"])}
         del models
@@ -196,6 +198,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="torch intra-op threads (default 1: on a shared machine a second OpenMP thread stalls "
                              "whenever another process holds the other core, which makes timings meaningless)")
     parser.add_argument("--no-before", action="store_true", help="skip the pre-optimisation contender")
+    parser.add_argument("--before-ref", default=BEFORE_REF,
+                        help=f"git commit whose model is the `before` contender (default {BEFORE_REF}, the code "
+                             "before the performance work)")
     parser.add_argument("--variants", default="", help=f"extra DeepTransformer rows from {sorted(VARIANTS)}")
     parser.add_argument("--out-dir", default=None,
                         help="where results.json, RESULTS.md and scaling.png go (default: benchmarks/; "

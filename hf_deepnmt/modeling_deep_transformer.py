@@ -673,6 +673,21 @@ class DeepTransformerForConditionalGeneration(DeepTransformerPreTrainedModel, Ge
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
+    def _reorder_cache(self, past_key_values: EncoderDecoderCache, beam_idx: torch.LongTensor) -> EncoderDecoderCache:
+        """Beam search (called by `GenerationMixin` after every step): make the self-attention keys/values follow
+        the surviving hypotheses.
+
+        The cross-attention keys/values are not reordered, unlike `EncoderDecoderCache.reorder_cache`: beam search
+        only moves hypotheses within a sentence's beam group, and every row of a group holds the projection of the
+        same (expanded) encoder states, so that reorder would copy ``(B·beams, H, S, d_h)`` per layer and step and
+        change nothing. (The uncached path never reorders the encoder states either.)
+        """
+        if isinstance(past_key_values, EncoderDecoderCache):
+            past_key_values.self_attention_cache.reorder_cache(beam_idx)
+        else:
+            past_key_values.reorder_cache(beam_idx)
+        return past_key_values
+
     def generate(self, *args: Any, **kwargs: Any) -> Any:
         """`GenerationMixin.generate`; an explicit ``max_length`` replaces the default ``max_new_tokens`` instead
         of being overridden by it."""
