@@ -191,3 +191,31 @@ def test_shipped_distributed_configs_parse():
     assert accelerate["distributed_type"] == "MULTI_GPU" and accelerate["num_processes"] >= 1
     zero2 = json.loads((configs / "deepspeed_zero2.json").read_text())
     assert zero2["zero_optimization"]["stage"] == 2 and zero2["train_micro_batch_size_per_gpu"] == "auto"
+
+
+def test_train_with_push_to_hub_uploads_once_at_the_end(small_corpus, tmp_path, monkeypatch):
+    import huggingface_hub
+
+    hubs = []
+
+    class FakeHfApi(RecordingHub):
+        def __init__(self, token=None):
+            super().__init__()
+            hubs.append(self)
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", FakeHfApi)
+    from training.run import train
+
+    outcome = train(train_argv(small_corpus, tmp_path / "run", "--max_steps", "2", "--push_to_hub", "true",
+                               "--hub_model_id", "someone/pushed", "--hub_private_repo", "true"))
+    assert len(hubs) == 1  # the Trainer itself never talked to the Hub
+    (kind, repo), (_, commit) = hubs[0].calls
+    assert kind == "create_repo" and repo["repo_id"] == "someone/pushed" and repo["private"] is True
+    uploaded = {op.path_in_repo for op in commit["operations"]}
+    assert {"model.safetensors", "tokenizer.json", "pipeline_translation.py", "README.md"} <= uploaded
+    assert uploaded == set(files_to_upload(outcome.output_dir))
+
+
+def test_push_to_hub_without_a_repo_id_is_refused(small_corpus, tmp_path, capsys):
+    assert main(["train", *train_argv(small_corpus, tmp_path / "r"), "--push_to_hub", "true"]) == 2
+    assert "--hub_model_id" in capsys.readouterr().err

@@ -151,3 +151,15 @@ def test_batches_are_deterministic_per_seed_and_epoch_and_shuffled_across_epochs
 def test_an_example_longer_than_the_budget_gets_its_own_batch():
     sampler = TokenBudgetBatchSampler([10, 500, 10], max_tokens=100, seed=0)
     assert sorted(map(sorted, sampler)) == [[0, 2], [1]]
+
+
+def test_a_datasets_corpus_by_name(tmp_path):
+    """`--dataset_name` goes through `datasets.load_dataset` (here a local dataset folder: no network)."""
+    from training.data import load_splits
+
+    for split, pairs in (("train", PAIRS), ("validation", PAIRS[:2])):
+        (tmp_path / f"{split}.jsonl").write_text(_jsonl(pairs), encoding="utf-8")
+    args = DataArguments(dataset_name=str(tmp_path), source_lang="en", target_lang="es", max_train_samples=2)
+    corpora = load_splits(args, ["train", "validation"])
+    assert corpora["train"].sources == ["Hello world.", "Good night."]
+    assert corpora["validation"].targets == ["Hola mundo.", "Buenas noches."]

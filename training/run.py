@@ -109,7 +109,8 @@ def _load_or_train_tokenizer(model_args: ModelArguments, data_args: DataArgument
               file=sys.stderr)
         return train_and_save(train_corpus.sources, train_corpus.targets, output_dir,
                               vocab_size=model_args.vocab_size, min_frequency=model_args.bpe_min_frequency,
-                              model_max_length=limit)
+                              model_max_length=limit, show_progress=training_args.local_process_index == 0
+                              and not training_args.disable_tqdm)
 
 
 def _build_model(model_args: ModelArguments, data_args: DataArguments, recipe_model: dict, tokenizer):

@@ -96,8 +96,9 @@ def train_and_save(
     vocab_size: int = 8000,
     min_frequency: int = 2,
     model_max_length: int = 1024,
+    show_progress: bool = False,
 ) -> PreTrainedTokenizerFast:
     """`train_joint_bpe`, then ``save_pretrained(output_dir)`` (beside the model)."""
-    tokenizer = train_joint_bpe(sources, targets, vocab_size, min_frequency, model_max_length)
+    tokenizer = train_joint_bpe(sources, targets, vocab_size, min_frequency, model_max_length, show_progress)
     tokenizer.save_pretrained(output_dir)
     return tokenizer
