@@ -42,39 +42,28 @@ def plot_history(history: Sequence[dict[str, Any]], output_dir: str | Path) -> l
 
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    written: list[Path] = []
 
-    components = training_component_names(history) + ["learning_rate"]
-    components = [name for name in components if _series(history, name)[0]]
-    if components:
-        fig, axes = plt.subplots(len(components), 1, figsize=(7, 2.2 * len(components)), sharex=True, squeeze=False)
-        for axis, name in zip(axes[:, 0], components):
+    def panels(names: list[str], title: str, file_name: str, label=lambda name: name) -> Path:
+        fig, axes = plt.subplots(len(names), 1, figsize=(7, 2.2 * len(names)), sharex=True, squeeze=False)
+        for axis, name in zip(axes[:, 0], names):
             steps, values = _series(history, name)
-            axis.plot(steps, values, marker="." if len(steps) < 30 else None)
-            axis.set_ylabel(name)
+            axis.plot(steps, values, marker="o" if len(steps) < 30 else None)
+            axis.set_ylabel(label(name))
             axis.grid(alpha=0.3)
         axes[-1, 0].set_xlabel("optimizer step")
-        fig.suptitle("training loss components")
+        fig.suptitle(title)
         fig.tight_layout()
-        path = output_dir / "loss_components.png"
+        path = output_dir / file_name
         fig.savefig(path, dpi=110)
         plt.close(fig)
-        written.append(path)
+        return path
 
+    written: list[Path] = []
+    components = [name for name in training_component_names(history) + ["learning_rate"] if _series(history, name)[0]]
+    if components:
+        written.append(panels(components, "training loss components", "loss_components.png"))
     metrics = sorted({key for entry in history for key in entry
                       if key.startswith("eval_") and key.split("_", 1)[1] in ("bleu", "chrf", "ter", "loss")})
     if metrics:
-        fig, axes = plt.subplots(len(metrics), 1, figsize=(7, 2.2 * len(metrics)), sharex=True, squeeze=False)
-        for axis, name in zip(axes[:, 0], metrics):
-            steps, values = _series(history, name)
-            axis.plot(steps, values, marker="o")
-            axis.set_ylabel(name.replace("eval_", "valid "))
-            axis.grid(alpha=0.3)
-        axes[-1, 0].set_xlabel("optimizer step")
-        fig.suptitle("validation")
-        fig.tight_layout()
-        path = output_dir / "validation.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(path)
+        written.append(panels(metrics, "validation", "validation.png", lambda name: name.replace("eval_", "valid ")))
     return written
