@@ -85,6 +85,17 @@ def causal_mask(query_length: int, key_length: int, device: torch.device) -> tor
     ]
 
 
+def additive_mask(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """Boolean mask (True = attend) -> additive ``dtype`` mask (0 = attend, -inf = masked), or None.
+
+    Built once per stack forward and shared by every layer: SDPA would otherwise convert a boolean mask into exactly
+    this tensor again in every attention call (benchmarks/RESULTS.md, "Profile and fixes").
+    """
+    if mask is None:
+        return None
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+
+
 def attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -94,19 +105,20 @@ def attention(
     dropout_p: float,
     need_weights: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """softmax(Q Kᵀ / sqrt(d_h) + mask) V (Vaswani et al. Eq. 1) on ``(B, H, T, d_h)`` tensors.
+    """softmax(Q Kᵀ / sqrt(d_h) + M) V (Vaswani et al. Eq. 1) on ``(B, H, T, d_h)`` tensors.
 
-    Uses `torch.nn.functional.scaled_dot_product_attention` (SPEC.md §0); computes the weights explicitly only
-    when they are requested (``output_attentions=True``). ``is_causal`` is only used with Tq == Tk.
+    ``mask`` M is additive (0 = attend, -inf = masked, see `additive_mask`) and broadcasts to ``(B, H, Tq, Tk)``;
+    ``is_causal`` is only used with Tq == Tk. Uses `torch.nn.functional.scaled_dot_product_attention`
+    (SPEC.md §0); computes the weights explicitly only when they are requested (``output_attentions=True``).
     """
     if not need_weights:
         out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
         return out, None
     scores = torch.matmul(query, key.transpose(-1, -2)) * query.size(-1) ** -0.5  # (B, H, Tq, Tk)
-    if is_causal:
-        mask = causal_mask(query.size(-2), key.size(-2), query.device) if mask is None else mask
+    if is_causal and mask is None:
+        mask = additive_mask(causal_mask(query.size(-2), key.size(-2), query.device), scores.dtype)
     if mask is not None:
-        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+        scores = scores + mask
     weights = torch.softmax(scores.float(), dim=-1).to(query.dtype)
     out = torch.matmul(F.dropout(weights, p=dropout_p, training=dropout_p > 0.0), value)  # (B, H, Tq, d_h)
     return out, weights
@@ -381,7 +393,7 @@ class DeepTransformerEncoder(_DeepTransformerStack):
             output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
         )
         hidden_states = self._embed(input_ids, inputs_embeds, past_length=0)
-        mask = padding_mask(attention_mask)  # (B, 1, 1, S)
+        mask = additive_mask(padding_mask(attention_mask), hidden_states.dtype)  # (B, 1, 1, S)
         all_states: list[torch.Tensor] = []
         all_attentions: list[torch.Tensor] = []
         for layer in self.layers:
@@ -467,7 +479,8 @@ class DeepTransformerDecoder(_DeepTransformerStack):
         hidden_states = self._embed(input_ids, inputs_embeds, past_length)
         self_mask, is_causal = self._self_attention_mask(attention_mask, hidden_states.size(1), past_length,
                                                           hidden_states.device)
-        cross_mask = padding_mask(encoder_attention_mask)  # (B, 1, 1, S)
+        self_mask = additive_mask(self_mask, hidden_states.dtype)  # (B or 1, 1, T, past+T)
+        cross_mask = additive_mask(padding_mask(encoder_attention_mask), hidden_states.dtype)  # (B, 1, 1, S)
         all_states: list[torch.Tensor] = []
         all_self: list[torch.Tensor] = []
         all_cross: list[torch.Tensor] = []
