@@ -96,6 +96,12 @@ def additive_mask(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
 
 
+# From this many (batch x heads) rows on, a single-query attention on CPU is faster as two batched matmuls than
+# through SDPA's CPU flash kernel (measured with torch 2.13, head dim 64, 10-200 keys: SDPA wins below ~100 rows,
+# e.g. 0.4-0.9x at 4-32 rows; the matmuls win above, 1.2-2.5x at 256-1024 rows).
+EXPLICIT_SINGLE_QUERY_MIN_ROWS = 128
+
+
 def attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -109,9 +115,17 @@ def attention(
 
     ``mask`` M is additive (0 = attend, -inf = masked, see `additive_mask`) and broadcasts to ``(B, H, Tq, Tk)``;
     ``is_causal`` is only used with Tq == Tk. Uses `torch.nn.functional.scaled_dot_product_attention`
-    (SPEC.md §0); computes the weights explicitly only when they are requested (``output_attentions=True``).
+    (SPEC.md §0), except in two cases that take the explicit product below:
+
+    * the weights are requested (``output_attentions=True``);
+    * one incremental decoding step (a single query) of many (batch, head) rows on CPU, where the CPU flash kernel's
+      per-row overhead makes SDPA up to 2x slower than two batched matmuls (with few rows SDPA is the faster one;
+      `EXPLICIT_SINGLE_QUERY_MIN_ROWS`, benchmarks/RESULTS.md "Profile and fixes").
     """
-    if not need_weights:
+    batch_heads = query.size(0) * query.size(1)
+    explicit_decoding_step = (query.size(-2) == 1 and batch_heads >= EXPLICIT_SINGLE_QUERY_MIN_ROWS
+                              and query.device.type == "cpu")
+    if not need_weights and not explicit_decoding_step:
         out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
         return out, None
     scores = torch.matmul(query, key.transpose(-1, -2)) * query.size(-1) ** -0.5  # (B, H, Tq, Tk)
@@ -121,7 +135,7 @@ def attention(
         scores = scores + mask
     weights = torch.softmax(scores.float(), dim=-1).to(query.dtype)
     out = torch.matmul(F.dropout(weights, p=dropout_p, training=dropout_p > 0.0), value)  # (B, H, Tq, d_h)
-    return out, weights
+    return out, weights if need_weights else None
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -43,3 +43,35 @@ def test_cross_attention_cache_rows_are_identical_within_a_beam_group(batch):
                    max_new_tokens=3)
     keys = captured["keys"].view(2, 4, *captured["keys"].shape[1:])  # (B, beams, H, S, d_h)
     assert torch.equal(keys, keys[:, :1].expand_as(keys))
+
+
+def test_explicit_single_query_attention_equals_sdpa():
+    """Decoding steps with many (batch, head) rows skip SDPA's CPU kernel; the result is the same attention."""
+    from hf_deepnmt.modeling_deep_transformer import EXPLICIT_SINGLE_QUERY_MIN_ROWS, additive_mask, attention
+
+    torch.manual_seed(0)
+    batch, heads, keys = EXPLICIT_SINGLE_QUERY_MIN_ROWS // 4, 4, 7
+    query, key, value = torch.randn(batch, heads, 1, 8), torch.randn(batch, heads, keys, 8), torch.randn(batch, heads, keys, 8)
+    lengths = torch.randint(1, keys + 1, (batch,))
+    mask = additive_mask((torch.arange(keys)[None] < lengths[:, None])[:, None, None, :], query.dtype)  # (B, 1, 1, S)
+    for m in (None, mask):
+        expected = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=m)
+        got, weights = attention(query, key, value, m, is_causal=False, dropout_p=0.0, need_weights=False)
+        assert weights is None
+        assert torch.allclose(got, expected, atol=1e-6)
+
+
+def test_cached_decoding_through_the_explicit_attention_equals_uncached():
+    """Enough sentences x beams x heads (>= EXPLICIT_SINGLE_QUERY_MIN_ROWS) to take the explicit decoding path."""
+    model = tiny_model()
+    torch.manual_seed(1)
+    lengths = torch.randint(3, 9, (8,))
+    input_ids = torch.randint(4, 99, (8, 9))
+    input_ids[torch.arange(9)[None] >= lengths[:, None]] = 0
+    input_ids[torch.arange(8), lengths - 1] = 2
+    source = dict(input_ids=input_ids, attention_mask=(input_ids != 0).long())
+    kwargs = dict(num_beams=4, max_new_tokens=8, return_dict_in_generate=True, output_scores=True)
+    cached = model.generate(**source, **kwargs)
+    uncached = model.generate(**source, use_cache=False, **kwargs)
+    assert torch.equal(cached.sequences, uncached.sequences)
+    assert torch.allclose(cached.sequences_scores, uncached.sequences_scores, atol=1e-5)
