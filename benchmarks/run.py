@@ -55,8 +55,8 @@ def settings(quick: bool) -> dict[str, object]:
                     memory_workloads=["beam4_b32"], depths=[6, 12], scaling_tokens=512,
                     lengths=[16, 32], length_tokens=512, profile_size="d256", flops_size="d256",
                     compile_repeats=2)
-    return dict(sizes=list(SIZES), train_tokens=4096, train_repeats={"d256": 5, "d512": 3}, new_tokens=32,
-                decode_repeats={1: 7, 32: 3}, flat_steps=200, flat_repeats=3, flat_batch=32,
+    return dict(sizes=list(SIZES), train_tokens=4096, train_repeats={"d256": 5, "d512": 5}, new_tokens=32,
+                decode_repeats={1: 7, 32: 3}, flat_steps=200, flat_repeats=2, flat_batch=32,
                 memory_workloads=["train", "greedy_b32", "beam4_b32"], depths=[6, 12, 24, 48],
                 scaling_tokens=2048, lengths=[16, 32, 64, 128, 256], length_tokens=2048, profile_size="d256",
                 flops_size="d512", compile_repeats=3)

@@ -5,7 +5,8 @@ the paper-named models are thin subclasses that only set ``model_type`` and defa
 
 Read top to bottom:
 
-1. `sinusoidal_positions`, masks and the attention kernel (SDPA; an eager path only when weights are requested);
+1. `sinusoidal_positions`, masks and the attention kernel (SDPA; an explicit product when weights are requested
+   and for many-row decoding steps on CPU);
 2. `DeepTransformerAttention` (self- and cross-attention, `EncoderDecoderCache` aware);
 3. the residual sub-layer rule (post-LN or pre-LN) shared by both layer types;
 4. encoder / decoder layers and stacks, `DeepTransformerModel`, `DeepTransformerForConditionalGeneration`.
