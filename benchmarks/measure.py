@@ -258,6 +258,6 @@ def trainer_compile_smoke(model: torch.nn.Module, batch: Batch, steps: int, outp
 
 
 def default_batches(quick: bool) -> tuple[Batch, dict[int, Batch]]:
-    """The training batch (~4k source tokens, 1k in quick mode) and the decoding sources at batch 1 and 32."""
-    train = synthetic_batch(tokens=1024 if quick else 4096, seed=0)
+    """The training batch (~4k source tokens, 512 in quick mode) and the decoding sources at batch 1 and 32."""
+    train = synthetic_batch(tokens=512 if quick else 4096, seed=0)
     return train, {1: synthetic_batch(sentences=1, seed=1), 32: synthetic_batch(sentences=32, seed=2)}

@@ -76,7 +76,11 @@ def linear_fit(x: list[float], y: list[float]) -> dict[str, float]:
 def _headline(results: dict) -> list[str]:
     lines = ["## Ratio table (ours vs MarianMTModel, same weights, same run)", "",
              "Throughput: higher is better; memory: lower is better. `before` is this model before the "
-             "profile-and-fix work (see the last section); `ours/before` is what the fixes bought."]
+             "profile-and-fix work (see the last section); `ours/before` is what the fixes bought.", "",
+             "Noise: on this shared machine a ratio between two contenders running the *same* code still moves by up "
+             "to ±5 % from run to run (e.g. `ours/before` on the batch-1 rows, whose code path the fixes do not "
+             "change), and the batch-32 decoding rows rest on 3 interleaved repeats: read differences below ~5 % as "
+             "ties, and check the min–max ranges in the detailed tables."]
     train, decode, memory = results.get("train", {}), results.get("decode", {}), results.get("memory", {})
     for size in sorted(set(train) | set(decode) | set(memory)):
         rows = []
@@ -136,7 +140,7 @@ def _training_rows(train: dict) -> list[list[str]]:
 
 def _decoding_rows(decode: dict) -> list[list[str]]:
     return [[size, key, name, str(r["new_tokens"]), f"{seconds:.3f}", _num(r["sentences_per_s"][name], 2),
-             str(len(r["seconds"][name]))]
+             str(len(r["seconds"][name])), f"{min(r['seconds'][name]):.3f}–{max(r['seconds'][name]):.3f}"]
             for size, per_mode in decode.items() for key, r in per_mode.items()
             for name, seconds in r["median_s"].items()]
 
@@ -168,7 +172,7 @@ def _details(results: dict) -> list[str]:
             "Decoding throughput",
             "`generate()` with exactly the same number of new tokens for every contender (`min_new_tokens = "
             "max_new_tokens`, so end-of-sentence cannot stop one model earlier), no sampling, length penalty 1.",
-            ["size", "mode", "model", "new tokens", "median (s)", "sentences/s", "repeats"],
+            ["size", "mode", "model", "new tokens", "median (s)", "sentences/s", "repeats", "range (s)"],
             _decoding_rows(results["decode"]))
     if "memory" in results:
         lines += _section(
@@ -273,7 +277,9 @@ def _profile(results: dict) -> list[str]:
         p = results["profile"]
         lines += [f"`torch.profiler` (CPU) of one training step and one beam-4 `generate` (batch 32) at {p['size']}, "
                   "top aten ops by self CPU time, before the fixes (commit "
-                  f"`{results['machine']['before_ref']}`) and after (this checkout); Marian for reference.", ""]
+                  f"`{results['machine']['before_ref']}`) and after (this checkout); Marian for reference. One profiled "
+                  "call each: the call counts and the ops that disappear are the signal, single-shot times on this "
+                  "shared machine move by ±10 % (the interleaved throughput tables measure the speed).", ""]
         for phase in ("train", "beam4"):
             per_model = p[phase]
             names = [n for n in ("before", "ours", "marian") if n in per_model]
@@ -307,6 +313,9 @@ def render(results: dict) -> str:
     m = results["machine"]
     lines = ["# Benchmarks: hf_deepnmt DeepTransformer vs transformers.MarianMTModel", "",
              "Produced by (from the repository root):", "", "```bash", results["command"], "```", "",
+             "`--quick` is a two-minute smoke run (written to `runs/benchmarks-quick/`), `--sections` / `--sizes` pick "
+             "parts, `--render-only` re-renders this file and `scaling.png` from `results.json`; "
+             "`python -m benchmarks.run --help` lists the rest.", "",
              "Absolute numbers come from a **shared 2-core machine** on which other work ran at the same time: the "
              "**ratios are the point**, not the absolute numbers. Every ratio compares medians of contenders timed "
              "interleaved (A, B, C, A, B, C, … with a rotating start) in the same process run, after a warm-up.", ""]
@@ -343,6 +352,7 @@ def plot(results: dict, path: Path) -> bool:
     if "scaling" not in results and "flat" not in results:
         return False
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -369,6 +379,8 @@ def plot(results: dict, path: Path) -> bool:
         axes[1, 0].set(xscale="log", xlabel="sentence length (tokens)", ylabel="ms per target token",
                        title=f"Cost per token vs length (~{s['tokens_length']} tokens per batch)")
         axes[1, 0].set_xticks(lengths, [str(x) for x in lengths])
+        axes[1, 0].xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        axes[1, 0].set_ylim(bottom=0)
         for ax in (axes[0, 0], axes[0, 1]):
             ax.legend()
     flat = results.get("flat")

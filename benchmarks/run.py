@@ -50,10 +50,10 @@ QUICK_SECTIONS = ("equivalence", "train", "decode", "flat", "memory", "scaling",
 def settings(quick: bool) -> dict[str, object]:
     """Every knob of a run, recorded in results.json. Quick mode shrinks batches and repeats, never the method."""
     if quick:
-        return dict(sizes=["d256"], train_tokens=1024, train_repeats={"d256": 2}, new_tokens=8,
+        return dict(sizes=["d256"], train_tokens=512, train_repeats={"d256": 2}, new_tokens=8,
                     decode_repeats={1: 3, 32: 2}, flat_steps=40, flat_repeats=1, flat_batch=8,
                     memory_workloads=["beam4_b32"], depths=[6, 12], scaling_tokens=512,
-                    lengths=[16, 32], length_tokens=512, profile_size="d256", flops_size="d256",
+                    lengths=[32], length_tokens=512, profile_size="d256", flops_size="d256",
                     compile_repeats=2)
     return dict(sizes=list(SIZES), train_tokens=4096, train_repeats={"d256": 5, "d512": 5}, new_tokens=32,
                 decode_repeats={1: 7, 32: 3}, flat_steps=200, flat_repeats=2, flat_batch=32,
@@ -173,13 +173,16 @@ def _timed(function) -> float:
 def scaling(cfg: dict[str, object], threads: int) -> dict[str, object]:
     """Training step time and peak memory (one child process per point) vs depth and vs sentence length, d256."""
     points: dict[str, list[dict[str, object]]] = {"encoder_depth": [], "decoder_depth": [], "length": []}
+    by_layers: dict[tuple[int, int], dict[str, object]] = {}  # 6-6 belongs to both sweeps: measured once
     for stack in ("encoder", "decoder"):
         for depth in cfg["depths"]:
-            log(f"scaling: {stack} depth {depth} (child process)")
             layers = {"encoder_layers": 6, "decoder_layers": 6, f"{stack}_layers": depth}
-            points[f"{stack}_depth"].append(run_probe(dict(model="ours", size="d256", workload="train",
-                                                           tokens=cfg["scaling_tokens"], threads=threads,
-                                                           timed=2, **layers)))
+            key = (layers["encoder_layers"], layers["decoder_layers"])
+            if key not in by_layers:
+                log(f"scaling: {key[0]}-{key[1]} layers (child process)")
+                by_layers[key] = run_probe(dict(model="ours", size="d256", workload="train",
+                                                tokens=cfg["scaling_tokens"], threads=threads, timed=2, **layers))
+            points[f"{stack}_depth"].append(by_layers[key])
     for length in cfg["lengths"]:
         log(f"scaling: sentence length {length} (child process)")
         points["length"].append(run_probe(dict(model="ours", size="d256", workload="train",
@@ -202,6 +205,9 @@ def main(argv: list[str] | None = None) -> None:
                         help=f"git commit whose model is the `before` contender (default {BEFORE_REF}, the code "
                              "before the performance work)")
     parser.add_argument("--variants", default="", help=f"extra DeepTransformer rows from {sorted(VARIANTS)}")
+    parser.add_argument("--render-only", action="store_true",
+                        help="measure nothing: re-render RESULTS.md and scaling.png from the results.json in the "
+                             "output folder (after a change to report.py)")
     parser.add_argument("--out-dir", default=None,
                         help="where results.json, RESULTS.md and scaling.png go (default: benchmarks/; "
                              "quick: runs/benchmarks-quick/)")
@@ -218,8 +224,14 @@ def main(argv: list[str] | None = None) -> None:
                                                           else REPO / "benchmarks")
     out_dir.mkdir(parents=True, exist_ok=True)
 
-    results = run(args)
     from .report import write_report
+
+    if args.render_only:
+        results = json.loads((out_dir / "results.json").read_text())
+        write_report(results, out_dir)
+        log(f"re-rendered {out_dir / 'RESULTS.md'} and {out_dir / 'scaling.png'} from {out_dir / 'results.json'}")
+        return
+    results = run(args)
 
     write_report(results, out_dir)  # adds the scaling fits to `results`
     (out_dir / "results.json").write_text(json.dumps(results, indent=1) + "\n")
