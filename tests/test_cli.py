@@ -147,7 +147,7 @@ def test_push_uploads_exactly_the_model_files(trained):
     uploaded = sorted(op.path_in_repo for op in commit["operations"])
     assert kind == "create_commit" and uploaded == files
     assert uploaded == sorted([
-        "README.md", "all_results.json", "config.json", "configuration_deep_transformer.py", "deepnmt_card.json",
+        "README.md", "admin.py", "all_results.json", "config.json", "configuration_deep_transformer.py", "deepnmt_card.json",
         "generation_config.json", "loss_components.png", "metrics.json", "model.safetensors",
         "modeling_deep_transformer.py", "pipeline_translation.py", "test_translations.txt", "tokenizer.json",
         "tokenizer_config.json", "train_results.json", "training_args.bin", "validation.png",
@@ -219,3 +219,46 @@ def test_train_with_push_to_hub_uploads_once_at_the_end(small_corpus, tmp_path, 
 def test_push_to_hub_without_a_repo_id_is_refused(small_corpus, tmp_path, capsys):
     assert main(["train", *train_argv(small_corpus, tmp_path / "r"), "--push_to_hub", "true"]) == 2
     assert "--hub_model_id" in capsys.readouterr().err
+
+
+def test_radam_and_checkpoint_averaging(small_corpus, tmp_path):
+    import torch
+    from safetensors.torch import load_file
+
+    from training.run import average_checkpoints, train
+
+    outcome = train(train_argv(small_corpus, tmp_path / "run", "--max_steps", "3", "--optimizer", "radam",
+                               "--save_strategy", "steps", "--save_steps", "1"))
+    assert type(outcome.trainer.optimizer.optimizer if hasattr(outcome.trainer.optimizer, "optimizer")
+                else outcome.trainer.optimizer) is torch.optim.RAdam
+    assert main(["average-checkpoints", str(tmp_path / "run"), "--last", "2"]) == 0
+    averaged = load_file(str(tmp_path / "run" / "averaged-last2" / "model.safetensors"))
+    two = load_file(str(tmp_path / "run" / "checkpoint-2" / "model.safetensors"))
+    three = load_file(str(tmp_path / "run" / "checkpoint-3" / "model.safetensors"))
+    for name, tensor in averaged.items():
+        assert torch.allclose(tensor, (two[name] + three[name]) / 2, atol=1e-6), name
+    assert (tmp_path / "run" / "averaged-last2" / "tokenizer.json").exists()
+    assert (tmp_path / "run" / "averaged-last2" / "modeling_deep_transformer.py").exists()
+    with pytest.raises(ValueError, match="fewer than --last 5"):
+        average_checkpoints(tmp_path / "run", last=5)
+
+
+def test_quickstart_end_to_end_in_miniature(tmp_path, capsys):
+    """The main job's whole path on the embedded corpus, shrunk to a tiny model and a few steps."""
+    folder = tmp_path / "qs"
+    assert main(["quickstart", "--output_dir", str(folder), "--max_steps", "4", "--eval_steps", "2",
+                 "--save_steps", "2", "--logging_steps", "1", "--max_eval_samples", "4", "--max_predict_samples", "6",
+                 "--vocab_size", "300", "--generation_max_length", "8", "--disable_tqdm", "true",
+                 "--config_overrides", "d_model=16,encoder_ffn_dim=32,decoder_ffn_dim=32"]) == 0
+    out = capsys.readouterr().out
+    assert "hf_deepnmt quickstart finished in" in out and "BLEU" in out and "nrefs:1|" in out
+    for name in ("model.safetensors", "config.json", "generation_config.json", "tokenizer.json",
+                 "modeling_deep_transformer.py", "pipeline_translation.py", "README.md", "metrics.json",
+                 "loss_components.png", "validation.png", "sample_translations.md", "test_translations.txt"):
+        assert (folder / name).exists(), name
+    metrics = json.loads((folder / "metrics.json").read_text())
+    assert metrics["test"]["sentences"] == 6 and metrics["timings_seconds"]["quickstart_seconds"] > 0
+    assert json.loads((folder / "config.json").read_text())["layer_norm_position"] == "pre"
+    card = ModelCard.load(folder / "README.md")
+    assert card.data.datasets == ["hf_deepnmt/bible-web-rv1909"] and "public domain" in card.text
+    assert len((folder / "sample_translations.md").read_text().splitlines()) == 2 + 5
