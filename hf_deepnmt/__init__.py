@@ -9,8 +9,11 @@ Only torch, transformers and safetensors are needed at import time; the training
 
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
-from .configuration_deep_transformer import DeepTransformerConfig
+from .admin import admin_omega_closed_form, admin_profile, export_marian, fold_admin, omega_values
+from .configuration_deep_transformer import AdminTransformerConfig, DeepTransformerConfig
 from .modeling_deep_transformer import (
+    AdminTransformerForConditionalGeneration,
+    AdminTransformerModel,
     DeepTransformerForConditionalGeneration,
     DeepTransformerModel,
     DeepTransformerPreTrainedModel,
@@ -21,6 +24,14 @@ from .pipeline_translation import TranslationPipeline, register_translation_pipe
 __version__ = "0.1.0"
 
 __all__ = [
+    "AdminTransformerConfig",
+    "AdminTransformerForConditionalGeneration",
+    "AdminTransformerModel",
+    "admin_omega_closed_form",
+    "admin_profile",
+    "export_marian",
+    "fold_admin",
+    "omega_values",
     "DeepTransformerConfig",
     "DeepTransformerForConditionalGeneration",
     "DeepTransformerModel",
@@ -34,6 +45,7 @@ __all__ = [
 def _register() -> None:
     for config_class, base_class, seq2seq_class in (
         (DeepTransformerConfig, DeepTransformerModel, DeepTransformerForConditionalGeneration),
+        (AdminTransformerConfig, AdminTransformerModel, AdminTransformerForConditionalGeneration),
     ):
         AutoConfig.register(config_class.model_type, config_class, exist_ok=True)
         AutoModel.register(config_class, base_class, exist_ok=True)

@@ -36,6 +36,8 @@ ALLOWED_ACTIVATIONS: tuple[str, ...] = (
     "relu2",
 )
 ALLOWED_LAYER_NORM_POSITIONS: tuple[str, ...] = ("post", "pre")
+ALLOWED_RESIDUAL_SCALINGS: tuple[str, ...] = ("none", "admin")
+ALLOWED_ADMIN_INITS: tuple[str, ...] = ("profiling", "closed_form")
 
 
 def _fail(config_name: str, field: str, value: Any, allowed: str) -> None:
@@ -99,6 +101,22 @@ class DeepTransformerConfig(PreTrainedConfig):
             Standard deviation of the normal init of the token embedding (and of an untied `lm_head`). `None` means
             d_model ** -0.5, the fairseq/Vaswani choice that gives unit-variance scaled embeddings. Linear layers use
             Xavier-uniform weights and zero biases; LayerNorms start at weight 1, bias 0.
+        residual_scaling (`str`, defaults to `"none"`):
+            `"none"`: the residual rule above. `"admin"`: liu2020 ADMIN, every post-LN residual sub-layer k computes
+            x_k = LN(ω_k ⊙ x_{k-1} + f_k(x_{k-1})) (Eq. (2) liu2020) with a d_model-vector ω_k per sub-layer (2 per
+            encoder layer, 3 per decoder layer); the first sub-layer of each stack keeps ω_1 = 1 and has no
+            parameter (SPEC.md §3). Requires `layer_norm_position="post"`.
+        admin_init (`str`, defaults to `"profiling"`):
+            How ADMIN sets ω. `"profiling"`: one training-mode forward pass on a real batch (≥ 4k target tokens)
+            with the authors' recursion ω_{k+1} = sqrt(Var(ω_k ⊙ x_{k-1}) + Var(f_k(x_{k-1}))) over non-pad
+            positions, run by `hf_deepnmt.admin_profile` (the trainer calls it before the first step).
+            `"closed_form"`: ω = sqrt((N+1)/ln(N+1) − 1) with N = 2·encoder_layers or 3·decoder_layers, set at init
+            (admin-torch's O(log N) default; SPEC.md §3).
+        admin_omega_trainable (`bool`, defaults to `True`):
+            Train ω (the authors' choice) or keep it fixed at its initial value (stored as a buffer).
+        admin_profiled (`bool`, defaults to `False`):
+            Whether ω already holds a profile (set by `admin_profile`; saved with the model so that loading never
+            re-profiles). Meaningless unless `residual_scaling="admin"` and `admin_init="profiling"`.
         pad_token_id (`int`, defaults to 0):
             Id of `<pad>`; its embedding row is kept at zero and it is never attended to.
         bos_token_id (`int`, defaults to 1):
@@ -151,6 +169,10 @@ class DeepTransformerConfig(PreTrainedConfig):
         layer_norm_eps: float = 1e-5,
         tie_word_embeddings: bool = True,
         init_std: float | None = None,
+        residual_scaling: str = "none",
+        admin_init: str = "profiling",
+        admin_omega_trainable: bool = True,
+        admin_profiled: bool = False,
         pad_token_id: int = 0,
         bos_token_id: int = 1,
         eos_token_id: int = 2,
@@ -177,6 +199,10 @@ class DeepTransformerConfig(PreTrainedConfig):
         self.layer_norm_position = layer_norm_position
         self.layer_norm_eps = layer_norm_eps
         self.init_std = init_std
+        self.residual_scaling = residual_scaling
+        self.admin_init = admin_init
+        self.admin_omega_trainable = admin_omega_trainable
+        self.admin_profiled = admin_profiled
         self.unk_token_id = unk_token_id
         self.use_cache = use_cache
         self.tie_word_embeddings = tie_word_embeddings
@@ -214,7 +240,8 @@ class DeepTransformerConfig(PreTrainedConfig):
             value = getattr(self, field)
             if not (_is_number(value) and 0.0 <= value < 1.0):
                 _fail(name, field, value, "it must be a probability in [0, 1)")
-        for field in ("scale_embedding", "tie_word_embeddings", "use_cache", "is_encoder_decoder"):
+        for field in ("scale_embedding", "tie_word_embeddings", "use_cache", "is_encoder_decoder",
+                      "admin_omega_trainable", "admin_profiled"):
             value = getattr(self, field)
             if not isinstance(value, bool):
                 _fail(name, field, value, "it must be True or False")
@@ -223,6 +250,13 @@ class DeepTransformerConfig(PreTrainedConfig):
         if self.layer_norm_position not in ALLOWED_LAYER_NORM_POSITIONS:
             _fail(name, "layer_norm_position", self.layer_norm_position,
                   f"use one of {list(ALLOWED_LAYER_NORM_POSITIONS)}")
+        if self.residual_scaling not in ALLOWED_RESIDUAL_SCALINGS:
+            _fail(name, "residual_scaling", self.residual_scaling, f"use one of {list(ALLOWED_RESIDUAL_SCALINGS)}")
+        if self.admin_init not in ALLOWED_ADMIN_INITS:
+            _fail(name, "admin_init", self.admin_init, f"use one of {list(ALLOWED_ADMIN_INITS)}")
+        if self.residual_scaling == "admin" and self.layer_norm_position != "post":
+            _fail(name, "residual_scaling", self.residual_scaling,
+                  "ADMIN rescales post-LN residuals (liu2020 eq 2), so use it with layer_norm_position='post' only")
         if not (_is_number(self.layer_norm_eps) and 0.0 < self.layer_norm_eps < 1.0):
             _fail(name, "layer_norm_eps", self.layer_norm_eps, "it must be a number in (0, 1)")
         if self.init_std is not None and not (_is_number(self.init_std) and self.init_std > 0):
@@ -240,3 +274,46 @@ class DeepTransformerConfig(PreTrainedConfig):
         if self.decoder_start_token_id == self.pad_token_id:
             _fail(name, "decoder_start_token_id", self.decoder_start_token_id,
                   "it must differ from pad_token_id, which the decoder never attends to")
+
+
+class AdminTransformerConfig(DeepTransformerConfig):
+    r"""liu2020 (Very Deep Transformers for NMT): `DeepTransformerConfig` with ``model_type="admin_transformer"`` and
+    the paper's defaults — a 60-layer encoder and 12-layer decoder, post-LN, 512/2048/8 heads,
+    ``residual_scaling="admin"`` profiled on real data (SPEC.md §3), and the authors' dropouts 0.2 / 0.1 / 0.1
+    (attention / activation). Every field and its validation is `DeepTransformerConfig`'s.
+    """
+
+    model_type = "admin_transformer"
+
+    def __init__(
+        self,
+        encoder_layers: int = 60,
+        decoder_layers: int = 12,
+        d_model: int = 512,
+        encoder_attention_heads: int = 8,
+        decoder_attention_heads: int = 8,
+        encoder_ffn_dim: int = 2048,
+        decoder_ffn_dim: int = 2048,
+        dropout: float = 0.2,
+        attention_dropout: float = 0.1,
+        activation_dropout: float = 0.1,
+        layer_norm_position: str = "post",
+        residual_scaling: str = "admin",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            encoder_layers=encoder_layers,
+            decoder_layers=decoder_layers,
+            d_model=d_model,
+            encoder_attention_heads=encoder_attention_heads,
+            decoder_attention_heads=decoder_attention_heads,
+            encoder_ffn_dim=encoder_ffn_dim,
+            decoder_ffn_dim=decoder_ffn_dim,
+            dropout=dropout,
+            attention_dropout=attention_dropout,
+            activation_dropout=activation_dropout,
+            layer_norm_position=layer_norm_position,
+            residual_scaling=residual_scaling,
+            **kwargs,
+        )
+

@@ -43,7 +43,8 @@ from transformers.modeling_outputs import (
     Seq2SeqModelOutput,
 )
 
-from .configuration_deep_transformer import DeepTransformerConfig
+from .admin import admin_omega_closed_form
+from .configuration_deep_transformer import AdminTransformerConfig, DeepTransformerConfig
 from .pipeline_translation import TRANSLATION_PIPELINE_SPEC
 
 
@@ -219,22 +220,55 @@ class DeepTransformerSublayerMixin:
     pre_layer_norm: bool
     dropout: float
     training: bool
+    stack: str
+    omega_names: dict[str, str | None]
+    # Set by `hf_deepnmt.admin_profile` for the duration of its one profiling forward pass.
+    admin_profiler: Any = None
+
+    def _init_sublayers(self, config: DeepTransformerConfig, stack: str, sublayers: tuple[str, ...]) -> None:
+        """Record the stack and create liu2020's ω_k for every residual sub-layer but the stack's first.
+
+        ADMIN (``residual_scaling="admin"``): a d_model-vector ω per sub-layer, a parameter when
+        ``admin_omega_trainable`` (the authors' choice) or a buffer; the first sub-layer of each stack keeps ω_1 = 1
+        with no tensor at all, so that folding never touches the tied embeddings (SPEC.md §3).
+        """
+        self.stack = stack
+        self.omega_names = {}
+        for position, sublayer in enumerate(sublayers):
+            first_of_stack = self.layer_idx == 0 and position == 0
+            if config.residual_scaling != "admin" or first_of_stack:
+                self.omega_names[sublayer] = None
+                continue
+            name = f"{sublayer}_omega"
+            if config.admin_omega_trainable:
+                setattr(self, name, nn.Parameter(torch.ones(config.d_model)))
+            else:
+                self.register_buffer(name, torch.ones(config.d_model))
+            self.omega_names[sublayer] = name
 
     def _sublayer_input(self, hidden_states: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
         return norm(hidden_states) if self.pre_layer_norm else hidden_states
 
-    def _residual(self, residual: torch.Tensor, branch: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
+    def _residual(
+        self, residual: torch.Tensor, branch: torch.Tensor, norm: nn.LayerNorm, sublayer: str
+    ) -> torch.Tensor:
         branch = F.dropout(branch, p=self.dropout, training=self.training)
         if self.pre_layer_norm:
             return residual + branch
-        return norm(residual + branch)  # Eq. (3) li2022 / Eq. (1) liu2020: post-LN
+        name = self.omega_names[sublayer]
+        omega = None if name is None else getattr(self, name)
+        if self.admin_profiler is not None:
+            self.admin_profiler.step(self.stack, residual, branch, omega)  # sets ω_k before it is used
+        if omega is not None:
+            residual = residual * omega  # Eq. (2) liu2020: ω_k ⊙ x_{k-1}
+        return norm(residual + branch)  # Eq. (3) li2022 / Eq. (1)-(2) liu2020: post-LN
 
     def _feed_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """FFN(x) = fc2(dropout(act(fc1(x)))) (Vaswani et al. Eq. 2)."""
         residual = hidden_states
         x = self._sublayer_input(hidden_states, self.final_layer_norm)
         x = F.dropout(self.activation_fn(self.fc1(x)), p=self.activation_dropout, training=self.training)
-        return self._residual(residual, self.fc2(x), self.final_layer_norm)
+        return self._residual(residual, self.fc2(x), self.final_layer_norm, "ffn")
 
 
 class DeepTransformerEncoderLayer(DeepTransformerSublayerMixin, nn.Module):
@@ -254,6 +288,7 @@ class DeepTransformerEncoderLayer(DeepTransformerSublayerMixin, nn.Module):
         self.fc1 = nn.Linear(d, config.encoder_ffn_dim)
         self.fc2 = nn.Linear(config.encoder_ffn_dim, d)
         self.final_layer_norm = nn.LayerNorm(d, eps=config.layer_norm_eps)
+        self._init_sublayers(config, "encoder", ("self_attn", "ffn"))
 
     def forward(
         self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None, output_attentions: bool = False
@@ -261,7 +296,7 @@ class DeepTransformerEncoderLayer(DeepTransformerSublayerMixin, nn.Module):
         residual = hidden_states
         x = self._sublayer_input(hidden_states, self.self_attn_layer_norm)
         x, weights = self.self_attn(x, attention_mask=attention_mask, output_attentions=output_attentions)
-        hidden_states = self._residual(residual, x, self.self_attn_layer_norm)
+        hidden_states = self._residual(residual, x, self.self_attn_layer_norm, "self_attn")
         return self._feed_forward(hidden_states), weights
 
 
@@ -292,6 +327,8 @@ class DeepTransformerDecoderLayer(DeepTransformerSublayerMixin, nn.Module):
         self.fc1 = nn.Linear(d, config.decoder_ffn_dim)
         self.fc2 = nn.Linear(config.decoder_ffn_dim, d)
         self.final_layer_norm = nn.LayerNorm(d, eps=config.layer_norm_eps)
+        sublayers = ("self_attn", "encoder_attn", "ffn") if has_cross_attention else ("self_attn", "ffn")
+        self._init_sublayers(config, "decoder", sublayers)
 
     def forward(
         self,
@@ -312,7 +349,7 @@ class DeepTransformerDecoderLayer(DeepTransformerSublayerMixin, nn.Module):
             cache=cache,
             output_attentions=output_attentions,
         )
-        hidden_states = self._residual(residual, x, self.self_attn_layer_norm)
+        hidden_states = self._residual(residual, x, self.self_attn_layer_norm, "self_attn")
 
         cross_weights = None
         if self.encoder_attn is not None:
@@ -325,7 +362,7 @@ class DeepTransformerDecoderLayer(DeepTransformerSublayerMixin, nn.Module):
                 cache=cache,
                 output_attentions=output_attentions,
             )
-            hidden_states = self._residual(residual, x, self.encoder_attn_layer_norm)
+            hidden_states = self._residual(residual, x, self.encoder_attn_layer_norm, "encoder_attn")
         return self._feed_forward(hidden_states), self_weights, cross_weights
 
 
@@ -557,6 +594,19 @@ class DeepTransformerPreTrainedModel(PreTrainedModel):
         elif isinstance(module, nn.LayerNorm):
             init.ones_(module.weight)
             init.zeros_(module.bias)
+        if isinstance(module, DeepTransformerSublayerMixin):
+            self._init_omegas(module)
+
+    def _init_omegas(self, layer: DeepTransformerSublayerMixin) -> None:
+        """ω before profiling is 1; the closed form is sqrt((N+1)/ln(N+1) − 1) per stack (SPEC.md §3)."""
+        config = self.config
+        value = 1.0
+        if config.admin_init == "closed_form":
+            num_sublayers = 2 * config.encoder_layers if layer.stack == "encoder" else 3 * config.decoder_layers
+            value = admin_omega_closed_form(num_sublayers)
+        for name in layer.omega_names.values():
+            if name is not None:
+                init.constant_(getattr(layer, name), value)
 
     def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> None:
         """`PreTrainedModel.save_pretrained`, plus what makes the folder self-sufficient on the Hub: the
@@ -672,7 +722,7 @@ class DeepTransformerForConditionalGeneration(DeepTransformerPreTrainedModel, Ge
 
     def __init__(self, config: DeepTransformerConfig):
         super().__init__(config)
-        self.model = DeepTransformerModel(config)
+        self.model = globals()[self.base_model_class_name](config)  # DeepTransformerModel or a paper subclass
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.post_init()
         # MT-sized defaults (a saved generation_config.json overrides them): beam 4 and up to 256 new tokens instead
@@ -773,3 +823,27 @@ class DeepTransformerForConditionalGeneration(DeepTransformerPreTrainedModel, Ge
             encoder_attentions=outputs.encoder_attentions,
         )
         return output if return_dict is not False else output.to_tuple()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 5. Paper-named models: the same implementation with their own model_type and defaults
+# ----------------------------------------------------------------------------------------------------------------
+class AdminTransformerModel(DeepTransformerModel):
+    """`DeepTransformerModel` with liu2020's defaults (`AdminTransformerConfig`)."""
+
+    config_class = AdminTransformerConfig
+    base_model_class_name = "AdminTransformerModel"
+    seq2seq_class_name = "AdminTransformerForConditionalGeneration"
+
+
+class AdminTransformerForConditionalGeneration(DeepTransformerForConditionalGeneration):
+    """liu2020: a very deep post-LN Transformer with ADMIN residual scaling (60L-12L, 512/2048/8 by default).
+
+    The same implementation as `DeepTransformerForConditionalGeneration`; profile it with `hf_deepnmt.admin_profile`
+    (the trainer does it before the first step), fold it back with `hf_deepnmt.fold_admin`.
+    """
+
+    config_class = AdminTransformerConfig
+    base_model_class_name = "AdminTransformerModel"
+    seq2seq_class_name = "AdminTransformerForConditionalGeneration"
+

@@ -50,6 +50,12 @@ def _methods(config: dict[str, Any]) -> list[str]:
     lines = []
     if config.get("layer_norm_position") == "pre":
         lines.append("pre-LN residual blocks with a final LayerNorm per stack (SPEC.md §0)")
+    if config.get("residual_scaling") == "admin":
+        how = ("profiled on training data (liu2020 / the authors' recursion)" if config.get("admin_init") == "profiling"
+               else "set by the closed form sqrt((N+1)/ln(N+1) - 1)")
+        lines.append(f"ADMIN residual scaling x_k = LN(ω_k ⊙ x_(k-1) + f_k(x_(k-1))) (liu2020 eq 2), ω {how}, "
+                     f"{'trained' if config.get('admin_omega_trainable', True) else 'fixed'}; "
+                     "`hf_deepnmt.fold_admin` turns it into a standard Transformer")
     return lines
 
 

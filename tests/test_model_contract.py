@@ -358,6 +358,9 @@ BAD_VALUES = [
     ("unk_token_id", 0),
     ("decoder_start_token_id", 0),
     ("is_encoder_decoder", False),
+    ("residual_scaling", "admn"),
+    ("admin_init", "lazy"),
+    ("admin_omega_trainable", "yes"),
 ]
 
 

@@ -5,6 +5,7 @@
     deepnmt evaluate ...          BLEU / chrF / TER of a saved model on a test file, with beam search
     deepnmt translate ...         translate a file or stdin, batched, to stdout
     deepnmt push DIR --repo_id    upload model + tokenizer + code + pipeline + card to the Hub
+    deepnmt average-checkpoints   average the weights of a run's last N checkpoints (liu2020: last 10)
 
 `deepnmt <command> --help` documents every option. Set DEEPNMT_DEBUG=1 for tracebacks of argument errors.
 """
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from .trainer import NonFiniteLossError
 
-COMMANDS = ("quickstart", "train", "evaluate", "translate", "push")
+COMMANDS = ("quickstart", "train", "evaluate", "translate", "push", "average-checkpoints")
 
 
 def _top_level_help() -> str:
@@ -121,6 +122,21 @@ def _push(argv: Sequence[str]) -> int:
     return 0
 
 
+def _average(argv: Sequence[str]) -> int:
+    from .run import average_checkpoints
+
+    parser = argparse.ArgumentParser(prog="deepnmt average-checkpoints", description="Average the weights of the "
+                                     "last N complete checkpoint-* folders of a run into a complete model folder "
+                                     "(liu2020 and fairseq evaluate the average of the last 10).")
+    parser.add_argument("run_dir", help="The --output_dir of a `deepnmt train` run.")
+    parser.add_argument("--last", type=int, default=10, help="How many of the newest checkpoints (default: 10).")
+    parser.add_argument("--output", default=None, help="Where to write the averaged model (default: "
+                        "RUN_DIR/averaged-lastN).")
+    args = parser.parse_args(argv)
+    print(average_checkpoints(args.run_dir, args.last, args.output))
+    return 0
+
+
 def _quickstart(argv: Sequence[str]) -> int:
     from .quickstart import run_quickstart
 
@@ -155,8 +171,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             train(rest)
             code = 0
         else:
-            code = {"evaluate": _evaluate, "translate": _translate, "push": _push, "quickstart": _quickstart}[command](
-                rest)
+            code = {"evaluate": _evaluate, "translate": _translate, "push": _push, "quickstart": _quickstart,
+                    "average-checkpoints": _average}[command](rest)
     except (ValueError, FileNotFoundError) as error:  # user mistakes: one sentence, no traceback
         if os.environ.get("DEEPNMT_DEBUG"):
             raise

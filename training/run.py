@@ -60,6 +60,8 @@ class ModelArguments:
     vocab_size: int = field(default=8000, metadata={"help": "Joint BPE vocabulary size when a tokenizer is trained."})
     bpe_min_frequency: int = field(default=2, metadata={"help": "Minimum merge frequency when a tokenizer is trained."})
     eval_num_beams: int = field(default=4, metadata={"help": "Beam size of the final test evaluation and of the saved generation config."})
+    optimizer: str | None = field(default=None, metadata={"help": "'radam' trains with torch.optim.RAdam (liu2020's optimizer, not among transformers' --optim choices) using --learning_rate, --adam_beta1/2, --adam_epsilon, --weight_decay; default: --optim."})
+    admin_profile_tokens: int = field(default=4096, metadata={"help": "ADMIN profiling batch size in target tokens (liu2020 / SPEC §3: ≥ 4k); used once, before the first step, when the model has residual_scaling=admin and is not profiled yet."})
     license: str = field(default="apache-2.0", metadata={"help": "License written into the model card."})
     dataset_label: str | None = field(default=None, metadata={"help": "Dataset name for the model card (default: the file or Hub name)."})
 
@@ -265,9 +267,17 @@ def train(argv: Sequence[str]) -> TrainOutcome:
     collator = DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100,
                                       pad_to_multiple_of=8 if (training_args.fp16 or training_args.bf16) else None)
     metrics = TranslationMetrics(tokenizer) if training_args.predict_with_generate else None
+    if model_args.optimizer not in (None, "radam"):
+        raise ValueError(f"`--optimizer` = {model_args.optimizer!r} is not allowed; use 'radam' or leave it unset (--optim).")
+    optimizer = None
+    if model_args.optimizer == "radam":
+        optimizer = (torch.optim.RAdam, {"lr": training_args.learning_rate, "eps": training_args.adam_epsilon,
+                                         "betas": (training_args.adam_beta1, training_args.adam_beta2)})
     trainer = DeepNMTTrainer(
         model=model,
         args=training_args,
+        optimizer_cls_and_kwargs=optimizer,
+        admin_profile_tokens=model_args.admin_profile_tokens,
         train_dataset=datasets["train"],
         eval_dataset=datasets.get("validation"),
         processing_class=tokenizer,
@@ -370,3 +380,38 @@ def finish_run(outcome: TrainOutcome, metrics: TranslationMetrics | None) -> Non
     (output_dir / "deepnmt_card.json").write_text(json.dumps(card, indent=2, ensure_ascii=False) + "\n",
                                                  encoding="utf-8")
     write_model_card(output_dir, trainer=trainer)
+
+
+# ------------------------------------------------------------------------------------------------ checkpoint averaging
+def average_checkpoints(run_dir: str | os.PathLike, last: int = 10, output_dir: str | os.PathLike | None = None) -> Path:
+    """Average the weights of the last ``last`` complete checkpoints of a run (liu2020 and fairseq evaluate the
+    average of the last 10) into a complete model folder: weights, config, generation config, tokenizer, code."""
+    from safetensors.torch import load_file
+
+    run_dir = Path(run_dir)
+    steps = sorted(int(p.name.split("-")[-1]) for p in run_dir.glob("checkpoint-*") if p.name.split("-")[-1].isdigit())
+    if last < 1:
+        raise ValueError(f"`--last` = {last!r} is not allowed; average at least 1 checkpoint.")
+    if len(steps) < last:
+        raise ValueError(f"{run_dir} holds {len(steps)} checkpoint(s), fewer than --last {last}; keep more with "
+                         "--save_total_limit or average fewer.")
+    folders = [run_dir / f"checkpoint-{step}" for step in steps[-last:]]
+    total: dict[str, torch.Tensor] = {}
+    for folder in folders:
+        for name, tensor in load_file(str(folder / "model.safetensors")).items():
+            total[name] = total[name] + tensor.double() if name in total else tensor.double()
+    model = AutoModelForSeq2SeqLM.from_pretrained(folders[-1])
+    reference = model.state_dict()
+    averaged = {name: (tensor / len(folders)).to(reference[name].dtype) for name, tensor in total.items()}
+    missing, unexpected = model.load_state_dict(averaged, strict=False)
+    tied = set(getattr(model, "all_tied_weights_keys", {}) or {})
+    if unexpected or set(missing) - tied:
+        raise RuntimeError(f"average_checkpoints: checkpoints do not match the model (missing {missing}).")
+    model.tie_weights()
+    output_dir = Path(output_dir) if output_dir is not None else run_dir / f"averaged-last{last}"
+    model.save_pretrained(output_dir)
+    tokenizer_source = folders[-1] if (folders[-1] / "tokenizer.json").exists() else run_dir
+    AutoTokenizer.from_pretrained(tokenizer_source).save_pretrained(output_dir)
+    (output_dir / "averaged_from.json").write_text(json.dumps([f.name for f in folders], indent=2) + "\n")
+    return output_dir
+

@@ -11,6 +11,8 @@ What it adds to `Seq2SeqTrainer`:
 * fairseq-style token-budget batches (``max_tokens``) for training;
 * a non-finite loss stops training at once with a clear message — before the optimizer step, so no checkpoint
   with NaN weights is ever written;
+* liu2020 ADMIN: a model with ``residual_scaling="admin"`` that is not profiled yet is profiled once on real
+  training data before the first step (`hf_deepnmt.admin_profile`);
 * atomic checkpoints: written to ``<output_dir>/.incomplete/checkpoint-N`` and renamed into place when complete,
   so a run killed while saving never leaves a half-written ``checkpoint-N`` that resuming would pick up.
 """
@@ -19,14 +21,17 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader
 from transformers import Seq2SeqTrainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
+from hf_deepnmt.admin import admin_profile
 from hf_deepnmt.losses import AuxiliaryLoss, auxiliary_losses_from_config, compute_losses
 
 from .data import TokenBudgetBatchSampler
@@ -46,6 +51,8 @@ class DeepNMTTrainer(Seq2SeqTrainer):
             ``per_device_train_batch_size`` sentences per batch.
         auxiliary_losses: auxiliary terms; ``None`` takes those the model config switches on
             (`hf_deepnmt.losses.auxiliary_losses_from_config`).
+        admin_profile_tokens: target tokens of the ADMIN profiling batch (liu2020; used only by ADMIN models).
+        optimizer_cls_and_kwargs: an optimizer class and its arguments (e.g. ``torch.optim.RAdam``), as `Trainer`.
         All other arguments are those of `Seq2SeqTrainer`. Label smoothing is ``args.label_smoothing_factor``.
     """
 
@@ -58,10 +65,16 @@ class DeepNMTTrainer(Seq2SeqTrainer):
         *args: Any,
         max_tokens: int | None = None,
         auxiliary_losses: Sequence[AuxiliaryLoss] | None = None,
+        admin_profile_tokens: int = 4096,
+        optimizer_cls_and_kwargs: tuple[type[torch.optim.Optimizer], dict[str, Any]] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
+        if optimizer_cls_and_kwargs is not None:  # Trainer takes it, Seq2SeqTrainer's signature does not
+            self.optimizer_cls_and_kwargs = optimizer_cls_and_kwargs
         self.max_tokens = max_tokens
+        self.admin_profile_tokens = admin_profile_tokens
+        self.admin_profile: dict[str, list[float]] | None = None
         unwrapped = self.accelerator.unwrap_model(self.model)
         self.auxiliary_losses = (
             list(auxiliary_losses) if auxiliary_losses is not None else auxiliary_losses_from_config(unwrapped.config)
@@ -72,6 +85,49 @@ class DeepNMTTrainer(Seq2SeqTrainer):
         self.label_smoother = None
         self._component_sums: dict[str, torch.Tensor] = {}
         self._component_tokens = torch.zeros((), dtype=torch.float64)
+
+    # ------------------------------------------------------------------------------------------------ ADMIN
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any):
+        """`Trainer.train`, preceded (on a fresh run) by liu2020's ADMIN profiling when the model needs it."""
+        if not resume_from_checkpoint:
+            self._profile_admin_if_needed()
+        return super().train(resume_from_checkpoint, *args, **kwargs)
+
+    def _profile_admin_if_needed(self) -> None:
+        """Profile ω once, before the first optimizer step and before DDP wraps the model (SPEC.md §3).
+
+        Every process profiles the same batch (the first training examples, in a seeded order, until
+        ``admin_profile_tokens`` target tokens) with the same seed, so all processes — and a single-process run —
+        get the same ω; DDP's start-up broadcast would make them equal anyway.
+        """
+        model = self.accelerator.unwrap_model(self.model)
+        config = model.config
+        if (getattr(config, "residual_scaling", "none") != "admin" or config.admin_init != "profiling"
+                or config.admin_profiled):
+            return
+        batch, tokens = self._admin_profiling_batch()
+        self.admin_profile = admin_profile(model, batch)
+        if self.is_world_process_zero():
+            summary = "; ".join(
+                f"{stack} ω_1..ω_{len(values)} = {values[0]:.3f} … {values[-1]:.3f}"
+                for stack, values in self.admin_profile.items()
+            )
+            print(f"[deepnmt] ADMIN profile on {tokens} target tokens: {summary}", file=sys.stderr)
+
+    def _admin_profiling_batch(self) -> tuple[dict[str, torch.Tensor], int]:
+        dataset = self.train_dataset
+        order = np.random.default_rng(self.args.seed).permutation(len(dataset)).tolist()
+        examples, tokens = [], 0
+        for index in order:
+            row = dataset[index]
+            example = {key: row[key] for key in ("input_ids", "attention_mask", "labels")}
+            examples.append(example)
+            tokens += len(example["labels"])
+            if tokens >= self.admin_profile_tokens:
+                break
+        batch = self.data_collator(examples)
+        device = self.accelerator.unwrap_model(self.model).device
+        return {key: batch[key].to(device) for key in ("input_ids", "attention_mask", "labels")}, tokens
 
     # ------------------------------------------------------------------------------------------------ loss
     def compute_loss(

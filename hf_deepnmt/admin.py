@@ -1,0 +1,267 @@
+"""liu2020 ADMIN for very deep post-LN Transformers: profiling, the closed form, folding, export to Marian.
+
+ADMIN (Liu et al. 2020; SPEC.md §3) rescales the residual of every post-LN sub-layer k,
+
+    x_k = LN(ω_k ⊙ x_{k−1} + f_k(x_{k−1}))                                  # Eq. (2) liu2020
+
+with ω_k ∈ R^d (`residual_scaling="admin"` on the one Transformer implementation). This module sets ω and removes it:
+
+* `admin_profile(model, batch)` — the *Profiling* phase as the authors' code runs it (SPEC.md §3, not the paper's
+  formula): one forward pass in training mode (dropout on) on a real batch, separate running chains for the
+  encoder and the decoder, each starting at ω_1 = 1, and ω_{k+1} = sqrt(Var(ω_k ⊙ x_{k−1}) + Var(f_k(x_{k−1}))) with
+  the variances as scalars over the non-pad positions (the original included padding; SPEC.md §3 decides not to).
+  As in the authors' code, sub-layer k's ω is set to the running value *before* its residual sum, so the pass
+  itself already runs with the profiled ω. ω_k is stored as a d-vector filled with the scalar.
+* `admin_omega_closed_form(n)` — ω = sqrt((N+1)/ln(N+1) − 1) without profiling (admin-torch's O(log N) default).
+* `fold_admin(model)` — the standard post-LN model with the same function (§3 of the paper: "ω can be folded
+  back"): with x' = ω ⊙ LN(·), γ' = ω ⊙ γ and β' = ω ⊙ β in the LayerNorm before sub-layer k, W' = W · diag(1/ω)
+  on the sub-layer's input projections (q/k/v of self-attention, q of cross-attention, fc1 of the FFN).
+* `export_marian(model)` — a stock `transformers.MarianMTModel` (no custom code) with the same logits and beams.
+
+The first sub-layer of each stack keeps ω_1 = 1 and has no parameter, so folding never has to rescale the (tied)
+embeddings (SPEC.md §3).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+IGNORE_INDEX = -100
+
+
+# ------------------------------------------------------------------------------------------------ the sub-layers
+@dataclass
+class Sublayer:
+    """One residual sub-layer of a stack, in forward order: its ω, its LayerNorm and its input projections."""
+
+    stack: str
+    layer: nn.Module
+    omega_name: str | None
+    norm: nn.LayerNorm
+    input_projections: tuple[nn.Linear, ...]
+
+    @property
+    def omega(self) -> torch.Tensor | None:
+        return None if self.omega_name is None else getattr(self.layer, self.omega_name)
+
+
+def iter_sublayers(model: nn.Module) -> Iterator[Sublayer]:
+    """Every residual sub-layer of a DeepTransformer, encoder first, in forward order (2 per encoder layer,
+    2 or 3 per decoder layer)."""
+    base = getattr(model, "model", model)
+    for stack in ("encoder", "decoder"):
+        for layer in getattr(base, stack).layers:
+            attention = layer.self_attn
+            yield Sublayer(stack, layer, layer.omega_names.get("self_attn"), layer.self_attn_layer_norm,
+                           (attention.q_proj, attention.k_proj, attention.v_proj))
+            if stack == "decoder" and getattr(layer, "encoder_attn", None) is not None:
+                yield Sublayer(stack, layer, layer.omega_names.get("encoder_attn"), layer.encoder_attn_layer_norm,
+                               (layer.encoder_attn.q_proj,))
+            yield Sublayer(stack, layer, layer.omega_names.get("ffn"), layer.final_layer_norm, (layer.fc1,))
+
+
+def admin_omega_closed_form(num_sublayers: int) -> float:
+    """ω = sqrt((N+1)/ln(N+1) − 1) for a stack of N residual sub-layers (SPEC.md §3; admin-torch "O(logn)")."""
+    if num_sublayers < 1:
+        raise ValueError(f"admin_omega_closed_form: `num_sublayers` = {num_sublayers!r} is not allowed; use ≥ 1.")
+    n = num_sublayers
+    return math.sqrt((n + 1) / math.log(n + 1) - 1)
+
+
+# ------------------------------------------------------------------------------------------------ profiling
+@dataclass
+class AdminProfiler:
+    """Runs the ω recursion while the model's forward pass goes through it (see the module docstring)."""
+
+    masks: Mapping[str, torch.Tensor]
+    chain: dict[str, float] = field(default_factory=lambda: {"encoder": 1.0, "decoder": 1.0})
+    omegas: dict[str, list[float]] = field(default_factory=lambda: {"encoder": [], "decoder": []})
+    branch_variances: dict[str, list[float]] = field(default_factory=lambda: {"encoder": [], "decoder": []})
+
+    def step(self, stack: str, residual: torch.Tensor, branch: torch.Tensor, omega: torch.Tensor | None) -> None:
+        """Called by sub-layer k with x_{k−1} (``residual``) and f_k(x_{k−1}) after dropout (``branch``)."""
+        value = self.chain[stack]
+        if omega is not None:
+            omega.data.fill_(value)  # ω_k := running value, used by this very forward pass (authors' code)
+        elif self.omegas[stack]:
+            raise RuntimeError(f"ADMIN profiling: a {stack} sub-layer after the first has no ω parameter.")
+        mask = self.masks[stack]  # (B, T) True at real tokens
+        input_variance = (residual * value)[mask].float().var(unbiased=False).item()  # Var(ω_k ⊙ x_{k−1})
+        branch_variance = branch[mask].float().var(unbiased=False).item()  # Var(f_k(x_{k−1}))
+        self.omegas[stack].append(value)
+        self.branch_variances[stack].append(branch_variance)
+        self.chain[stack] = math.sqrt(input_variance + branch_variance)  # ω_{k+1}, SPEC.md §3 (authors' code)
+
+
+def _core(model: nn.Module) -> nn.Module:
+    while hasattr(model, "module") and isinstance(model.module, nn.Module):
+        model = model.module
+    return model
+
+
+@torch.no_grad()
+def admin_profile(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> dict[str, list[float]]:
+    """Profile ADMIN's ω on one batch and store it in the model (sets ``config.admin_profiled``).
+
+    Args:
+        model: a `DeepTransformerForConditionalGeneration` (or subclass) with ``residual_scaling="admin"``.
+        batch: ``input_ids``, ``attention_mask`` and ``labels`` (-100 or pad where padded) of real training data;
+            liu2020 and SPEC.md §3 use ≥ 4k target tokens.
+
+    Returns ``{"encoder": [ω_1, ω_2, …], "decoder": [...]}``, one scalar per residual sub-layer in forward order.
+    Runs in training mode (dropout on, as the authors' profile does) and restores the previous mode.
+    """
+    model = _core(model)
+    config = model.config
+    if getattr(config, "residual_scaling", "none") != "admin":
+        raise ValueError("admin_profile: the model's `residual_scaling` is not 'admin'; there is no ω to profile.")
+    labels = batch["labels"]
+    pad = config.pad_token_id
+    masks = {
+        "encoder": batch["attention_mask"].bool() if "attention_mask" in batch else batch["input_ids"] != pad,
+        "decoder": (labels != IGNORE_INDEX) & (labels != pad),
+    }
+    profiler = AdminProfiler(masks={stack: mask.to(model.device) for stack, mask in masks.items()})
+    layers = [layer for stack in (model.model.encoder, model.model.decoder) for layer in stack.layers]
+    was_training = model.training
+    model.train()
+    for layer in layers:
+        layer.admin_profiler = profiler
+    try:
+        inputs = {key: value.to(model.device) for key, value in batch.items() if key != "labels"}
+        if "decoder_input_ids" not in inputs:
+            inputs["decoder_input_ids"] = model.prepare_decoder_input_ids_from_labels(labels.to(model.device))
+        model(**inputs, use_cache=False)
+    finally:
+        for layer in layers:
+            layer.admin_profiler = None
+        model.train(was_training)
+    config.admin_profiled = True
+    return {stack: list(values) for stack, values in profiler.omegas.items()}
+
+
+def omega_values(model: nn.Module) -> dict[str, list[float]]:
+    """The current ω of every sub-layer (mean over its d entries; 1.0 for the parameter-free first one)."""
+    values: dict[str, list[float]] = {"encoder": [], "decoder": []}
+    for sublayer in iter_sublayers(_core(model)):
+        omega = sublayer.omega
+        values[sublayer.stack].append(1.0 if omega is None else float(omega.detach().float().mean()))
+    return values
+
+
+# ------------------------------------------------------------------------------------------------ folding and export
+def _standard_config(config):
+    from .configuration_deep_transformer import DeepTransformerConfig
+
+    fields = config.to_dict()
+    for key in ("model_type", "transformers_version", "architectures", "auto_map", "custom_pipelines", "dtype",
+                "residual_scaling", "admin_init", "admin_omega_trainable", "admin_profiled"):
+        fields.pop(key, None)
+    return DeepTransformerConfig(**fields, residual_scaling="none")
+
+
+@torch.no_grad()
+def fold_admin(model: nn.Module) -> nn.Module:
+    """A standard post-LN `DeepTransformerForConditionalGeneration` (``residual_scaling="none"``) computing the same
+    function as the ADMIN ``model`` (see the module docstring; exact up to float rounding)."""
+    from .modeling_deep_transformer import DeepTransformerForConditionalGeneration
+
+    model = _core(model)
+    if getattr(model.config, "residual_scaling", "none") != "admin":
+        raise ValueError("fold_admin: the model's `residual_scaling` is not 'admin'; there is nothing to fold.")
+    folded = DeepTransformerForConditionalGeneration(_standard_config(model.config)).to(model.device)
+    state = {key: value for key, value in model.state_dict().items() if not key.endswith("_omega")}
+    missing, unexpected = folded.load_state_dict(state, strict=False)
+    if unexpected or any(not key.endswith("lm_head.weight") for key in missing):
+        raise RuntimeError(f"fold_admin: state dicts differ (missing {missing}, unexpected {unexpected}).")
+    folded.tie_weights()
+    folded.generation_config = copy.deepcopy(model.generation_config)
+    source = list(iter_sublayers(model))
+    target = list(iter_sublayers(folded))
+    for k, (admin_sublayer, plain_sublayer) in enumerate(zip(source, target)):
+        omega = admin_sublayer.omega
+        if omega is None:
+            continue  # ω_1 = 1 of a stack
+        previous = target[k - 1]
+        if previous.stack != plain_sublayer.stack:
+            raise RuntimeError("fold_admin: a stack's first sub-layer carries an ω parameter.")
+        omega = omega.detach().to(previous.norm.weight.dtype)
+        previous.norm.weight.mul_(omega)  # γ' = ω ⊙ γ: the LayerNorm now outputs x' = ω ⊙ x_{k−1}
+        previous.norm.bias.mul_(omega)  # β' = ω ⊙ β
+        for projection in plain_sublayer.input_projections:
+            projection.weight.div_(omega[None, :])  # W' = W · diag(1/ω): f_k(x') = f_k(x_{k−1})
+    folded.eval() if not model.training else folded.train()
+    return folded
+
+
+def non_standard_features(config) -> list[str]:
+    """Config switches that a stock `MarianMTModel` cannot express (ADMIN is not one: it folds away)."""
+    features = []
+    if config.layer_norm_position != "post":
+        features.append("layer_norm_position='pre' (Marian is post-LN)")
+    if not math.isclose(config.layer_norm_eps, 1e-5):
+        features.append(f"layer_norm_eps={config.layer_norm_eps} (Marian's LayerNorms use 1e-5)")
+    return features
+
+
+@torch.no_grad()
+def export_marian(model: nn.Module):
+    """A stock `transformers.MarianMTModel` (no custom code) with the same weights, logits and beam search output.
+
+    ADMIN models are folded first. A model using a feature Marian lacks raises one `ValueError` naming it.
+    """
+    from transformers import MarianConfig, MarianMTModel
+
+    model = _core(model)
+    if getattr(model.config, "residual_scaling", "none") == "admin":
+        model = fold_admin(model)
+    config = model.config
+    features = non_standard_features(config)
+    if features:
+        raise ValueError(f"export_marian: this model uses {', '.join(features)}, which MarianMTModel cannot express.")
+    marian_config = MarianConfig(
+        vocab_size=config.vocab_size,
+        decoder_vocab_size=config.vocab_size,
+        d_model=config.d_model,
+        encoder_layers=config.encoder_layers,
+        decoder_layers=config.decoder_layers,
+        encoder_attention_heads=config.encoder_attention_heads,
+        decoder_attention_heads=config.decoder_attention_heads,
+        encoder_ffn_dim=config.encoder_ffn_dim,
+        decoder_ffn_dim=config.decoder_ffn_dim,
+        activation_function=config.activation_function,
+        dropout=config.dropout,
+        attention_dropout=config.attention_dropout,
+        activation_dropout=config.activation_dropout,
+        max_position_embeddings=config.max_position_embeddings,
+        scale_embedding=config.scale_embedding,
+        pad_token_id=config.pad_token_id,
+        eos_token_id=config.eos_token_id,
+        bos_token_id=config.bos_token_id,
+        decoder_start_token_id=config.decoder_start_token_id,
+        forced_eos_token_id=None,
+        share_encoder_decoder_embeddings=True,
+        tie_word_embeddings=config.tie_word_embeddings,
+    )
+    marian = MarianMTModel(marian_config).to(model.device)
+    state = model.state_dict()
+    state["model.encoder.embed_tokens.weight"] = state["model.shared.weight"]
+    state["model.decoder.embed_tokens.weight"] = state["model.shared.weight"]
+    if config.tie_word_embeddings:
+        state["lm_head.weight"] = state["model.shared.weight"]
+    missing, unexpected = marian.load_state_dict(state, strict=False)
+    allowed_missing = {"final_logits_bias", "model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight"}
+    if unexpected or set(missing) - allowed_missing:
+        raise RuntimeError(f"export_marian: state dicts differ (missing {missing}, unexpected {unexpected}).")
+    marian.final_logits_bias.zero_()
+    if config.tie_word_embeddings:
+        marian.tie_weights()
+    marian.generation_config = copy.deepcopy(model.generation_config)
+    marian.train(model.training)
+    return marian
