@@ -10,10 +10,12 @@ Only torch, transformers and safetensors are needed at import time; the training
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
 from .admin import admin_omega_closed_form, admin_profile, export_marian, fold_admin, omega_values
-from .configuration_deep_transformer import AdminTransformerConfig, DeepTransformerConfig
+from .configuration_deep_transformer import AdminTransformerConfig, DeepDecoderTransformerConfig, DeepTransformerConfig
 from .modeling_deep_transformer import (
     AdminTransformerForConditionalGeneration,
     AdminTransformerModel,
+    DeepDecoderTransformerForConditionalGeneration,
+    DeepDecoderTransformerModel,
     DeepTransformerForConditionalGeneration,
     DeepTransformerModel,
     DeepTransformerPreTrainedModel,
@@ -32,6 +34,9 @@ __all__ = [
     "export_marian",
     "fold_admin",
     "omega_values",
+    "DeepDecoderTransformerConfig",
+    "DeepDecoderTransformerForConditionalGeneration",
+    "DeepDecoderTransformerModel",
     "DeepTransformerConfig",
     "DeepTransformerForConditionalGeneration",
     "DeepTransformerModel",
@@ -46,6 +51,7 @@ def _register() -> None:
     for config_class, base_class, seq2seq_class in (
         (DeepTransformerConfig, DeepTransformerModel, DeepTransformerForConditionalGeneration),
         (AdminTransformerConfig, AdminTransformerModel, AdminTransformerForConditionalGeneration),
+        (DeepDecoderTransformerConfig, DeepDecoderTransformerModel, DeepDecoderTransformerForConditionalGeneration),
     ):
         AutoConfig.register(config_class.model_type, config_class, exist_ok=True)
         AutoModel.register(config_class, base_class, exist_ok=True)

@@ -60,9 +60,11 @@ def iter_sublayers(model: nn.Module) -> Iterator[Sublayer]:
             attention = layer.self_attn
             yield Sublayer(stack, layer, layer.omega_names.get("self_attn"), layer.self_attn_layer_norm,
                            (attention.q_proj, attention.k_proj, attention.v_proj))
-            if stack == "decoder" and getattr(layer, "encoder_attn", None) is not None:
+            if stack == "decoder" and getattr(layer, "encoder_attn_layer_norm", None) is not None:
+                # A li2022 CAD layer built without cross-attention (p_net = 1.0) keeps the sub-layer's LN (SPEC.md §1).
+                reads = () if layer.encoder_attn is None else (layer.encoder_attn.q_proj,)
                 yield Sublayer(stack, layer, layer.omega_names.get("encoder_attn"), layer.encoder_attn_layer_norm,
-                               (layer.encoder_attn.q_proj,))
+                               reads)
             yield Sublayer(stack, layer, layer.omega_names.get("ffn"), layer.final_layer_norm, (layer.fc1,))
 
 
@@ -207,6 +209,9 @@ def non_standard_features(config) -> list[str]:
         features.append("layer_norm_position='pre' (Marian is post-LN)")
     if not math.isclose(config.layer_norm_eps, 1e-5):
         features.append(f"layer_norm_eps={config.layer_norm_eps} (Marian's LayerNorms use 1e-5)")
+    if getattr(config, "cross_attention_drop_depth", 0) > 0 and getattr(config, "cross_attention_drop_ratio", 0) >= 1:
+        features.append(f"cross_attention_drop_ratio=1.0 on {config.cross_attention_drop_depth} decoder layers "
+                        "(li2022 CAD: those layers have no cross-attention; every Marian decoder layer has one)")
     return features
 
 

@@ -15,6 +15,7 @@ transformers and same-folder modules with ``from .module import Name``.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from transformers import PreTrainedConfig
@@ -117,6 +118,31 @@ class DeepTransformerConfig(PreTrainedConfig):
         admin_profiled (`bool`, defaults to `False`):
             Whether ω already holds a profile (set by `admin_profile`; saved with the model so that loading never
             re-profiles). Meaningless unless `residual_scaling="admin"` and `admin_init="profiling"`.
+        cross_attention_drop_depth (`int`, defaults to 0):
+            li2022 CAD drop depth L_dr (§3.3), in [0, decoder_layers]: decoder layers 1..L_dr (the bottom ones) skip
+            their cross-attention sub-layer with probability `cross_attention_drop_ratio` during training; layers
+            above L_dr always keep it (SPEC.md §1 decides the paper's self-contradiction this way). 0 disables CAD.
+        cross_attention_drop_ratio (`float`, defaults to 0.0):
+            li2022 CAD drop ratio p_net in [0, 1]: the probability that one of the bottom L_dr layers skips its
+            cross-attention in a training forward pass (one draw per layer per forward, shared by the batch). At
+            inference every existing cross-attention is used. With 1.0 those layers never train a cross-attention, so
+            they are built without one (no parameters, no compute, skipped at inference too; SPEC.md §1).
+        ddr_weight (`float`, defaults to 0.0):
+            Weight of li2022's decoder dropout regularization loss (§3.4, SPEC.md §1), ≥ 0. When > 0 the training loss
+            runs the decoder twice on one encoder output (independent dropout and drop-net draws), adds
+            `ddr_weight · ½(KL(P1‖P2) + KL(P2‖P1))` per target token and averages the NLL over both passes. The paper
+            gives no weight; `DeepDecoderTransformerConfig` uses 1.0 (R-Drop used 5).
+        ald_weight (`float`, defaults to 0.0):
+            Weight of li2022's anti-LM-degradation contrastive loss (Eq. (6) li2022, SPEC.md §1), ≥ 0; needs
+            `unk_token_id`. `DeepDecoderTransformerConfig` uses 1.0.
+        ald_unk_ratio (`float`, defaults to 0.3):
+            p_ALD of Eq. (6) li2022, in (0, 0.5): each sentence draws γ ~ U[0, p_ALD); X⁺ has round(γ·n) of its n real
+            source tokens replaced by `<unk>`, X⁻ has round((1−γ)·n) replaced.
+        ald_temperature (`float`, defaults to 0.1):
+            Softmax temperature τ of Eq. (6) li2022 (> 0).
+        ald_protected_token_ids (`list[int]`, defaults to `[]`):
+            Source token ids ALD must never replace by `<unk>` besides pad, bos and eos — e.g. target-language tags of
+            a multilingual model (SPEC.md §1). Each must be a token id in [0, vocab_size).
         pad_token_id (`int`, defaults to 0):
             Id of `<pad>`; its embedding row is kept at zero and it is never attended to.
         bos_token_id (`int`, defaults to 1):
@@ -173,6 +199,13 @@ class DeepTransformerConfig(PreTrainedConfig):
         admin_init: str = "profiling",
         admin_omega_trainable: bool = True,
         admin_profiled: bool = False,
+        cross_attention_drop_depth: int = 0,
+        cross_attention_drop_ratio: float = 0.0,
+        ddr_weight: float = 0.0,
+        ald_weight: float = 0.0,
+        ald_unk_ratio: float = 0.3,
+        ald_temperature: float = 0.1,
+        ald_protected_token_ids: list[int] | None = None,
         pad_token_id: int = 0,
         bos_token_id: int = 1,
         eos_token_id: int = 2,
@@ -203,6 +236,13 @@ class DeepTransformerConfig(PreTrainedConfig):
         self.admin_init = admin_init
         self.admin_omega_trainable = admin_omega_trainable
         self.admin_profiled = admin_profiled
+        self.cross_attention_drop_depth = cross_attention_drop_depth
+        self.cross_attention_drop_ratio = cross_attention_drop_ratio
+        self.ddr_weight = ddr_weight
+        self.ald_weight = ald_weight
+        self.ald_unk_ratio = ald_unk_ratio
+        self.ald_temperature = ald_temperature
+        self.ald_protected_token_ids = list(ald_protected_token_ids) if ald_protected_token_ids is not None else []
         self.unk_token_id = unk_token_id
         self.use_cache = use_cache
         self.tie_word_embeddings = tie_word_embeddings
@@ -274,6 +314,37 @@ class DeepTransformerConfig(PreTrainedConfig):
         if self.decoder_start_token_id == self.pad_token_id:
             _fail(name, "decoder_start_token_id", self.decoder_start_token_id,
                   "it must differ from pad_token_id, which the decoder never attends to")
+        # li2022 CAD and CRT (SPEC.md §1, §5)
+        depth = self.cross_attention_drop_depth
+        if not (_is_int(depth) and 0 <= depth <= self.decoder_layers):
+            _fail(name, "cross_attention_drop_depth", depth,
+                  f"it must be an integer in [0, decoder_layers={self.decoder_layers}]")
+        ratio = self.cross_attention_drop_ratio
+        if not (_is_number(ratio) and 0.0 <= ratio <= 1.0):
+            _fail(name, "cross_attention_drop_ratio", ratio, "it must be a probability in [0, 1]")
+        for field in ("ddr_weight", "ald_weight"):
+            value = getattr(self, field)
+            if not (_is_number(value) and math.isfinite(value) and value >= 0.0):
+                _fail(name, field, value, "it must be a finite number ≥ 0 (0 switches the loss off)")
+        if not (_is_number(self.ald_unk_ratio) and 0.0 < self.ald_unk_ratio < 0.5):
+            _fail(name, "ald_unk_ratio", self.ald_unk_ratio, "p_ALD must lie in (0, 0.5) (li2022 §3.4)")
+        if not (_is_number(self.ald_temperature) and self.ald_temperature > 0.0):
+            _fail(name, "ald_temperature", self.ald_temperature, "it must be a positive number")
+        protected = self.ald_protected_token_ids
+        if not (isinstance(protected, list) and all(_is_int(t) and 0 <= t < self.vocab_size for t in protected)):
+            _fail(name, "ald_protected_token_ids", protected,
+                  f"it must be a list of token ids in [0, vocab_size={self.vocab_size})")
+        if self.unk_token_id in protected:
+            _fail(name, "ald_protected_token_ids", protected, "it must not contain unk_token_id")
+
+    def cross_attention_keep_schedule(self) -> list[float]:
+        """Per decoder layer (bottom first), the probability that its cross-attention runs in a training pass.
+
+        li2022 §3.3 as decided by SPEC.md §1: 1 − p_net for layers 1..L_dr, 1.0 above. A layer at 0.0 is built
+        without cross-attention.
+        """
+        depth, ratio = self.cross_attention_drop_depth, float(self.cross_attention_drop_ratio)
+        return [1.0 - ratio if layer < depth else 1.0 for layer in range(self.decoder_layers)]
 
 
 class AdminTransformerConfig(DeepTransformerConfig):
@@ -317,3 +388,60 @@ class AdminTransformerConfig(DeepTransformerConfig):
             **kwargs,
         )
 
+
+
+class DeepDecoderTransformerConfig(DeepTransformerConfig):
+    r"""li2022 (a deep decoder that does not collapse): `DeepTransformerConfig` with
+    ``model_type="deep_decoder_transformer"`` and the paper's full model as defaults — BASE, DEEP-30L-Full: a
+    15-layer encoder and 15-layer decoder, post-LN (Eq. (3) li2022), 512/2048/8, with cross-attention drop and both
+    collapse-reducing losses switched on (SPEC.md §1).
+
+    Defaults the paper does not state, chosen here and recorded in the model card:
+
+    * ``cross_attention_drop_depth=12`` of 15: Fig. 2 of li2022 peaks at L_dr = 21 of a 27-layer decoder
+      (≈ 0.78 of the depth), which is 12 of 15;
+    * ``cross_attention_drop_ratio=0.5``: §4.3 finds that a large drop depth works best with p_net < 1 ("retains
+      some of the cross-attention"); no value is given;
+    * ``ddr_weight=1.0``, ``ald_weight=1.0``, ``ald_unk_ratio=0.3``, ``ald_temperature=0.1`` (SPEC.md §1; p_ALD and
+      τ are Fig. 3's best values).
+
+    Every field and its validation is `DeepTransformerConfig`'s.
+    """
+
+    model_type = "deep_decoder_transformer"
+
+    def __init__(
+        self,
+        encoder_layers: int = 15,
+        decoder_layers: int = 15,
+        d_model: int = 512,
+        encoder_attention_heads: int = 8,
+        decoder_attention_heads: int = 8,
+        encoder_ffn_dim: int = 2048,
+        decoder_ffn_dim: int = 2048,
+        layer_norm_position: str = "post",
+        cross_attention_drop_depth: int = 12,
+        cross_attention_drop_ratio: float = 0.5,
+        ddr_weight: float = 1.0,
+        ald_weight: float = 1.0,
+        ald_unk_ratio: float = 0.3,
+        ald_temperature: float = 0.1,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            encoder_layers=encoder_layers,
+            decoder_layers=decoder_layers,
+            d_model=d_model,
+            encoder_attention_heads=encoder_attention_heads,
+            decoder_attention_heads=decoder_attention_heads,
+            encoder_ffn_dim=encoder_ffn_dim,
+            decoder_ffn_dim=decoder_ffn_dim,
+            layer_norm_position=layer_norm_position,
+            cross_attention_drop_depth=cross_attention_drop_depth,
+            cross_attention_drop_ratio=cross_attention_drop_ratio,
+            ddr_weight=ddr_weight,
+            ald_weight=ald_weight,
+            ald_unk_ratio=ald_unk_ratio,
+            ald_temperature=ald_temperature,
+            **kwargs,
+        )

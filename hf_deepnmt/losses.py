@@ -14,8 +14,13 @@ micro-batches, all processes) — so that accumulating k micro-batches equals on
 the divisor is this batch's own token count (a per-token mean). Auxiliary terms are per-token means of their
 micro-batch, weighted by that micro-batch's share of the step's tokens, which gives the same equivalence.
 
-Auxiliary terms are `AuxiliaryLoss` objects (name, weight, function); `auxiliary_losses_from_config(config)`
-builds the ones a model's config switches on. The paper losses register there with their issues.
+li2022's collapse-reducing training (CRT, SPEC.md §1) is built in, switched on by the config's ``ddr_weight`` /
+``ald_weight``: all views of the batch go through **one** model call (the encoder runs on X, X⁺, X⁻; the decoder on
+two copies of X's states for DDR plus X⁺ and X⁻ for ALD, with independent drop-net draws per pass), so DDP and
+gradient checkpointing see one ordinary forward. Other auxiliary terms are `AuxiliaryLoss` objects (name, weight,
+function); `auxiliary_losses_from_config(config)` builds the ones a model's config switches on.
+
+`source_reliance` is the collapse monitor of SPEC.md §1 (ours, beyond the paper).
 """
 
 from __future__ import annotations
@@ -107,6 +112,68 @@ def _unwrap(model: nn.Module) -> nn.Module:
     return getattr(model, "_orig_mod", model)
 
 
+def ddr_loss(logits_1: torch.Tensor, logits_2: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """li2022 §3.4 J_DDR = ½ (KL(P1‖P2) + KL(P2‖P1)), summed over the vocabulary, averaged over ``mask``'s target
+    tokens (SPEC.md §1). ``logits_*``: ``(B, T, V)`` of two decoder passes; computed in float32."""
+    lp1 = F.log_softmax(logits_1.float(), dim=-1)  # (B, T, V)
+    lp2 = F.log_softmax(logits_2.float(), dim=-1)
+    # KL(P1‖P2) + KL(P2‖P1) = Σ_v (p1 − p2)(log p1 − log p2)
+    symmetric = ((lp1.exp() - lp2.exp()) * (lp1 - lp2)).sum(dim=-1)  # (B, T)
+    mask = mask.to(symmetric.dtype)
+    return 0.5 * (symmetric * mask).sum() / mask.sum().clamp(min=1)
+
+
+def mean_pool(states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """li2022 §3.4 G(X, Y) = AVGPOOL(H_d^{L_d}): the mean of ``states`` ``(B, T, d)`` over ``mask``'s positions."""
+    mask = mask.to(states.dtype).unsqueeze(-1)  # (B, T, 1)
+    return (states * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)  # (B, d)
+
+
+def ald_loss(anchor: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Eq. (6) li2022: −log( e^{s⁺/τ} / (e^{s⁺/τ} + e^{s⁻/τ}) ) with s* = cos(G(X,Y), G(X*,Y)); only X⁺ and X⁻ in the
+    denominator (SPEC.md §1). Inputs ``(B, d)`` pooled states; returns the mean over sentences (float32)."""
+    s_pos = F.cosine_similarity(anchor.float(), positive.float(), dim=-1)  # (B,)
+    s_neg = F.cosine_similarity(anchor.float(), negative.float(), dim=-1)
+    scores = torch.stack([s_pos, s_neg], dim=-1) / temperature  # (B, 2)
+    return -F.log_softmax(scores, dim=-1)[:, 0].mean()
+
+
+def replaceable_source_positions(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, config: Any) -> torch.Tensor:
+    """True at the source tokens ALD (and `source_reliance`) may turn into ``<unk>``: real tokens that are not pad,
+    bos, eos, unk already, or one of ``config.ald_protected_token_ids`` (language tags; SPEC.md §1)."""
+    protected = {config.pad_token_id, config.bos_token_id, config.eos_token_id, config.unk_token_id,
+                 *getattr(config, "ald_protected_token_ids", [])}
+    mask = ~torch.isin(input_ids, torch.tensor(sorted(t for t in protected if t is not None), device=input_ids.device))
+    if attention_mask is not None:
+        mask &= attention_mask.bool()
+    return mask
+
+
+def ald_views(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor | None, config: Any, gamma: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """X⁺ and X⁻ of li2022 §3.4 (SPEC.md §1) for a ``(B, S)`` source batch.
+
+    Each sentence draws γ ~ U[0, p_ALD) (or takes ``gamma`` ``(B,)``); of its n replaceable tokens
+    (`replaceable_source_positions`), X⁺ replaces round(γ·n) by ``<unk>`` and X⁻ round((1−γ)·n). Both take the
+    positions from one random order, so X⁻'s ``<unk>`` positions include X⁺'s: X⁺ always keeps strictly more of the
+    source (a choice the paper leaves open). Random numbers come from torch's generator (seeded, resumable).
+    """
+    replaceable = replaceable_source_positions(input_ids, attention_mask, config)  # (B, S)
+    n = replaceable.sum(dim=1)  # (B,)
+    if gamma is None:
+        gamma = torch.rand(input_ids.size(0)) * config.ald_unk_ratio
+    gamma = gamma.to(device=input_ids.device, dtype=torch.float32)
+    k_pos = torch.round(gamma * n).long()  # (B,)
+    k_neg = torch.round((1.0 - gamma) * n).long()
+    scores = torch.rand(input_ids.shape).to(input_ids.device).masked_fill(~replaceable, 2.0)  # (B, S)
+    rank = scores.argsort(dim=1).argsort(dim=1)  # (B, S): 0 = first position to replace
+    unk = config.unk_token_id
+    positive = input_ids.masked_fill(replaceable & (rank < k_pos[:, None]), unk)
+    negative = input_ids.masked_fill(replaceable & (rank < k_neg[:, None]), unk)
+    return positive, negative
+
+
 def compute_losses(
     model: nn.Module,
     batch: Mapping[str, torch.Tensor],
@@ -124,17 +191,32 @@ def compute_losses(
         auxiliary: auxiliary terms; ``None`` means `auxiliary_losses_from_config(model.config)`.
         num_items_in_batch: target tokens of the whole optimizer step (see the module docstring); ``None`` uses
             this batch's count.
+
+    With ``config.ddr_weight > 0`` the NLL is the mean of the two decoder passes (as R-Drop) and ``ddr`` is logged;
+    with ``config.ald_weight > 0`` ``ald`` is logged (SPEC.md §1).
     """
     if "labels" not in batch:
         raise ValueError("compute_losses: the batch has no `labels`; training needs target sequences.")
     core = _unwrap(model)
+    config = core.config
     labels = batch["labels"]
     inputs = {key: value for key, value in batch.items() if key != "labels"}
     if "decoder_input_ids" not in inputs:
         inputs["decoder_input_ids"] = core.prepare_decoder_input_ids_from_labels(labels)
-    outputs = model(**inputs, use_cache=False)
-    pad_token_id = getattr(core.config, "pad_token_id", None)
-    smoothed_sum, nll_sum, num_tokens = label_smoothed_nll_loss(outputs.logits, labels, label_smoothing, pad_token_id)
+    ddr_weight = float(getattr(config, "ddr_weight", 0.0) or 0.0)
+    ald_weight = float(getattr(config, "ald_weight", 0.0) or 0.0)
+    crt = (ddr_weight > 0.0 or ald_weight > 0.0) and core.training
+    pad_token_id = getattr(config, "pad_token_id", None)
+    mask = target_mask(labels, pad_token_id)  # (B, T)
+    batch_size = labels.size(0)
+    if crt:
+        outputs, passes, pooled = _crt_forward(model, inputs, config, ddr_weight > 0.0, ald_weight > 0.0, mask)
+    else:
+        outputs, passes, pooled = model(**inputs, use_cache=False), 1, None
+    logits = outputs.logits  # (passes·B, T, V)
+    smoothed_sum, nll_sum, num_tokens = label_smoothed_nll_loss(
+        logits, labels.repeat(passes, 1), label_smoothing, pad_token_id)
+    smoothed_sum, nll_sum, num_tokens = smoothed_sum / passes, nll_sum / passes, num_tokens // passes
     count = num_tokens.clamp(min=1).to(smoothed_sum.dtype)
     normalizer = count if num_items_in_batch is None else torch.as_tensor(
         num_items_in_batch, dtype=smoothed_sum.dtype, device=smoothed_sum.device
@@ -142,7 +224,16 @@ def compute_losses(
     share = count / normalizer  # this micro-batch's share of the optimizer step's tokens
     total = smoothed_sum / normalizer
     components = {"nll": (nll_sum / count).detach(), "smoothed_nll": (smoothed_sum / count).detach()}
-    terms = auxiliary_losses_from_config(core.config) if auxiliary is None else auxiliary
+    if crt and ddr_weight > 0.0:
+        value = ddr_loss(logits[:batch_size], logits[batch_size:2 * batch_size], mask)  # §3.4 li2022 J_DDR
+        components["ddr"] = value.detach()
+        total = total + ddr_weight * value * share
+    if crt and ald_weight > 0.0:
+        anchor, positive, negative = pooled
+        value = ald_loss(anchor, positive, negative, config.ald_temperature)  # Eq. (6) li2022
+        components["ald"] = value.detach()
+        total = total + ald_weight * value * share
+    terms = auxiliary_losses_from_config(config) if auxiliary is None else auxiliary
     for term in terms:
         if term.name in components:
             raise ValueError(f"compute_losses: auxiliary loss name {term.name!r} is already used by another component.")
@@ -152,3 +243,85 @@ def compute_losses(
         components[term.name] = value.detach().float()
         total = total + term.weight * value * share
     return LossOutput(loss=total, components=components, num_tokens=num_tokens, outputs=outputs)
+
+
+def _crt_forward(
+    model: nn.Module, inputs: dict[str, torch.Tensor], config: Any, ddr: bool, ald: bool, mask: torch.Tensor
+) -> tuple[Any, int, tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None]:
+    """One model call holding every view li2022's CRT needs (SPEC.md §1).
+
+    Encoder rows: X (B) [+ X⁺ (B) + X⁻ (B) with ALD]. Decoder rows, each its own drop-net group: pass 1 on X
+    [+ pass 2 on the same encoder states with DDR] [+ X⁺ and X⁻ with ALD, batched as one extra pass]. Only the
+    X passes are projected to the vocabulary. Returns (outputs, number of X passes, pooled (G(X,Y), G(X⁺,Y), G(X⁻,Y))
+    or None).
+    """
+    input_ids, attention_mask = inputs["input_ids"], inputs.get("attention_mask")
+    decoder_input_ids = inputs["decoder_input_ids"]
+    extra = {key: value for key, value in inputs.items()
+             if key not in ("input_ids", "attention_mask", "decoder_input_ids", "decoder_attention_mask")}
+    if extra:
+        raise ValueError(f"compute_losses: li2022's DDR/ALD support input_ids, attention_mask and decoder ids only; "
+                         f"the batch also has {sorted(extra)}.")
+    b = input_ids.size(0)
+    rows = torch.arange(b, device=input_ids.device)
+    passes = 2 if ddr else 1
+    sources, encoder_index, groups = [input_ids], [rows] * passes, [b] * passes
+    if ald:
+        positive, negative = ald_views(input_ids, attention_mask, config)
+        sources += [positive, negative]
+        encoder_index += [rows + b, rows + 2 * b]
+        groups.append(2 * b)
+    views = len(encoder_index)  # decoder row blocks of B
+    repeat = lambda t: None if t is None else t.repeat(len(sources), 1)  # noqa: E731 (B, S) -> (n·B, S)
+    outputs = model(
+        input_ids=torch.cat(sources, dim=0),  # (n·B, S)
+        attention_mask=repeat(attention_mask),
+        decoder_input_ids=decoder_input_ids.repeat(views, 1),  # (views·B, T)
+        decoder_attention_mask=(None if inputs.get("decoder_attention_mask") is None
+                                else inputs["decoder_attention_mask"].repeat(views, 1)),
+        encoder_row_index=torch.cat(encoder_index),
+        drop_net_group_sizes=groups,
+        logits_rows=passes * b,
+        output_hidden_states=ald,
+        use_cache=False,
+    )
+    pooled = None
+    if ald:
+        top = outputs.decoder_hidden_states[-1]  # (views·B, T, d): the states fed to the output projection
+        g = mean_pool(top, mask.repeat(views, 1))  # (views·B, d)
+        pooled = (g[:b], g[passes * b:(passes + 1) * b], g[(passes + 1) * b:])
+    return outputs, passes, pooled
+
+
+@torch.no_grad()
+def source_reliance(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> float:
+    """The collapse monitor of SPEC.md §1 (ours, beyond li2022): mean per-token KL(P(y|X) ‖ P(y|X_unk)), where
+    X_unk has every replaceable source token (`replaceable_source_positions`) replaced by ``<unk>``, over the real
+    target tokens of ``batch`` (teacher forcing, eval mode, in nats).
+
+    A decoder that ignores its source (li2022's deep-decoder collapse into an unconditional LM) scores ≈ 0; a
+    translation model scores clearly above 0.
+    """
+    core = _unwrap(model)
+    config = core.config
+    was_training = core.training
+    core.eval()
+    try:
+        labels = batch["labels"]
+        decoder_input_ids = batch.get("decoder_input_ids")
+        if decoder_input_ids is None:
+            decoder_input_ids = core.prepare_decoder_input_ids_from_labels(labels)
+        input_ids, attention_mask = batch["input_ids"], batch.get("attention_mask")
+        masked = input_ids.masked_fill(replaceable_source_positions(input_ids, attention_mask, config),
+                                       config.unk_token_id)
+        logits = core(input_ids=torch.cat([input_ids, masked]),
+                      attention_mask=None if attention_mask is None else attention_mask.repeat(2, 1),
+                      decoder_input_ids=decoder_input_ids.repeat(2, 1), use_cache=False).logits  # (2B, T, V)
+        b = labels.size(0)
+        lp_full = F.log_softmax(logits[:b].float(), dim=-1)
+        lp_unk = F.log_softmax(logits[b:].float(), dim=-1)
+        kl = (lp_full.exp() * (lp_full - lp_unk)).sum(dim=-1)  # (B, T)
+        mask = target_mask(labels, getattr(config, "pad_token_id", None)).to(kl.dtype)
+        return float((kl * mask).sum() / mask.sum().clamp(min=1))
+    finally:
+        core.train(was_training)

@@ -44,7 +44,7 @@ from transformers.modeling_outputs import (
 )
 
 from .admin import admin_omega_closed_form
-from .configuration_deep_transformer import AdminTransformerConfig, DeepTransformerConfig
+from .configuration_deep_transformer import AdminTransformerConfig, DeepDecoderTransformerConfig, DeepTransformerConfig
 from .pipeline_translation import TRANSLATION_PIPELINE_SPEC
 
 
@@ -250,17 +250,23 @@ class DeepTransformerSublayerMixin:
         return norm(hidden_states) if self.pre_layer_norm else hidden_states
 
     def _residual(
-        self, residual: torch.Tensor, branch: torch.Tensor, norm: nn.LayerNorm, sublayer: str
+        self, residual: torch.Tensor, branch: torch.Tensor | None, norm: nn.LayerNorm | None, sublayer: str
     ) -> torch.Tensor:
-        branch = F.dropout(branch, p=self.dropout, training=self.training)
+        """Combine a sub-layer's input and output. ``branch=None`` is a sub-layer that adds nothing (li2022 CAD's
+        dropped cross-attention): pre-LN passes the input through, post-LN still applies the sub-layer's LN."""
+        if branch is not None:
+            branch = F.dropout(branch, p=self.dropout, training=self.training)
         if self.pre_layer_norm:
-            return residual + branch
+            return residual if branch is None else residual + branch
         name = self.omega_names[sublayer]
         omega = None if name is None else getattr(self, name)
-        if self.admin_profiler is not None:
-            self.admin_profiler.step(self.stack, residual, branch, omega)  # sets ω_k before it is used
+        if self.admin_profiler is not None:  # sets ω_k before it is used
+            self.admin_profiler.step(self.stack, residual, torch.zeros_like(residual) if branch is None else branch,
+                                     omega)
         if omega is not None:
             residual = residual * omega  # Eq. (2) liu2020: ω_k ⊙ x_{k-1}
+        if branch is None:
+            return norm(residual)  # §3.3 li2022, U^l > p^l: H̃ = LN(Ĥ) (SPEC.md §1)
         return norm(residual + branch)  # Eq. (3) li2022 / Eq. (1)-(2) liu2020: post-LN
 
     def _feed_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -303,31 +309,38 @@ class DeepTransformerEncoderLayer(DeepTransformerSublayerMixin, nn.Module):
 class DeepTransformerDecoderLayer(DeepTransformerSublayerMixin, nn.Module):
     """Causal self-attention, cross-attention and FFN sub-layers (3 residual sub-layers per layer).
 
-    ``has_cross_attention=False`` builds a layer without any cross-attention parameters (the seam for li2022's CAD
-    with p_net = 1.0, SPEC.md §1); it is always True in the plain model.
+    li2022 cross-attention drop (CAD, §3.3; SPEC.md §1): ``cross_attention_keep`` is the probability that the
+    cross-attention sub-layer runs in a training pass (1 − p_net for the bottom L_dr layers, 1.0 above); the decoder
+    draws the decision once per layer per forward and passes it as ``use_cross_attention``. At inference every
+    existing cross-attention runs. A layer with keep probability 0 (p_net = 1.0) is built **without** any
+    cross-attention parameters and never attends to the source; in post-LN it keeps the formula's LayerNorm,
+    H̃ = LN(Ĥ), in pre-LN the sub-layer disappears.
     """
 
-    def __init__(self, config: DeepTransformerConfig, layer_idx: int, has_cross_attention: bool = True):
+    def __init__(self, config: DeepTransformerConfig, layer_idx: int, cross_attention_keep: float = 1.0):
         super().__init__()
         d = config.d_model
         self.layer_idx = layer_idx
         self.pre_layer_norm = config.layer_norm_position == "pre"
         self.dropout = config.dropout
         self.activation_dropout = config.activation_dropout
+        self.cross_attention_keep = cross_attention_keep
         self.self_attn = DeepTransformerAttention(d, config.decoder_attention_heads, config.attention_dropout,
                                                   layer_idx, is_cross_attention=False)
         self.self_attn_layer_norm = nn.LayerNorm(d, eps=config.layer_norm_eps)
         self.encoder_attn: DeepTransformerAttention | None = None
         self.encoder_attn_layer_norm: nn.LayerNorm | None = None
-        if has_cross_attention:
+        if cross_attention_keep > 0.0:
             self.encoder_attn = DeepTransformerAttention(d, config.decoder_attention_heads, config.attention_dropout,
                                                          layer_idx, is_cross_attention=True)
+        if cross_attention_keep > 0.0 or not self.pre_layer_norm:
             self.encoder_attn_layer_norm = nn.LayerNorm(d, eps=config.layer_norm_eps)
         self.activation_fn = ACT2FN[config.activation_function]
         self.fc1 = nn.Linear(d, config.decoder_ffn_dim)
         self.fc2 = nn.Linear(config.decoder_ffn_dim, d)
         self.final_layer_norm = nn.LayerNorm(d, eps=config.layer_norm_eps)
-        sublayers = ("self_attn", "encoder_attn", "ffn") if has_cross_attention else ("self_attn", "ffn")
+        has_sublayer = self.encoder_attn_layer_norm is not None
+        sublayers = ("self_attn", "encoder_attn", "ffn") if has_sublayer else ("self_attn", "ffn")
         self._init_sublayers(config, "decoder", sublayers)
 
     def forward(
@@ -339,7 +352,10 @@ class DeepTransformerDecoderLayer(DeepTransformerSublayerMixin, nn.Module):
         encoder_attention_mask: torch.Tensor | None,
         cache: EncoderDecoderCache | None = None,
         output_attentions: bool = False,
+        use_cross_attention: bool | torch.Tensor = True,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """``use_cross_attention``: li2022 CAD's decision for this forward, True/False for every row or a
+        ``(R, 1, 1)`` 0/1 tensor per row (independent drop-net groups, see `DeepTransformerDecoder.forward`)."""
         residual = hidden_states
         x = self._sublayer_input(hidden_states, self.self_attn_layer_norm)
         x, self_weights = self.self_attn(
@@ -352,7 +368,10 @@ class DeepTransformerDecoderLayer(DeepTransformerSublayerMixin, nn.Module):
         hidden_states = self._residual(residual, x, self.self_attn_layer_norm, "self_attn")
 
         cross_weights = None
-        if self.encoder_attn is not None:
+        if self.encoder_attn is None or use_cross_attention is False:
+            if self.encoder_attn_layer_norm is not None:  # §3.3 li2022: only self-attention is used in this layer
+                hidden_states = self._residual(hidden_states, None, self.encoder_attn_layer_norm, "encoder_attn")
+        else:
             residual = hidden_states
             x = self._sublayer_input(hidden_states, self.encoder_attn_layer_norm)
             x, cross_weights = self.encoder_attn(
@@ -362,6 +381,10 @@ class DeepTransformerDecoderLayer(DeepTransformerSublayerMixin, nn.Module):
                 cache=cache,
                 output_attentions=output_attentions,
             )
+            if isinstance(use_cross_attention, torch.Tensor):
+                # Rows of different drop-net groups drew differently (li2022 §3.3 drop-net formula, with the 0/1
+                # indicator per row): a dropped row gets LN(Ĥ + 0) = LN(Ĥ).
+                x = x * use_cross_attention  # (R, T, d) * (R, 1, 1)
             hidden_states = self._residual(residual, x, self.encoder_attn_layer_norm, "encoder_attn")
         return self._feed_forward(hidden_states), self_weights, cross_weights
 
@@ -472,7 +495,37 @@ class DeepTransformerDecoder(_DeepTransformerStack):
 
     def __init__(self, config: DeepTransformerConfig, embed_tokens: nn.Embedding):
         super().__init__(config, embed_tokens)
-        self.layers = nn.ModuleList(DeepTransformerDecoderLayer(config, i) for i in range(config.decoder_layers))
+        keep = config.cross_attention_keep_schedule()  # li2022 CAD (SPEC.md §1): 1 − p_net below L_dr, 1 above
+        self.layers = nn.ModuleList(
+            DeepTransformerDecoderLayer(config, i, cross_attention_keep=keep[i]) for i in range(config.decoder_layers)
+        )
+
+    def draw_cross_attention(
+        self, group_sizes: list[int] | tuple[int, ...] | None = None, device: torch.device | None = None
+    ) -> list[bool | torch.Tensor]:
+        """li2022 §3.3 drop-net draws: one U^l ~ U[0, 1) per layer per forward, shared by the batch; layer l uses
+        its cross-attention when U^l < keep_l, i.e. drops it with probability p_net (SPEC.md §1). Outside training
+        every existing cross-attention is used. Draws come from torch's CPU generator, so they follow the seed and
+        are restored with the RNG state on resume.
+
+        ``group_sizes`` splits the rows into consecutive groups that draw independently (li2022's DDR runs two
+        decoder passes with independent drop-net draws in one batched call); a layer whose groups disagree gets a
+        ``(R, 1, 1)`` 0/1 row mask instead of a bool.
+        """
+        sizes = list(group_sizes) if group_sizes else [0]
+        decisions: list[bool | torch.Tensor] = []
+        for layer in self.layers:
+            keep = layer.cross_attention_keep
+            if not self.training or keep >= 1.0 or keep <= 0.0:
+                decisions.append(keep > 0.0 or not self.training)
+                continue
+            draws = (torch.rand(len(sizes)) < keep).tolist()
+            if all(draws) or not any(draws):
+                decisions.append(draws[0])
+                continue
+            mask = torch.repeat_interleave(torch.tensor(draws, dtype=torch.float32), torch.tensor(sizes))
+            decisions.append(mask.to(device)[:, None, None])  # (R, 1, 1)
+        return decisions
 
     @staticmethod
     def _self_attention_mask(
@@ -509,7 +562,10 @@ class DeepTransformerDecoder(_DeepTransformerStack):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        drop_net_group_sizes: list[int] | tuple[int, ...] | None = None,
     ) -> BaseModelOutputWithPastAndCrossAttentions | tuple:
+        """``drop_net_group_sizes``: consecutive row groups that draw li2022 CAD's drop-net independently
+        (`draw_cross_attention`); ``None`` is one group, the whole batch."""
         output_attentions = bool(output_attentions if output_attentions is not None else self.config.output_attentions)
         output_hidden_states = bool(
             output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
@@ -536,11 +592,16 @@ class DeepTransformerDecoder(_DeepTransformerStack):
         all_states: list[torch.Tensor] = []
         all_self: list[torch.Tensor] = []
         all_cross: list[torch.Tensor] = []
-        for layer in self.layers:
+        if drop_net_group_sizes is not None and sum(drop_net_group_sizes) != hidden_states.size(0):
+            raise ValueError(f"{type(self).__name__}: `drop_net_group_sizes` = {list(drop_net_group_sizes)} must sum "
+                             f"to the batch size {hidden_states.size(0)}.")
+        use_cross = self.draw_cross_attention(drop_net_group_sizes, hidden_states.device)
+        for layer, use_cross_attention in zip(self.layers, use_cross):
             if output_hidden_states:
                 all_states.append(hidden_states)
             hidden_states, self_weights, cross_weights = self._call_layer(
-                layer, hidden_states, self_mask, is_causal, encoder_hidden_states, cross_mask, cache, output_attentions
+                layer, hidden_states, self_mask, is_causal, encoder_hidden_states, cross_mask, cache, output_attentions,
+                use_cross_attention,
             )
             if output_attentions:
                 all_self.append(self_weights)
@@ -663,7 +724,16 @@ class DeepTransformerModel(DeepTransformerPreTrainedModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        encoder_row_index: torch.LongTensor | None = None,
+        drop_net_group_sizes: list[int] | tuple[int, ...] | None = None,
     ) -> Seq2SeqModelOutput | tuple:
+        """The usual seq2seq arguments, plus two that let one call hold several views of a batch (li2022's DDR and
+        ALD losses, `hf_deepnmt.losses`; one call keeps DDP and gradient checkpointing correct):
+
+        * ``encoder_row_index`` ``(R,)``: decoder row r attends to encoder row ``encoder_row_index[r]`` (default:
+          row r), so one encoder pass can feed several decoder passes;
+        * ``drop_net_group_sizes``: consecutive decoder row groups with independent CAD drop-net draws.
+        """
         if encoder_outputs is None:
             encoder_outputs = self.encoder(
                 input_ids=input_ids,
@@ -678,16 +748,21 @@ class DeepTransformerModel(DeepTransformerPreTrainedModel):
                 hidden_states=encoder_outputs[1] if len(encoder_outputs) > 1 else None,
                 attentions=encoder_outputs[2] if len(encoder_outputs) > 2 else None,
             )
+        encoder_states, encoder_mask = encoder_outputs.last_hidden_state, attention_mask
+        if encoder_row_index is not None:
+            encoder_states = encoder_states.index_select(0, encoder_row_index)  # (R, S, d)
+            encoder_mask = None if encoder_mask is None else encoder_mask.index_select(0, encoder_row_index)  # (R, S)
         decoder_outputs = self.decoder(
             input_ids=decoder_input_ids,
             attention_mask=decoder_attention_mask,
-            encoder_hidden_states=encoder_outputs.last_hidden_state,
-            encoder_attention_mask=attention_mask,
+            encoder_hidden_states=encoder_states,
+            encoder_attention_mask=encoder_mask,
             past_key_values=past_key_values,
             inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
+            drop_net_group_sizes=drop_net_group_sizes,
         )
         output = Seq2SeqModelOutput(
             last_hidden_state=decoder_outputs.last_hidden_state,
@@ -788,7 +863,12 @@ class DeepTransformerForConditionalGeneration(DeepTransformerPreTrainedModel, Ge
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        encoder_row_index: torch.LongTensor | None = None,
+        drop_net_group_sizes: list[int] | tuple[int, ...] | None = None,
+        logits_rows: int | None = None,
     ) -> Seq2SeqLMOutput | tuple:
+        """``encoder_row_index`` and ``drop_net_group_sizes``: see `DeepTransformerModel.forward`; ``logits_rows``
+        projects only the first that many decoder rows to the vocabulary (li2022's ALD views need only states)."""
         if labels is not None:
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
@@ -805,8 +885,11 @@ class DeepTransformerForConditionalGeneration(DeepTransformerPreTrainedModel, Ge
             use_cache=use_cache,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
+            encoder_row_index=encoder_row_index,
+            drop_net_group_sizes=drop_net_group_sizes,
         )
-        logits = self.lm_head(outputs.last_hidden_state)  # (B, T, V)
+        states = outputs.last_hidden_state if logits_rows is None else outputs.last_hidden_state[:logits_rows]
+        logits = self.lm_head(states)  # (B, T, V)
         loss = None
         if labels is not None:
             targets = labels.masked_fill(labels == self.config.pad_token_id, -100)
@@ -847,3 +930,24 @@ class AdminTransformerForConditionalGeneration(DeepTransformerForConditionalGene
     base_model_class_name = "AdminTransformerModel"
     seq2seq_class_name = "AdminTransformerForConditionalGeneration"
 
+
+
+class DeepDecoderTransformerModel(DeepTransformerModel):
+    """`DeepTransformerModel` with li2022's defaults (`DeepDecoderTransformerConfig`)."""
+
+    config_class = DeepDecoderTransformerConfig
+    base_model_class_name = "DeepDecoderTransformerModel"
+    seq2seq_class_name = "DeepDecoderTransformerForConditionalGeneration"
+
+
+class DeepDecoderTransformerForConditionalGeneration(DeepTransformerForConditionalGeneration):
+    """li2022: a deep decoder that does not collapse — 15L-15L post-LN with cross-attention drop (CAD) in the bottom
+    decoder layers, trained with the DDR and ALD losses of `hf_deepnmt.losses` (SPEC.md §1).
+
+    The same implementation as `DeepTransformerForConditionalGeneration`. CAD acts in training only: at inference
+    every layer that has a cross-attention uses it; layers with p_net = 1.0 have none at all.
+    """
+
+    config_class = DeepDecoderTransformerConfig
+    base_model_class_name = "DeepDecoderTransformerModel"
+    seq2seq_class_name = "DeepDecoderTransformerForConditionalGeneration"

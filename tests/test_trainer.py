@@ -27,8 +27,9 @@ def data(small_corpus, tiny_tokenizer):
     return train, valid
 
 
-def make_trainer(tmp_path, data, tokenizer, aux=None, max_tokens=None, dropout=0.0, **args):
-    model = tiny_model(vocab_size=len(tokenizer), dropout=dropout, max_position_embeddings=64).train()
+def make_trainer(tmp_path, data, tokenizer, aux=None, max_tokens=None, dropout=0.0, model_overrides=None, **args):
+    model = tiny_model(vocab_size=len(tokenizer), dropout=dropout, max_position_embeddings=64,
+                       **(model_overrides or {})).train()
     defaults = dict(
         output_dir=str(tmp_path), learning_rate=3e-3, per_device_train_batch_size=8, max_steps=4, logging_steps=1,
         report_to="none", use_cpu=True, seed=0, save_strategy="no", eval_strategy="no", warmup_steps=0,

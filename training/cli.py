@@ -30,7 +30,11 @@ def _top_level_help() -> str:
 
 
 def _evaluate(argv: Sequence[str]) -> int:
-    from .run import evaluate_model
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    from .data import read_parallel_file
+    from .recipes import resolve_path
+    from .run import corpus_source_reliance, evaluate_model
 
     parser = argparse.ArgumentParser(prog="deepnmt evaluate", description="Score a saved model on a test file "
                                      "(BLEU, chrF, TER with sacreBLEU signatures) using beam search.")
@@ -44,16 +48,25 @@ def _evaluate(argv: Sequence[str]) -> int:
     parser.add_argument("--max_samples", type=int, default=None, help="Score only the first N pairs.")
     parser.add_argument("--output_json", default=None, help="Also write the scores and signatures to this file.")
     parser.add_argument("--hypotheses", default=None, help="Also write the translations, one per line, here.")
+    parser.add_argument("--reliance_pairs", type=int, default=64, help="Pairs on which to measure source reliance, "
+                        "the mean per-token KL between predictions with the real and an all-<unk> source (li2022 "
+                        "collapse monitor; default: 64).")
     args = parser.parse_args(argv)
-    if args.num_beams < 1 or args.batch_size < 1:
-        parser.error("--num_beams and --batch_size must be ≥ 1.")
+    if args.num_beams < 1 or args.batch_size < 1 or args.reliance_pairs < 1:
+        parser.error("--num_beams, --batch_size and --reliance_pairs must be ≥ 1.")
+    model = AutoModelForSeq2SeqLM.from_pretrained(args.model)
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
     scores, hypotheses = evaluate_model(args.model, args.test_file, args.source_lang, args.target_lang,
                                         num_beams=args.num_beams, batch_size=args.batch_size,
-                                        max_samples=args.max_samples)
+                                        max_samples=args.max_samples, model=model, tokenizer=tokenizer)
+    corpus = read_parallel_file(resolve_path(args.test_file), args.source_lang, args.target_lang, args.max_samples)
+    reliance = corpus_source_reliance(model, tokenizer, corpus.sources, corpus.targets, args.reliance_pairs)
     report = {**scores.as_dict(), "sentences": scores.num_sentences, "num_beams": args.num_beams,
-              "signatures": scores.signatures}
+              "source_reliance": round(reliance, 4), "signatures": scores.signatures}
     print(f"BLEU {scores.bleu}  chrF {scores.chrf}  TER {scores.ter}  ({scores.num_sentences} sentences, "
           f"beam {args.num_beams})")
+    print(f"source reliance {reliance:.4f} nats/token on {min(args.reliance_pairs, len(corpus.sources))} pairs "
+          "(li2022 collapse monitor: ≈ 0 means the decoder ignores the source)")
     for name, signature in scores.signatures.items():
         print(f"  {name}: {signature}")
     if args.output_json:

@@ -34,7 +34,7 @@ def training_component_names(history: Sequence[dict[str, Any]]) -> list[str]:
 
 def plot_history(history: Sequence[dict[str, Any]], output_dir: str | Path) -> list[Path]:
     """Write ``loss_components.png`` (one panel per component + learning rate) and ``validation.png``
-    (every ``eval_*`` metric: BLEU, chrF, TER, loss, …) to ``output_dir``; return the written paths."""
+    (every ``eval_*`` metric: BLEU, chrF, TER, loss, li2022 source reliance) to ``output_dir``; return the written paths."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -63,7 +63,8 @@ def plot_history(history: Sequence[dict[str, Any]], output_dir: str | Path) -> l
     if components:
         written.append(panels(components, "training loss components", "loss_components.png"))
     metrics = sorted({key for entry in history for key in entry
-                      if key.startswith("eval_") and key.split("_", 1)[1] in ("bleu", "chrf", "ter", "loss")})
+                      if key.startswith("eval_") and key.split("_", 1)[1] in ("bleu", "chrf", "ter", "loss",
+                                                                                 "source_reliance")})
     if metrics:
         written.append(panels(metrics, "validation", "validation.png", lambda name: name.replace("eval_", "valid ")))
     return written

@@ -227,6 +227,23 @@ def evaluate_model(
     return score_translations(hypotheses, corpus.targets), hypotheses
 
 
+def corpus_source_reliance(model, tokenizer, sources: Sequence[str], targets: Sequence[str],
+                           max_pairs: int = 64) -> float:
+    """li2022's collapse monitor (SPEC.md §1, `hf_deepnmt.losses.source_reliance`) on the first ``max_pairs``
+    non-empty pairs: ≈ 0 nats/token for a decoder that ignores its source, clearly positive for one that uses it."""
+    from hf_deepnmt.losses import source_reliance
+
+    pairs = [(s, t) for s, t in zip(sources, targets) if s.strip() and t.strip()][:max_pairs]
+    if not pairs:
+        raise ValueError("source reliance needs at least one non-empty sentence pair.")
+    limit = min(tokenizer.model_max_length, getattr(model.config, "max_position_embeddings", 1024))
+    encoded = tokenizer([s for s, _ in pairs], text_target=[t for _, t in pairs], padding=True, truncation=True,
+                        max_length=limit, return_tensors="pt").to(model.device)
+    labels = encoded["labels"].masked_fill(encoded["labels"] == tokenizer.pad_token_id, -100)
+    return source_reliance(model, {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"],
+                                   "labels": labels})
+
+
 # ------------------------------------------------------------------------------------------------ train
 def train(argv: Sequence[str]) -> TrainOutcome:
     """`deepnmt train`: data -> tokenizer -> model -> DeepNMTTrainer -> saved model, card, plots, metrics."""

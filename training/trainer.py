@@ -11,6 +11,9 @@ What it adds to `Seq2SeqTrainer`:
 * fairseq-style token-budget batches (``max_tokens``) for training;
 * a non-finite loss stops training at once with a clear message — before the optimizer step, so no checkpoint
   with NaN weights is ever written;
+* li2022's collapse monitor: every evaluation also logs ``eval_source_reliance`` (SPEC.md §1, mean per-token
+  KL between the predictions with the real source and with an all-``<unk>`` source, on the first
+  ``source_reliance_samples`` validation pairs); ≈ 0 means the decoder has collapsed into a language model;
 * liu2020 ADMIN: a model with ``residual_scaling="admin"`` that is not profiled yet is profiled once on real
   training data before the first step (`hf_deepnmt.admin_profile`);
 * atomic checkpoints: written to ``<output_dir>/.incomplete/checkpoint-N`` and renamed into place when complete,
@@ -32,7 +35,7 @@ from transformers import Seq2SeqTrainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
 from hf_deepnmt.admin import admin_profile
-from hf_deepnmt.losses import AuxiliaryLoss, auxiliary_losses_from_config, compute_losses
+from hf_deepnmt.losses import AuxiliaryLoss, auxiliary_losses_from_config, compute_losses, source_reliance
 
 from .data import TokenBudgetBatchSampler
 
@@ -52,6 +55,8 @@ class DeepNMTTrainer(Seq2SeqTrainer):
         auxiliary_losses: auxiliary terms; ``None`` takes those the model config switches on
             (`hf_deepnmt.losses.auxiliary_losses_from_config`).
         admin_profile_tokens: target tokens of the ADMIN profiling batch (liu2020; used only by ADMIN models).
+        source_reliance_samples: validation pairs on which every evaluation measures source reliance (li2022's
+            collapse monitor, SPEC.md §1); 0 switches it off.
         optimizer_cls_and_kwargs: an optimizer class and its arguments (e.g. ``torch.optim.RAdam``), as `Trainer`.
         All other arguments are those of `Seq2SeqTrainer`. Label smoothing is ``args.label_smoothing_factor``.
     """
@@ -66,6 +71,7 @@ class DeepNMTTrainer(Seq2SeqTrainer):
         max_tokens: int | None = None,
         auxiliary_losses: Sequence[AuxiliaryLoss] | None = None,
         admin_profile_tokens: int = 4096,
+        source_reliance_samples: int = 64,
         optimizer_cls_and_kwargs: tuple[type[torch.optim.Optimizer], dict[str, Any]] | None = None,
         **kwargs: Any,
     ) -> None:
@@ -74,6 +80,11 @@ class DeepNMTTrainer(Seq2SeqTrainer):
             self.optimizer_cls_and_kwargs = optimizer_cls_and_kwargs
         self.max_tokens = max_tokens
         self.admin_profile_tokens = admin_profile_tokens
+        if source_reliance_samples < 0:
+            raise ValueError(f"DeepNMTTrainer: `source_reliance_samples` = {source_reliance_samples!r} is not allowed; "
+                             "use 0 (off) or a positive number of validation pairs.")
+        self.source_reliance_samples = source_reliance_samples
+        self._pending_eval_logs: dict[str, float] = {}
         self.admin_profile: dict[str, list[float]] | None = None
         unwrapped = self.accelerator.unwrap_model(self.model)
         self.auxiliary_losses = (
@@ -179,8 +190,37 @@ class DeepNMTTrainer(Seq2SeqTrainer):
             self._component_sums[name] = self._component_sums.get(name, torch.zeros((), dtype=torch.float64)) + weighted
         self._component_tokens = self._component_tokens + tokens
 
+    # ------------------------------------------------------------------------------------------------ evaluation
+    def evaluate(self, eval_dataset: Any = None, ignore_keys: list[str] | None = None,
+                 metric_key_prefix: str = "eval", **gen_kwargs: Any) -> dict[str, float]:
+        """`Seq2SeqTrainer.evaluate` plus ``<prefix>_source_reliance`` (li2022 collapse monitor, SPEC.md §1)."""
+        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+        extra: dict[str, float] = {}
+        if self.source_reliance_samples and dataset is not None and not isinstance(dataset, dict):
+            extra[f"{metric_key_prefix}_source_reliance"] = round(self.measure_source_reliance(dataset), 4)
+        self._pending_eval_logs = extra
+        try:
+            metrics = super().evaluate(eval_dataset, ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix,
+                                       **gen_kwargs)
+        finally:
+            self._pending_eval_logs = {}
+        metrics.update(extra)
+        return metrics
+
+    def measure_source_reliance(self, dataset: Any) -> float:
+        """`hf_deepnmt.losses.source_reliance` on the first ``source_reliance_samples`` pairs of ``dataset``."""
+        columns = ("input_ids", "attention_mask", "labels")
+        count = min(self.source_reliance_samples, len(dataset))
+        features = [{key: dataset[i][key] for key in columns if key in dataset[i]} for i in range(count)]
+        batch = self.data_collator(features)
+        batch = {key: value.to(self.args.device) for key, value in batch.items() if key in columns}
+        return source_reliance(self.model, batch)
+
     def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
-        """Add the token-weighted means of every loss component since the last training log."""
+        """Add the token-weighted means of every loss component since the last training log (and, inside
+        `evaluate`, the source reliance to the evaluation's log entry)."""
+        if self._pending_eval_logs and any(key.endswith("_loss") for key in logs):
+            logs = {**logs, **self._pending_eval_logs}
         if "loss" in logs and self._component_sums:
             names = sorted(self._component_sums)
             stacked = torch.stack([self._component_sums[name] for name in names] + [self._component_tokens])
