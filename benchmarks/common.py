@@ -42,7 +42,10 @@ SIZES: dict[str, dict[str, int]] = {
 
 # Later Transformer variants (ADMIN, CAD+CRT, layer aggregation, ...) join the tables as extra rows: a row name and
 # the `DeepTransformerConfig` overrides that switch the feature on (``--variants name,...``). Empty until they land.
-VARIANTS: dict[str, dict[str, object]] = {}
+VARIANTS: dict[str, dict[str, object]] = {
+    # liu2020 ADMIN: ω per residual sub-layer (closed form here: the same compute as a profiled model)
+    "admin": {"residual_scaling": "admin", "admin_init": "closed_form"},
+}
 
 
 def model_dims(size: str, encoder_layers: int = 6, decoder_layers: int = 6) -> dict[str, int]:

@@ -29,7 +29,11 @@ def _workload(spec: dict[str, object]):
 
     dims = model_dims(spec["size"], encoder_layers=spec.get("encoder_layers", 6),
                       decoder_layers=spec.get("decoder_layers", 6))
-    model = build_marian(dims) if spec["model"] == "marian" else build_ours(dims)
+    from .common import VARIANTS
+
+    model = build_marian(dims) if spec["model"] == "marian" else build_ours(dims, **VARIANTS.get(spec.get("variant"), {}))
+    if spec.get("checkpointing"):
+        (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)()
     length = spec.get("length")
     bounds = dict(min_len=length, max_len=length) if length else {}
     if spec["workload"] == "train":

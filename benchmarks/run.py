@@ -43,7 +43,7 @@ from .common import (  # noqa: E402
 )
 from .probe import run_probe  # noqa: E402
 
-SECTIONS = ("equivalence", "train", "decode", "flat", "memory", "scaling", "profile", "flops", "compile")
+SECTIONS = ("equivalence", "train", "decode", "flat", "memory", "scaling", "profile", "flops", "compile", "deep_memory")
 QUICK_SECTIONS = ("equivalence", "train", "decode", "flat", "memory", "scaling", "profile", "flops")
 
 
@@ -159,6 +159,16 @@ def run(args: argparse.Namespace) -> dict[str, object]:
             compiled["trainer_smoke"] = measure.trainer_compile_smoke(
                 build_ours(tiny), synthetic_batch(sentences=8, seed=4), steps=2, output_dir=folder)
         results["compile"] = compiled
+
+    if "deep_memory" in args.sections:
+        # liu2020's model: 60L-12L d512 with ADMIN, one training step (forward, backward, Adam) at ~2k tokens.
+        deep = {}
+        for checkpointing in (False, True):
+            log(f"deep memory: 60L-12L d512 ADMIN training step, 2k tokens, checkpointing={checkpointing}")
+            deep["checkpointing" if checkpointing else "plain"] = run_probe(dict(
+                model="ours", variant="admin", size="d512", workload="train", tokens=2048, threads=threads,
+                timed=1, encoder_layers=60, decoder_layers=12, checkpointing=checkpointing), timeout=3600)
+        results["deep_memory"] = deep
 
     results["duration_s"] = time.perf_counter() - started
     return results
