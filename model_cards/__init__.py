@@ -56,6 +56,20 @@ def _methods(config: dict[str, Any]) -> list[str]:
         lines.append(f"ADMIN residual scaling x_k = LN(ω_k ⊙ x_(k-1) + f_k(x_(k-1))) (liu2020 eq 2), ω {how}, "
                      f"{'trained' if config.get('admin_omega_trainable', True) else 'fixed'}; "
                      "`hf_deepnmt.fold_admin` turns it into a standard Transformer")
+    depth, ratio = config.get("cross_attention_drop_depth", 0), config.get("cross_attention_drop_ratio", 0.0)
+    if depth and ratio:
+        inference = ("those layers have no cross-attention at all" if ratio >= 1.0
+                     else "at inference every cross-attention is used")
+        lines.append(f"cross-attention drop (li2022 §3.3): decoder layers 1-{depth} skip cross-attention with "
+                     f"probability p_net = {ratio} in training, layers above always keep it (SPEC.md §1); {inference}")
+    if config.get("ddr_weight", 0):
+        lines.append(f"DDR loss (li2022 §3.4), weight {config['ddr_weight']}: symmetric KL between two decoder passes "
+                     "with independent dropout and drop-net draws; the paper gives no weight, this is our choice "
+                     "(R-Drop used 5)")
+    if config.get("ald_weight", 0):
+        lines.append(f"ALD loss (li2022 eq. 6), weight {config['ald_weight']}, p_ALD = {config.get('ald_unk_ratio')}, "
+                     f"τ = {config.get('ald_temperature')}: contrastive loss between the full source and <unk>-masked "
+                     "copies (X⁺ keeps more of the source than X⁻)")
     return lines
 
 

@@ -110,6 +110,17 @@ def test_evaluate_reproduces_the_training_runs_test_score(trained, small_corpus,
     scores = json.loads(out.read_text())
     metrics = json.loads((trained.output_dir / "metrics.json").read_text())
     assert scores["bleu"] == metrics["test"]["bleu"] and scores["chrf"] == metrics["test"]["chrf"]
+    # li2022's collapse monitor for any saved model: printed and saved, the same value as the library function
+    assert "source reliance" in printed and scores["source_reliance"] > 0
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    from training.data import read_parallel_file
+    from training.run import corpus_source_reliance
+
+    corpus = read_parallel_file(small_corpus / "test.jsonl", "en", "es", 10)
+    direct = corpus_source_reliance(AutoModelForSeq2SeqLM.from_pretrained(trained.output_dir),
+                                    AutoTokenizer.from_pretrained(trained.output_dir), corpus.sources, corpus.targets)
+    assert scores["source_reliance"] == pytest.approx(direct, abs=1e-4)
 
 
 def test_translate_from_file_and_stdin(trained, tmp_path, monkeypatch, capsys):

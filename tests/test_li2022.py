@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -315,6 +316,12 @@ def test_crt_is_training_only_and_logged_by_the_trainer(tmp_path, data, tiny_tok
     assert logs and all("ddr" in entry and "ald" in entry and "nll" in entry for entry in logs)
     evals = [entry for entry in trainer.state.log_history if "eval_loss" in entry]
     assert evals and all(math.isfinite(entry["eval_source_reliance"]) for entry in evals)
+    trainer.save_model(str(tmp_path))
+    (tmp_path / "deepnmt_card.json").write_text(json.dumps({"source_lang": "en", "target_lang": "es"}))
+    trainer.create_model_card()
+    card = (tmp_path / "README.md").read_text()
+    assert "p_net = 0.5" in card and "DDR loss (li2022 §3.4), weight 1.0" in card
+    assert "p_ALD = 0.3, τ = 0.1" in card and "li2022deepdecoder" in card  # settings and BibTeX
 
 
 # ------------------------------------------------------------------------------------------------ collapse monitor
