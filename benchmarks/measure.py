@@ -136,11 +136,13 @@ def incremental_decoding_cost(models: dict[str, torch.nn.Module], source: Batch,
 # ----------------------------------------------------------------------------------------------------------------
 # Profiles
 # ----------------------------------------------------------------------------------------------------------------
-def top_ops(function: Callable[[], object], rows: int) -> dict[str, object]:
-    """torch.profiler (CPU) over one call: the ``rows`` aten ops with the most self CPU time."""
+def top_ops(function: Callable[[], object], rows: int, warm: bool = True) -> dict[str, object]:
+    """torch.profiler (CPU) over one call: the ``rows`` aten ops with the most self CPU time (after one untimed
+    warm-up call unless ``warm`` is False, for functions that have just run)."""
     from torch.profiler import ProfilerActivity, profile
 
-    function()  # warm
+    if warm:
+        function()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         function()
     events = [e for e in prof.key_averages() if e.key.startswith("aten::")]
@@ -261,3 +263,170 @@ def default_batches(quick: bool) -> tuple[Batch, dict[int, Batch]]:
     """The training batch (~4k source tokens, 512 in quick mode) and the decoding sources at batch 1 and 32."""
     train = synthetic_batch(tokens=512 if quick else 4096, seed=0)
     return train, {1: synthetic_batch(sentences=1, seed=1), 32: synthetic_batch(sentences=32, seed=2)}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# li2022: cost of a DEEP+CAD+CRT training step vs DEEP at equal depth
+# ----------------------------------------------------------------------------------------------------------------
+CAD = {"cross_attention_drop_depth": 9, "cross_attention_drop_ratio": 1.0}  # L_dr = 9 of 12, p_net = 1.0
+CRT_VARIANTS: dict[str, dict[str, object]] = {
+    "DEEP": {},
+    "DEEP+CAD": dict(CAD),
+    "DEEP+CAD+DDR": {**CAD, "ddr_weight": 1.0},
+    "DEEP+CAD+ALD": {**CAD, "ald_weight": 1.0},
+    "DEEP+CAD+CRT": {**CAD, "ddr_weight": 1.0, "ald_weight": 1.0},
+}
+_FORWARD_PARTS = ("encoder", "decoder", "lm_head")
+
+
+def crt_rows(config) -> dict[str, int]:
+    """Rows per source sentence that `hf_deepnmt.losses.compute_losses` sends through each part in one training
+    step (``_crt_forward``): encoder X [+ X⁺, X⁻], decoder X [+ DDR's second pass] [+ X⁺, X⁻], vocabulary
+    projection only the X passes; and the decoder layers that have cross-attention (p_net = 1.0 layers have none)."""
+    ddr, ald = config.ddr_weight > 0, config.ald_weight > 0
+    keep = config.cross_attention_keep_schedule()
+    return {"encoder": 3 if ald else 1, "decoder": (2 if ddr else 1) + (2 if ald else 0), "lm_head": 2 if ddr else 1,
+            "cross_attention_layers": sum(k > 0 for k in keep), "decoder_layers": len(keep)}
+
+
+def crt_formula_flops(config, sentences: int, source_length: int, target_length: int) -> dict[str, float]:
+    """Matmul + attention FLOPs of one forward + backward (backward = 2 × forward) per part, from the padded shapes
+    and `crt_rows`: what the step must cost if time followed FLOPs. Element-wise work (losses, softmax, layer norm,
+    dropout) and the optimizer are not counted."""
+    d, f, v = config.d_model, config.encoder_ffn_dim, config.vocab_size
+    s, t = source_length, target_length
+    rows = crt_rows(config)
+    layer = lambda n, ffn: n * (4 * d * d + 2 * d * ffn)  # noqa: E731 q, k, v, o projections and the FFN, per row
+    encoder = config.encoder_layers * (layer(s, f) + 2 * s * s * d)  # + QKᵀ and AV
+    decoder_self_ffn = config.decoder_layers * (layer(t, config.decoder_ffn_dim) + 2 * t * t * d)
+    cross = rows["cross_attention_layers"] * (2 * t * d * d + 2 * s * d * d + 2 * t * s * d)  # q, o; k, v; QKᵀ, AV
+    macs = {"encoder": rows["encoder"] * encoder,
+            "decoder self-attention + FFN": rows["decoder"] * decoder_self_ffn,
+            "decoder cross-attention": rows["decoder"] * cross,
+            "vocabulary projection": rows["lm_head"] * t * d * v}
+    return {name: 3 * 2 * sentences * value for name, value in macs.items()}  # 2 FLOPs per MAC, ×3 fwd + bwd
+
+
+def crt_counted_flops(model: torch.nn.Module, batch: Batch) -> int:
+    """FLOPs of one `compute_losses` forward + backward counted by FlopCounterMode (to check `crt_formula_flops`)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from hf_deepnmt.losses import compute_losses
+
+    model.train()
+    counter = FlopCounterMode(display=False, custom_mapping=_cpu_flash_mapping())
+    with counter:
+        compute_losses(model, batch.as_kwargs(), label_smoothing=0.1).loss.backward()
+    model.zero_grad(set_to_none=True)
+    return int(counter.get_total_flops())
+
+
+def crt_training_step(model: torch.nn.Module, batch: Batch, phases: list[dict[str, float]]) -> Callable[[], None]:
+    """One li2022 training step through the loss entry point: zero_grad, ``compute_losses(model, batch,
+    label_smoothing=0.1).loss.backward()``, AdamW step. Each call appends its phase times to ``phases``: forward
+    (split by forward hooks into encoder, decoder, lm_head and the rest: views, losses), backward, optimizer."""
+    from hf_deepnmt.losses import compute_losses
+
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    kwargs = batch.as_kwargs()
+    current: dict[str, float] = {}
+    starts: dict[str, float] = {}
+    parts = {"encoder": model.get_encoder(), "decoder": model.get_decoder(), "lm_head": model.lm_head}
+    for name, module in parts.items():
+        module.register_forward_pre_hook(lambda *_, n=name: starts.__setitem__(n, time.perf_counter()))
+        module.register_forward_hook(
+            lambda *_, n=name: current.__setitem__(n, current.get(n, 0.0) + time.perf_counter() - starts[n]))
+
+    def step() -> None:
+        current.clear()
+        t0 = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        loss = compute_losses(model, kwargs, label_smoothing=0.1).loss
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        optimizer.step()
+        t3 = time.perf_counter()
+        forward = {name: current.get(name, 0.0) for name in _FORWARD_PARTS}
+        phases.append({"forward": t1 - t0, **{f"forward_{k}": v for k, v in forward.items()},
+                       "forward_views_and_losses": t1 - t0 - sum(forward.values()),
+                       "backward": t2 - t1, "optimizer": t3 - t2, "total": t3 - t0})
+
+    return step
+
+
+def crt_cost(dims: dict[str, int], batch: Batch, repeats: int, profile_rows: int = 40,
+             flops_batch: Batch | None = None) -> dict[str, object]:
+    """DEEP vs DEEP+CAD(+DDR, +ALD, +CRT) training steps, interleaved, one set of weights (every CAD variant holds
+    DEEP's weights minus the cross-attention of its bottom L_dr layers). Per variant: step times, phase medians,
+    rows per part, formula FLOPs; FlopCounterMode's total on ``flops_batch`` (a small batch) against the formula
+    there; torch.profiler top ops of one step of DEEP and DEEP+CAD+CRT."""
+    from .common import build_ours
+
+    models: dict[str, torch.nn.Module] = {}
+    weights: dict[str, dict[str, object]] = {}
+    for name, overrides in CRT_VARIANTS.items():
+        models[name] = build_ours(dims, **overrides)
+        if name != "DEEP":
+            loaded = models[name].load_state_dict(models["DEEP"].state_dict(), strict=False)
+            dropped = sorted({key.split(".encoder_attn.")[0] for key in loaded.unexpected_keys})
+            if loaded.missing_keys or any(".encoder_attn." not in key for key in loaded.unexpected_keys):
+                raise RuntimeError(f"{name}: weight copy not exact: {loaded}")
+            weights[name] = {"layers_without_cross_attention": dropped,
+                             "parameters": sum(p.numel() for p in models[name].parameters())}
+    weights["DEEP"] = {"layers_without_cross_attention": [],
+                       "parameters": sum(p.numel() for p in models["DEEP"].parameters())}
+
+    counted = {}
+    if flops_batch is not None:
+        for name, model in models.items():
+            counted[name] = {
+                "counted": crt_counted_flops(model, flops_batch),
+                "formula": sum(crt_formula_flops(model.config, flops_batch.input_ids.size(0),
+                                                 flops_batch.input_ids.size(1), flops_batch.labels.size(1)).values())}
+
+    phases: dict[str, list[dict[str, float]]] = {name: [] for name in models}
+    steps = {name: crt_training_step(model, batch, phases[name]) for name, model in models.items()}
+    times = interleaved(steps, repeats=repeats, warmup=1)
+    phases = {name: list(values[1:]) for name, values in phases.items()}  # drop the warm-up call
+    medians = {name: median(values) for name, values in times.items()}
+    profile = {name: top_ops(steps[name], profile_rows, warm=False) for name in ("DEEP", "DEEP+CAD+CRT")}
+
+    sentences, source_length, target_length = (int(batch.input_ids.size(0)), int(batch.input_ids.size(1)),
+                                               int(batch.labels.size(1)))
+    variants = {}
+    for name, model in models.items():
+        formula = crt_formula_flops(model.config, sentences, source_length, target_length)
+        variants[name] = {
+            "overrides": CRT_VARIANTS[name],
+            "rows_per_sentence": crt_rows(model.config),
+            **weights[name],
+            "seconds": times[name],
+            "median_s": medians[name],
+            "ratio_vs_deep": medians[name] / medians["DEEP"],
+            "phases": phases[name],
+            "phase_median_s": {key: median([p[key] for p in phases[name]]) for key in phases[name][0]},
+            "formula_flops": formula,
+            "formula_flops_total": sum(formula.values()),
+        }
+    deep_flops = variants["DEEP"]["formula_flops_total"]
+    for entry in variants.values():
+        entry["formula_flops_ratio_vs_deep"] = entry["formula_flops_total"] / deep_flops
+    for model in models.values():
+        model.eval()
+    return {
+        "layers": f"{dims['encoder_layers']}-{dims['decoder_layers']}",
+        "d_model": dims["d_model"],
+        "ffn": dims["encoder_ffn_dim"],
+        "vocab": dims["vocab_size"],
+        "sentences": sentences,
+        "source_tokens": batch.source_tokens,
+        "target_tokens": batch.target_tokens,
+        "padded_lengths": [source_length, target_length],
+        "repeats": repeats,
+        "variants": variants,
+        "flops_check": {"sentences": None if flops_batch is None else int(flops_batch.input_ids.size(0)),
+                        **({"per_variant": counted} if counted else {})},
+        "profile": profile,
+    }

@@ -3,7 +3,9 @@
 Writes ``benchmarks/results.json`` (every raw timing), ``benchmarks/RESULTS.md`` (the tables) and
 ``benchmarks/scaling.png``. ``--quick`` is a smoke run of every cheap section on small batches (about two minutes)
 and writes to ``runs/benchmarks-quick/`` unless ``--out-dir`` says otherwise, so it never overwrites the committed
-results. ``--sections`` picks sections; ``--threads`` sets torch's intra-op threads (default 1, see `main`).
+results. ``--sections`` picks sections; ``--threads`` sets torch's intra-op threads (default 1, see `main`);
+``--merge`` keeps the other sections of an existing results.json (e.g. ``--sections crt_cost --merge`` adds li2022's
+step-cost section to the committed full run without re-measuring it).
 
 Contenders, all with one set of weights: ``ours`` (this checkout's DeepTransformer), ``before`` (the same model as
 of commit `common.BEFORE_REF`, before the performance work, loaded from git) and ``marian`` (`MarianMTModel` of the
@@ -43,7 +45,8 @@ from .common import (  # noqa: E402
 )
 from .probe import run_probe  # noqa: E402
 
-SECTIONS = ("equivalence", "train", "decode", "flat", "memory", "scaling", "profile", "flops", "compile", "deep_memory")
+SECTIONS = ("equivalence", "train", "decode", "flat", "memory", "scaling", "profile", "flops", "compile", "deep_memory",
+            "crt_cost")
 QUICK_SECTIONS = ("equivalence", "train", "decode", "flat", "memory", "scaling", "profile", "flops")
 
 
@@ -54,12 +57,12 @@ def settings(quick: bool) -> dict[str, object]:
                     decode_repeats={1: 3, 32: 2}, flat_steps=40, flat_repeats=1, flat_batch=8,
                     memory_workloads=["beam4_b32"], depths=[6, 12], scaling_tokens=512,
                     lengths=[32], length_tokens=512, profile_size="d256", flops_size="d256",
-                    compile_repeats=2)
+                    compile_repeats=2, crt_tokens=256, crt_repeats=1)
     return dict(sizes=list(SIZES), train_tokens=4096, train_repeats={"d256": 5, "d512": 5}, new_tokens=32,
                 decode_repeats={1: 7, 32: 3}, flat_steps=200, flat_repeats=2, flat_batch=32,
                 memory_workloads=["train", "greedy_b32", "beam4_b32"], depths=[6, 12, 24, 48],
                 scaling_tokens=2048, lengths=[16, 32, 64, 128, 256], length_tokens=2048, profile_size="d256",
-                flops_size="d512", compile_repeats=3)
+                flops_size="d512", compile_repeats=3, crt_tokens=2048, crt_repeats=3)
 
 
 def log(message: str) -> None:
@@ -170,6 +173,14 @@ def run(args: argparse.Namespace) -> dict[str, object]:
                 timed=1, encoder_layers=60, decoder_layers=12, checkpointing=checkpointing), timeout=3600)
         results["deep_memory"] = deep
 
+    if "crt_cost" in args.sections:
+        # li2022 issue: a DEEP+CAD+CRT step vs DEEP at equal depth, 12-12 d256, L_dr = 9, p_net = 1.0.
+        log(f"crt_cost: 12-12 d256 DEEP, +CAD, +CAD+DDR, +CAD+ALD, +CAD+CRT training steps, ~{cfg['crt_tokens']} "
+            f"tokens, {cfg['crt_repeats']} interleaved repeats")
+        results["crt_cost"] = measure.crt_cost(
+            model_dims("d256", encoder_layers=12, decoder_layers=12), synthetic_batch(tokens=cfg["crt_tokens"], seed=5),
+            repeats=cfg["crt_repeats"], flops_batch=synthetic_batch(sentences=4, seed=6))
+
     results["duration_s"] = time.perf_counter() - started
     return results
 
@@ -201,6 +212,17 @@ def scaling(cfg: dict[str, object], threads: int) -> dict[str, object]:
     return {"tokens_depth": cfg["scaling_tokens"], "tokens_length": cfg["length_tokens"], **points}
 
 
+def merge(existing: dict[str, object], new: dict[str, object], sections: list[str]) -> dict[str, object]:
+    """``existing`` with the measured ``sections`` of ``new`` put in; the run that measured them is recorded under
+    ``existing["merged"][section]`` (the top-level command, machine and sections stay those of the full run)."""
+    for section in sections:
+        if section in new:
+            existing[section] = new[section]
+            existing.setdefault("merged", {})[section] = {
+                key: new[key] for key in ("command", "quick", "started", "machine", "settings", "duration_s")}
+    return existing
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smoke mode: small batches, few repeats (~2 min)")
@@ -218,6 +240,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--render-only", action="store_true",
                         help="measure nothing: re-render RESULTS.md and scaling.png from the results.json in the "
                              "output folder (after a change to report.py)")
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the output folder's results.json and replace only the sections measured now (each "
+                             "merged section records its own command, machine and time under `merged`)")
     parser.add_argument("--out-dir", default=None,
                         help="where results.json, RESULTS.md and scaling.png go (default: benchmarks/; "
                              "quick: runs/benchmarks-quick/)")
@@ -242,6 +267,8 @@ def main(argv: list[str] | None = None) -> None:
         log(f"re-rendered {out_dir / 'RESULTS.md'} and {out_dir / 'scaling.png'} from {out_dir / 'results.json'}")
         return
     results = run(args)
+    if args.merge and (out_dir / "results.json").exists():
+        results = merge(json.loads((out_dir / "results.json").read_text()), results, args.sections)
 
     write_report(results, out_dir)  # adds the scaling fits to `results`
     (out_dir / "results.json").write_text(json.dumps(results, indent=1) + "\n")
