@@ -9,6 +9,7 @@ Only torch, transformers and safetensors are needed at import time; the training
 
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
+from . import losses
 from .admin import admin_omega_closed_form, admin_profile, export_marian, fold_admin, omega_values
 from .configuration_deep_transformer import AdminTransformerConfig, DeepDecoderTransformerConfig, DeepTransformerConfig
 from .modeling_deep_transformer import (
@@ -33,6 +34,7 @@ __all__ = [
     "admin_profile",
     "export_marian",
     "fold_admin",
+    "losses",
     "omega_values",
     "DeepDecoderTransformerConfig",
     "DeepDecoderTransformerForConditionalGeneration",

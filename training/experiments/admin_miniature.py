@@ -28,7 +28,7 @@ RESULTS = Path(__file__).parent / "results"
 def run_args(args: argparse.Namespace, scaling: str, output_dir: Path) -> list[str]:
     overrides = (f"d_model={args.d_model},encoder_ffn_dim={4 * args.d_model},decoder_ffn_dim={4 * args.d_model},"
                  f"encoder_layers={args.encoder_layers},decoder_layers={args.decoder_layers},"
-                 f"encoder_attention_heads=4,decoder_attention_heads=4,residual_scaling={scaling}")
+                 f"encoder_attention_heads=4,decoder_attention_heads=4,layer_norm_position=post,residual_scaling={scaling}")
     return [
         sys.executable, "-m", "training.cli", "train", "--recipe", "quickstart", "--output_dir", str(output_dir),
         "--config_overrides", overrides, "--max_steps", str(args.max_steps), "--max_tokens", str(args.max_tokens),
@@ -53,8 +53,8 @@ def main() -> None:
     parser.add_argument("--encoder_layers", type=int, default=24)
     parser.add_argument("--decoder_layers", type=int, default=12)
     parser.add_argument("--d_model", type=int, default=256)
-    parser.add_argument("--max_steps", type=int, default=700)
-    parser.add_argument("--max_tokens", type=int, default=1536)
+    parser.add_argument("--max_steps", type=int, default=500)
+    parser.add_argument("--max_tokens", type=int, default=1024)
     parser.add_argument("--learning_rate", type=float, default=1e-3)
     parser.add_argument("--warmup_steps", type=int, default=200)
     parser.add_argument("--eval_steps", type=int, default=100)
