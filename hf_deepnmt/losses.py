@@ -64,7 +64,8 @@ class LossOutput:
     num_tokens: torch.Tensor | None = None
     """Non-pad target tokens in this batch."""
     outputs: Any = None
-    """The main forward pass' model output (logits, encoder states, …)."""
+    """The main forward pass' model output (logits, encoder states, …). With li2022's DDR on, ``logits`` holds both
+    decoder passes, ``(2B, T, V)``, the main pass first."""
 
 
 def target_mask(labels: torch.Tensor, pad_token_id: int | None) -> torch.Tensor:
@@ -251,8 +252,9 @@ def _crt_forward(
     """One model call holding every view li2022's CRT needs (SPEC.md §1).
 
     Encoder rows: X (B) [+ X⁺ (B) + X⁻ (B) with ALD]. Decoder rows, each its own drop-net group: pass 1 on X
-    [+ pass 2 on the same encoder states with DDR] [+ X⁺ and X⁻ with ALD, batched as one extra pass]. Only the
-    X passes are projected to the vocabulary. Returns (outputs, number of X passes, pooled (G(X,Y), G(X⁺,Y), G(X⁻,Y))
+    [+ pass 2 on the same encoder states with DDR] [+ X⁺ and X⁻ with ALD, batched as one extra pass]. So every
+    pass draws drop-net as a separate forward call of it would (X⁺ and X⁻ share one draw, being one batched pass,
+    SPEC.md §1); only the X passes are projected to the vocabulary. Returns (outputs, number of X passes, pooled (G(X,Y), G(X⁺,Y), G(X⁻,Y))
     or None).
     """
     input_ids, attention_mask = inputs["input_ids"], inputs.get("attention_mask")

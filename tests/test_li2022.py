@@ -288,6 +288,18 @@ def test_ald_value_and_gradient_match_a_reference():
     torch.testing.assert_close(mean_pool(states, mask)[0], states[0, :2].mean(0))
 
 
+def test_crt_draws_drop_net_once_per_pass(batch, monkeypatch):
+    model = cad_model(ratio=0.5, ddr_weight=1.0, ald_weight=1.0).train()
+    decoder = model.model.decoder
+    seen = []
+    original = decoder.draw_cross_attention
+    monkeypatch.setattr(decoder, "draw_cross_attention", lambda sizes=None, device=None: seen.append(sizes) or
+                        original(sizes, device))
+    compute_losses(model, batch)
+    # one model call; rows [pass 1 on X | DDR pass 2 on X | X⁺, X⁻]: each pass draws on its own, as separate calls would
+    assert seen == [[2, 2, 4]]
+
+
 def test_ald_batches_both_views_in_one_call_and_gradients_reach_all_views(batch):
     model = cad_model(ratio=0.0, dropout=0.0, ald_weight=1.0).train()
     calls = []
