@@ -97,7 +97,7 @@ def main() -> None:
     parser.add_argument("--decoder_layers", type=int, default=12, help="D, the deep decoder's depth.")
     parser.add_argument("--layer_norm_position", default="pre", choices=("pre", "post"))
     parser.add_argument("--drop_ratio", type=float, default=0.5, help="CAD's p_net.")
-    parser.add_argument("--max_steps", type=int, default=800)
+    parser.add_argument("--max_steps", type=int, default=600)
     parser.add_argument("--max_tokens", type=int, default=1024)
     parser.add_argument("--learning_rate", type=float, default=3e-3)
     parser.add_argument("--warmup_steps", type=int, default=200)
