@@ -321,37 +321,55 @@ def crt_counted_flops(model: torch.nn.Module, batch: Batch) -> int:
     return int(counter.get_total_flops())
 
 
-def crt_training_step(model: torch.nn.Module, batch: Batch, phases: list[dict[str, float]]) -> Callable[[], None]:
+_CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def crt_training_step(model: torch.nn.Module, batch: Batch, phases: list[dict[str, dict[str, float]]]
+                      ) -> Callable[[], None]:
     """One li2022 training step through the loss entry point: zero_grad, ``compute_losses(model, batch,
-    label_smoothing=0.1).loss.backward()``, AdamW step. Each call appends its phase times to ``phases``: forward
-    (split by forward hooks into encoder, decoder, lm_head and the rest: views, losses), backward, optimizer."""
+    label_smoothing=0.1).loss.backward()``, AdamW step. Each call appends its phase times to ``phases``, by wall
+    clock and by this process' CPU time (user + system; with one thread, the step's cost without the time the
+    scheduler gave the core to other processes): forward (split by forward hooks into encoder, decoder, lm_head and
+    the rest: views, losses), backward, optimizer."""
     from hf_deepnmt.losses import compute_losses
 
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     kwargs = batch.as_kwargs()
-    current: dict[str, float] = {}
-    starts: dict[str, float] = {}
+    current: dict[tuple[str, str], float] = {}
+    starts: dict[tuple[str, str], float] = {}
+
+    def enter(part: str) -> None:
+        for clock, read in _CLOCKS.items():
+            starts[clock, part] = read()
+
+    def leave(part: str) -> None:
+        for clock, read in _CLOCKS.items():
+            current[clock, part] = current.get((clock, part), 0.0) + read() - starts[clock, part]
+
     parts = {"encoder": model.get_encoder(), "decoder": model.get_decoder(), "lm_head": model.lm_head}
     for name, module in parts.items():
-        module.register_forward_pre_hook(lambda *_, n=name: starts.__setitem__(n, time.perf_counter()))
-        module.register_forward_hook(
-            lambda *_, n=name: current.__setitem__(n, current.get(n, 0.0) + time.perf_counter() - starts[n]))
+        module.register_forward_pre_hook(lambda *_, n=name: enter(n))
+        module.register_forward_hook(lambda *_, n=name: leave(n))
 
     def step() -> None:
         current.clear()
-        t0 = time.perf_counter()
+        marks = [{clock: read() for clock, read in _CLOCKS.items()}]
         optimizer.zero_grad(set_to_none=True)
         loss = compute_losses(model, kwargs, label_smoothing=0.1).loss
-        t1 = time.perf_counter()
+        marks.append({clock: read() for clock, read in _CLOCKS.items()})
         loss.backward()
-        t2 = time.perf_counter()
+        marks.append({clock: read() for clock, read in _CLOCKS.items()})
         optimizer.step()
-        t3 = time.perf_counter()
-        forward = {name: current.get(name, 0.0) for name in _FORWARD_PARTS}
-        phases.append({"forward": t1 - t0, **{f"forward_{k}": v for k, v in forward.items()},
-                       "forward_views_and_losses": t1 - t0 - sum(forward.values()),
-                       "backward": t2 - t1, "optimizer": t3 - t2, "total": t3 - t0})
+        marks.append({clock: read() for clock, read in _CLOCKS.items()})
+        record = {}
+        for clock in _CLOCKS:
+            t0, t1, t2, t3 = (m[clock] for m in marks)
+            forward = {name: current.get((clock, name), 0.0) for name in _FORWARD_PARTS}
+            record[clock] = {"forward": t1 - t0, **{f"forward_{k}": v for k, v in forward.items()},
+                             "forward_views_and_losses": t1 - t0 - sum(forward.values()),
+                             "backward": t2 - t1, "optimizer": t3 - t2, "total": t3 - t0}
+        phases.append(record)
 
     return step
 
@@ -386,11 +404,12 @@ def crt_cost(dims: dict[str, int], batch: Batch, repeats: int, profile_rows: int
                 "formula": sum(crt_formula_flops(model.config, flops_batch.input_ids.size(0),
                                                  flops_batch.input_ids.size(1), flops_batch.labels.size(1)).values())}
 
-    phases: dict[str, list[dict[str, float]]] = {name: [] for name in models}
+    phases: dict[str, list[dict[str, dict[str, float]]]] = {name: [] for name in models}
     steps = {name: crt_training_step(model, batch, phases[name]) for name, model in models.items()}
     times = interleaved(steps, repeats=repeats, warmup=1)
     phases = {name: list(values[1:]) for name, values in phases.items()}  # drop the warm-up call
     medians = {name: median(values) for name, values in times.items()}
+    cpu_medians = {name: median([p["cpu"]["total"] for p in values]) for name, values in phases.items()}
     profile = {name: top_ops(steps[name], profile_rows, warm=False) for name in ("DEEP", "DEEP+CAD+CRT")}
 
     sentences, source_length, target_length = (int(batch.input_ids.size(0)), int(batch.input_ids.size(1)),
@@ -405,8 +424,15 @@ def crt_cost(dims: dict[str, int], batch: Batch, repeats: int, profile_rows: int
             "seconds": times[name],
             "median_s": medians[name],
             "ratio_vs_deep": medians[name] / medians["DEEP"],
+            "round_ratios_vs_deep": [a / b for a, b in zip(times[name], times["DEEP"])],
+            "cpu_seconds": [p["cpu"]["total"] for p in phases[name]],
+            "cpu_median_s": cpu_medians[name],
+            "cpu_ratio_vs_deep": cpu_medians[name] / cpu_medians["DEEP"],
+            "cpu_round_ratios_vs_deep": [p["cpu"]["total"] / q["cpu"]["total"]
+                                         for p, q in zip(phases[name], phases["DEEP"])],
             "phases": phases[name],
-            "phase_median_s": {key: median([p[key] for p in phases[name]]) for key in phases[name][0]},
+            "phase_median_s": {clock: {key: median([p[clock][key] for p in phases[name]])
+                                       for key in phases[name][0][clock]} for clock in _CLOCKS},
             "formula_flops": formula,
             "formula_flops_total": sum(formula.values()),
         }

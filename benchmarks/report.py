@@ -286,25 +286,35 @@ def _crt_cost(results: dict) -> list[str]:
              f"(after a warm-up round), 1 thread, machine load {', '.join(f'{x:.2f}' for x in machine.get('load_average_at_start') or [])} "
              f"at the start (two training runs on the 2 cores); commit `{machine.get('commit', '?')}`. Measured by:", "",
              "```bash", command, "```", ""]
+    spread = lambda values: f"{min(values):.2f}–{max(values):.2f}"  # noqa: E731
     rows = []
     for name, e in v.items():
         r = e["rows_per_sentence"]
         rows.append([name, f"{r['encoder']}B", f"{r['decoder']}B", f"{r['lm_head']}B",
                      f"{r['cross_attention_layers']} / {r['decoder_layers']}", f"{e['median_s']:.2f}",
-                     f"{min(e['seconds']):.2f}–{max(e['seconds']):.2f}", f"**{e['ratio_vs_deep']:.2f}×**",
+                     f"**{e['ratio_vs_deep']:.2f}×** ({spread(e['round_ratios_vs_deep'])})", f"{e['cpu_median_s']:.2f}",
+                     f"**{e['cpu_ratio_vs_deep']:.2f}×** ({spread(e['cpu_round_ratios_vs_deep'])})",
                      f"{e['formula_flops_ratio_vs_deep']:.2f}×"])
     lines += _table(["variant", "encoder rows", "decoder rows", "vocab-projection rows", "layers with cross-attn",
-                     "median step (s)", "range (s)", "step vs DEEP", "FLOPs vs DEEP"], rows)
-    verdict = "met" if ratio <= 1.5 else "not met"
-    lines += ["", f"**Target of the issue (≤ 1.5× per step on CPU for DEEP+CAD+CRT vs DEEP): {verdict}** — "
-              f"measured {ratio:.2f}×; the matmul FLOPs alone are {crt['formula_flops_ratio_vs_deep']:.2f}× DEEP's.", ""]
+                     "wall step (s)", "wall vs DEEP (rounds)", "CPU step (s)", "CPU vs DEEP (rounds)", "FLOPs vs DEEP"],
+                    rows)
+    cpu_ratio = crt["cpu_ratio_vs_deep"]
+    verdict = "met" if max(ratio, cpu_ratio) <= 1.5 else "not met"
+    lines += ["", "Wall: median wall-clock step. CPU: median of the process' CPU time (user + system) per step — with "
+              "one thread, the step's own work without the time the scheduler gave the core to the other runs, "
+              "hence steadier on this machine. \"(rounds)\": min–max of the ratio within each interleaved round "
+              "(the contenders of one round ran back to back). FLOPs: the analytic expectation below.", "",
+              f"**Target of the issue (≤ 1.5× per step on CPU for DEEP+CAD+CRT vs DEEP): {verdict}** — "
+              f"measured {ratio:.2f}× (wall) / {cpu_ratio:.2f}× (CPU time); the matmul FLOPs alone are "
+              f"{crt['formula_flops_ratio_vs_deep']:.2f}× DEEP's.", ""]
 
-    lines += ["**Where the time goes** — median seconds of each phase (forward split by forward hooks on the encoder, "
+    lines += ["**Where the time goes** — median CPU seconds of each phase (forward split by forward hooks on the "
+              "encoder, "
               "the decoder and the output projection; \"views + losses\" is the rest of `compute_losses`: building "
               "X⁺/X⁻, concatenating and indexing the views, log-softmax NLL, the DDR KL and the ALD pooling). "
               "Medians of parts need not add up to the median step.", ""]
-    rows = [[name] + [f"{e['phase_median_s'][key]:.2f}" for key, _ in CRT_PARTS] for name, e in v.items()]
-    rows.append(["CRT − DEEP"] + [f"{crt['phase_median_s'][key] - deep['phase_median_s'][key]:+.2f}"
+    rows = [[name] + [f"{e['phase_median_s']['cpu'][key]:.2f}" for key, _ in CRT_PARTS] for name, e in v.items()]
+    rows.append(["CRT − DEEP"] + [f"{crt['phase_median_s']['cpu'][key] - deep['phase_median_s']['cpu'][key]:+.2f}"
                                   for key, _ in CRT_PARTS])
     lines += _table(["variant"] + [label for _, label in CRT_PARTS], rows)
 
@@ -328,7 +338,7 @@ def _crt_cost(results: dict) -> list[str]:
     saved = deep["formula_flops_total"] - cad["formula_flops_total"]
     lines += ["", f"Reading: CAD alone removes {saved / deep['formula_flops_total']:.0%} of DEEP's FLOPs (cross-"
               f"attention is {share_cross:.0%} of them and 9 of 12 layers lose it) and measured "
-              f"{cad['ratio_vs_deep']:.2f}× per step. DDR and ALD then add {extra / deep['formula_flops_total']:.2f}× "
+              f"{cad['cpu_ratio_vs_deep']:.2f}× per step (CPU time). DDR and ALD then add {extra / deep['formula_flops_total']:.2f}× "
               "DEEP's FLOPs: DDR a second decoder pass and vocabulary projection over X's encoder states, ALD two "
               "full encoder + decoder passes for X⁺ and X⁻ with gradients (SPEC.md §1: \"Gradients flow through all "
               f"three views\"). CAD pays for {saved / extra:.0%} of that. At equal batch a CRT step therefore costs "
@@ -337,7 +347,7 @@ def _crt_cost(results: dict) -> list[str]:
               + ("The measured excess over the FLOP ratio is work the formula does not count and that scales with the "
                  "rows (dropout masks, layer norms, the extra log-softmaxes over the vocabulary for the NLL of both "
                  "passes and for the DDR KL, the views' index/concat copies; see the phase table and the profile). "
-                 if ratio > crt["formula_flops_ratio_vs_deep"] else
+                 if cpu_ratio > crt["formula_flops_ratio_vs_deep"] else
                  "The measured ratio is below the FLOP ratio: the fixed costs (AdamW, per-op overhead) do not grow "
                  "with the rows, and larger matmuls run closer to the machine's peak. ")
               + "li2022's "
@@ -439,6 +449,9 @@ def render(results: dict) -> str:
              "interleaved (A, B, C, A, B, C, … with a rotating start) in the same process run, after a warm-up.", ""]
     if results.get("quick"):
         lines += ["**Quick (smoke) run**: small batches and few repeats; do not quote these numbers.", ""]
+    for section, run in results.get("merged", {}).items():
+        lines += [f"Section `{section}` was measured later and merged in (`--merge`): `{run['command']}` "
+                  f"({run['started']}, {run['duration_s'] / 60:.1f} min, commit `{run['machine']['commit']}`).", ""]
     lines += ["## Machine", ""]
     lines += _table(["", ""], [
         ["CPU", f"{m['cpu']} ({m['logical_cpus']} logical CPUs, {m['memory_gib']} GiB RAM)"],

@@ -267,13 +267,14 @@ def main(argv: list[str] | None = None) -> None:
         log(f"re-rendered {out_dir / 'RESULTS.md'} and {out_dir / 'scaling.png'} from {out_dir / 'results.json'}")
         return
     results = run(args)
+    duration_s = results["duration_s"]
     if args.merge and (out_dir / "results.json").exists():
         results = merge(json.loads((out_dir / "results.json").read_text()), results, args.sections)
 
     write_report(results, out_dir)  # adds the scaling fits to `results`
     (out_dir / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     log(f"wrote {out_dir / 'results.json'}, {out_dir / 'RESULTS.md'}, {out_dir / 'scaling.png'} "
-        f"in {results['duration_s'] / 60:.1f} min")
+        f"in {duration_s / 60:.1f} min")
 
 
 if __name__ == "__main__":
