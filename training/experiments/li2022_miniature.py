@@ -205,7 +205,17 @@ def write_markdown(report: dict, path: Path) -> None:
             f"{test.get('bleu', 'n/a')} / {test.get('chrf', 'n/a')} | {_last(run.get('eval_source_reliance', []))} / "
             f"{'n/a' if reliance is None else f'{reliance:.3f}'} |"
         )
-    lines += ["", "![curves](li2022_miniature.png)", ""]
+    lines += [
+        "",
+        "How to read it: *minutes* is wall time under whatever else ran on the 2 cores at the time (the CRT rows ran "
+        "beside two other trainings and a benchmark), not a step-cost comparison — that is `benchmarks/RESULTS.md`, "
+        "section `crt_cost`. ALD trains the model on `<unk>`-masked sources, the very input source reliance probes, so "
+        "the CRT rows' reliance measures that training as much as use of the source; compare it between rows without "
+        "ALD.",
+        "",
+        "![curves](li2022_miniature.png)",
+        "",
+    ]
     path.write_text("\n".join(lines))
 
 
