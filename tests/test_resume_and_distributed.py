@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import socket
@@ -116,3 +117,19 @@ def test_accelerate_launch_two_processes_match_one_process(small_corpus, tmp_pat
                *train_argv(small_corpus, folder, *DDP_ARGS, "--per_device_train_batch_size", "4")]
     _run(command)
     _compare_with_single(single_process_double_batch, folder)
+
+
+def test_torchrun_trains_li2022_cad_and_crt(small_corpus, tmp_path):
+    """CAD skips parameters at random and CRT's views go through one model call: DDP must accept both."""
+    folder = tmp_path / "crt"
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+               str(_free_port()), "-m", "training.cli", "train",
+               *train_argv(small_corpus, folder, "--max_steps", "4", "--config_overrides",
+                           "d_model=16,encoder_layers=2,decoder_layers=3,encoder_attention_heads=2,"
+                           "decoder_attention_heads=2,encoder_ffn_dim=32,decoder_ffn_dim=32,"
+                           "max_position_embeddings=64,cross_attention_drop_depth=2,cross_attention_drop_ratio=0.5,"
+                           "ddr_weight=1.0,ald_weight=1.0")]
+    _run(command)
+    logs = [entry for entry in json.loads((folder / "trainer_state.json").read_text())["log_history"]
+            if "loss" in entry]
+    assert len(logs) == 4 and all(math.isfinite(entry[key]) for entry in logs for key in ("loss", "ddr", "ald"))
