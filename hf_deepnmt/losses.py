@@ -77,17 +77,19 @@ def target_mask(labels: torch.Tensor, pad_token_id: int | None) -> torch.Tensor:
 
 
 def label_smoothed_nll_loss(
-    logits: torch.Tensor, labels: torch.Tensor, epsilon: float, pad_token_id: int | None = None
+    logits: torch.Tensor, labels: torch.Tensor, epsilon: float, pad_token_id: int | None = None,
+    log_probs: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Label-smoothed cross-entropy, *summed* over real target tokens (Szegedy et al. 2016; SPEC.md §0).
 
     ``loss_t = (1 − ε) · (−log p(y_t)) + ε · mean_v(−log p(v))`` — the uniform-prior form transformers' LabelSmoother
-    uses. Returns ``(smoothed_sum, nll_sum, num_tokens)``; the log-softmax runs in float32.
+    uses. Returns ``(smoothed_sum, nll_sum, num_tokens)``; the log-softmax runs in float32 (``log_probs``, if given,
+    is that log-softmax of ``logits``, computed once and shared with other terms).
     """
     if not 0.0 <= epsilon < 1.0:
         raise ValueError(f"label_smoothed_nll_loss: `epsilon` = {epsilon!r} is not allowed; use a value in [0, 1).")
     mask = target_mask(labels, pad_token_id)  # (B, T)
-    lprobs = F.log_softmax(logits.float(), dim=-1)  # (B, T, V)
+    lprobs = F.log_softmax(logits.float(), dim=-1) if log_probs is None else log_probs  # (B, T, V)
     safe_labels = labels.masked_fill(~mask, 0)
     nll = -lprobs.gather(-1, safe_labels.unsqueeze(-1)).squeeze(-1)  # (B, T)
     nll_sum = (nll * mask).sum()
@@ -116,8 +118,12 @@ def _unwrap(model: nn.Module) -> nn.Module:
 def ddr_loss(logits_1: torch.Tensor, logits_2: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """li2022 §3.4 J_DDR = ½ (KL(P1‖P2) + KL(P2‖P1)), summed over the vocabulary, averaged over ``mask``'s target
     tokens (SPEC.md §1). ``logits_*``: ``(B, T, V)`` of two decoder passes; computed in float32."""
-    lp1 = F.log_softmax(logits_1.float(), dim=-1)  # (B, T, V)
-    lp2 = F.log_softmax(logits_2.float(), dim=-1)
+    return ddr_loss_from_log_probs(F.log_softmax(logits_1.float(), dim=-1), F.log_softmax(logits_2.float(), dim=-1),
+                                   mask)
+
+
+def ddr_loss_from_log_probs(lp1: torch.Tensor, lp2: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """`ddr_loss` on log-probabilities ``(B, T, V)`` (as `compute_losses` shares one log-softmax with the NLL)."""
     # KL(P1‖P2) + KL(P2‖P1) = Σ_v (p1 − p2)(log p1 − log p2)
     symmetric = ((lp1.exp() - lp2.exp()) * (lp1 - lp2)).sum(dim=-1)  # (B, T)
     mask = mask.to(symmetric.dtype)
@@ -215,8 +221,9 @@ def compute_losses(
     else:
         outputs, passes, pooled = model(**inputs, use_cache=False), 1, None
     logits = outputs.logits  # (passes·B, T, V)
+    log_probs = F.log_softmax(logits.float(), dim=-1)  # (passes·B, T, V), shared by the NLL and DDR
     smoothed_sum, nll_sum, num_tokens = label_smoothed_nll_loss(
-        logits, labels.repeat(passes, 1), label_smoothing, pad_token_id)
+        logits, labels.repeat(passes, 1), label_smoothing, pad_token_id, log_probs=log_probs)
     smoothed_sum, nll_sum, num_tokens = smoothed_sum / passes, nll_sum / passes, num_tokens // passes
     count = num_tokens.clamp(min=1).to(smoothed_sum.dtype)
     normalizer = count if num_items_in_batch is None else torch.as_tensor(
@@ -226,7 +233,9 @@ def compute_losses(
     total = smoothed_sum / normalizer
     components = {"nll": (nll_sum / count).detach(), "smoothed_nll": (smoothed_sum / count).detach()}
     if crt and ddr_weight > 0.0:
-        value = ddr_loss(logits[:batch_size], logits[batch_size:2 * batch_size], mask)  # §3.4 li2022 J_DDR
+        # unbind (not slicing): its backward stacks the two gradients instead of zero-filling two full-size buffers
+        lp1, lp2 = log_probs.view(2, batch_size, *log_probs.shape[1:]).unbind(0)  # 2 × (B, T, V)
+        value = ddr_loss_from_log_probs(lp1, lp2, mask)  # §3.4 li2022 J_DDR
         components["ddr"] = value.detach()
         total = total + ddr_weight * value * share
     if crt and ald_weight > 0.0:

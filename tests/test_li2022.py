@@ -232,6 +232,8 @@ def test_ddr_runs_two_decoder_passes_that_differ_and_averages_their_nll(batch):
     logits = out.outputs.logits  # (2B, T, V): the two passes over one encoder output
     assert logits.size(0) == 2 * batch["input_ids"].size(0)
     assert (logits[:2] - logits[2:]).abs().max() > 1e-3 and out.components["ddr"] > 0
+    mask = batch["labels"] != -100
+    assert out.components["ddr"].item() == pytest.approx(ddr_loss(logits[:2], logits[2:], mask).item(), rel=1e-5)
     labels = batch["labels"]
     per_pass = [F.cross_entropy(logits[i:i + 2].transpose(1, 2), labels) for i in (0, 2)]
     assert out.components["nll"].item() == pytest.approx(sum(p.item() for p in per_pass) / 2, rel=1e-5)
