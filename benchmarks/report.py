@@ -284,7 +284,7 @@ def _crt_cost(results: dict) -> list[str]:
              f"weights minus those 9 cross-attentions ({deep['parameters'] / 1e6:.2f}M → {cad['parameters'] / 1e6:.2f}M "
              f"parameters). Median of {c['repeats']} steps per variant, the five interleaved in one process "
              f"(after a warm-up round), 1 thread, machine load {', '.join(f'{x:.2f}' for x in machine.get('load_average_at_start') or [])} "
-             f"at the start (two training runs on the 2 cores); commit `{machine.get('commit', '?')}`. Measured by:", "",
+             f"(1/5/15-min load average) at the start; commit `{machine.get('commit', '?')}`. Measured by:", "",
              "```bash", command, "```", ""]
     spread = lambda values: f"{min(values):.2f}–{max(values):.2f}"  # noqa: E731
     rows = []
@@ -358,19 +358,18 @@ def _crt_cost(results: dict) -> list[str]:
               f"({(cpu['DEEP+CAD+CRT']['forward_views_and_losses'] - cpu['DEEP']['forward_views_and_losses']) / cpu['DEEP']['total']:.0%} "
               f"of a DEEP step; DDR alone: {cpu['DEEP+CAD+DDR']['forward_views_and_losses']:.2f} s, ALD alone: "
               f"{cpu['DEEP+CAD+ALD']['forward_views_and_losses']:.2f} s), plus its share of the backward. "
-              "It is element-wise work over the (2B, T, 8000) logits of the two X passes: the label-smoothed NLL's "
-              "log-softmax, the DDR KL's two log-softmaxes, exps and products, and the zero-filled gradient buffers "
-              "of the logits slices and the gather (three full-size `fill_`s; the `_log_softmax`, its backward, `mul`, "
-              "`sub` and `fill_` rows of the profile grow far faster than the rows). `label_smoothed_nll_loss` and `ddr_loss` each take the log-softmax of the "
-              "same X-pass logits; sharing it would save one full-vocabulary log-softmax and its backward (a few "
-              "per cent of the step; a change to `hf_deepnmt/losses.py`, not made here).",
+              "It is element-wise work over the (2B, T, 8000) logits of the two X passes: the log-softmax, the DDR "
+              "KL's exps, differences and products, and their backward (the `mul`, `add`, `div` and `sum` rows of the "
+              "profile grow far faster than the rows). Since commit 702aff2 one log-softmax of the X-pass logits "
+              "serves both the NLL and DDR, and the two passes are split with `unbind` instead of slices, which "
+              "removed three zero-filled full-size gradient buffers (`fill_`: 987 ms → about 100 ms per step; the "
+              "measurement before it, commit bba73e8, ran on a machine loaded by two trainings and gave 3.42×).",
               "- **li2022's Table 1** (+7 %, 10.52 h vs 9.82 h for 15-15 BASE on 8 V100s) cannot come from the same "
               "per-step work at the same batch; the paper does not say how the views are counted against its "
               "4,096-token batch or how busy its GPUs were.",
-              f"- **Noise**: within single rounds the ratios moved up to {noise:.0%} above their medians on this "
-              "loaded machine (two training runs shared the 2 cores; CPU time moved with wall time, so the contention "
-              "slows the work itself — shared caches, memory bandwidth — rather than only descheduling it). Read "
-              "differences of that size as ties; the CRT ratio is far outside them.", ""]
+              f"- **Noise**: within single rounds the ratios moved up to {noise:.0%} above their medians (other "
+              "processes on the 2 cores slow the work itself — shared caches, memory bandwidth — so CPU time moves "
+              "with wall time). Read differences of that size as ties; the CRT ratio is far outside them.", ""]
 
     prof = c.get("profile", {})
     if prof:
