@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-RESULTS = Path(__file__).parent / "results"
+from .common import RESULTS, history, plot_runs, series
 
 
 def run_args(args: argparse.Namespace, scaling: str, output_dir: Path) -> list[str]:
@@ -40,14 +40,6 @@ def run_args(args: argparse.Namespace, scaling: str, output_dir: Path) -> list[s
     ]
 
 
-def history(folder: Path) -> list[dict]:
-    return json.loads((folder / "trainer_state.json").read_text())["log_history"]
-
-
-def series(log: list[dict], key: str) -> list[tuple[int, float]]:
-    return [(entry["step"], entry[key]) for entry in log if key in entry and isinstance(entry[key], (int, float))]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--encoder_layers", type=int, default=24)
@@ -62,7 +54,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--work_dir", default="runs/admin_miniature")
     parser.add_argument("--results", default=str(RESULTS))
+    parser.add_argument("--render_only", action="store_true",
+                        help="Measure nothing: rewrite the markdown and the plot from the results' JSON.")
     args = parser.parse_args()
+    if args.render_only:
+        results = Path(args.results)
+        report = json.loads((results / "admin_miniature.json").read_text())
+        write_markdown(report, results / "admin_miniature.md")
+        plot(report, results / "admin_miniature.png")
+        return
 
     work, results = Path(args.work_dir), Path(args.results)
     results.mkdir(parents=True, exist_ok=True)
@@ -147,30 +147,12 @@ def write_markdown(report: dict, path: Path) -> None:
 
 
 def plot(report: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
-    for scaling, run in report["runs"].items():
-        label = "default init" if scaling == "none" else "ADMIN"
-        for axis, key, title in zip(axes, ("train_loss", "valid_loss", "grad_norm"),
-                                    ("training loss (label-smoothed)", "validation NLL", "gradient norm")):
-            points = run.get(key, [])
-            if points:
-                axis.plot(*zip(*points), label=label, marker="o" if key == "valid_loss" else None)
-            axis.set_title(title)
-            axis.set_xlabel("step")
-            axis.grid(alpha=0.3)
-    axes[2].set_yscale("log")
-    axes[0].legend()
     setup = report["setup"]
-    fig.suptitle(f"{setup['encoder_layers']}L-{setup['decoder_layers']}L post-LN d{setup['d_model']}, "
-                 f"lr {setup['learning_rate']}: default init vs ADMIN")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    runs = {"default init" if scaling == "none" else "ADMIN": run for scaling, run in report["runs"].items()}
+    plot_runs(runs, [("train_loss", "training loss (label-smoothed)"), ("valid_loss", "validation NLL"),
+                     ("grad_norm", "gradient norm")], path,
+              f"{setup['encoder_layers']}L-{setup['decoder_layers']}L post-LN d{setup['d_model']}, "
+              f"lr {setup['learning_rate']}: default init vs ADMIN", markers=("valid_loss",), log_scale=("grad_norm",))
 
 
 if __name__ == "__main__":

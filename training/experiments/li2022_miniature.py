@@ -36,7 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-from .admin_miniature import RESULTS, history, series
+from .common import RESULTS, history, plot_runs, series
 
 ROWS = ("shallow", "deep", "cad", "full", "crt", "full-ddr", "full-ald")
 DEFAULT_ROWS = "shallow,deep,cad,full,crt"
@@ -220,28 +220,12 @@ def write_markdown(report: dict, path: Path) -> None:
 
 
 def plot(report: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
-    for row, run in report["runs"].items():
-        for axis, key, title in zip(axes, ("nll", "eval_bleu", "eval_source_reliance"),
-                                    ("training NLL", "validation BLEU (greedy)", "source reliance (nats/token)")):
-            points = run.get(key, [])
-            if points:
-                axis.plot(*zip(*points), label=LABELS[row], marker="o" if key != "nll" else None)
-            axis.set_title(title)
-            axis.set_xlabel("step")
-            axis.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
     setup = report["setup"]
-    fig.suptitle(f"li2022 in miniature: decoder depth 2 vs {setup['decoder_layers']}, CAD and CRT "
-                 f"({setup['max_steps']} steps each)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    plot_runs({LABELS[row]: run for row, run in report["runs"].items()},
+              [("nll", "training NLL"), ("eval_bleu", "validation BLEU (greedy)"),
+               ("eval_source_reliance", "source reliance (nats/token)")], path,
+              f"li2022 in miniature: decoder depth 2 vs {setup['decoder_layers']}, CAD and CRT "
+              f"({setup['max_steps']} steps each)", markers=("eval_bleu", "eval_source_reliance"))
 
 
 if __name__ == "__main__":

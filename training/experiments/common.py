@@ -1,0 +1,52 @@
+"""What the miniature experiments share: reading a run's Trainer log and plotting several runs' curves side by side."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def history(folder: Path) -> list[dict]:
+    """The Trainer's ``log_history`` of a finished run folder."""
+    return json.loads((folder / "trainer_state.json").read_text())["log_history"]
+
+
+def series(log: list[dict], key: str) -> list[tuple[int, float]]:
+    """``(step, value)`` of every log entry that has a numeric ``key``."""
+    return [(entry["step"], entry[key]) for entry in log if key in entry and isinstance(entry[key], (int, float))]
+
+
+def plot_runs(
+    runs: Mapping[str, Mapping[str, list]],
+    panels: Sequence[tuple[str, str]],
+    path: Path,
+    title: str,
+    markers: Sequence[str] = (),
+    log_scale: Sequence[str] = (),
+) -> None:
+    """One panel per ``(key, title)`` with one curve per run (``runs``: label → {key: [(step, value), …]}); keys in
+    ``markers`` get point markers (sparse evaluations), keys in ``log_scale`` a log y-axis. Writes a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.8), squeeze=False)
+    for axis, (key, panel_title) in zip(axes[0], panels):
+        for label, run in runs.items():
+            points = run.get(key, [])
+            if points:
+                axis.plot(*zip(*points), label=label, marker="o" if key in markers else None)
+        axis.set_title(panel_title)
+        axis.set_xlabel("step")
+        axis.grid(alpha=0.3)
+        if key in log_scale:
+            axis.set_yscale("log")
+    axes[0, 0].legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
