@@ -389,12 +389,14 @@ class AdminTransformerConfig(DeepTransformerConfig):
         )
 
 
-
 class DeepDecoderTransformerConfig(DeepTransformerConfig):
     r"""li2022 (a deep decoder that does not collapse): `DeepTransformerConfig` with
     ``model_type="deep_decoder_transformer"`` and the paper's full model as defaults — BASE, DEEP-30L-Full: a
-    15-layer encoder and 15-layer decoder, post-LN (Eq. (3) li2022), 512/2048/8, with cross-attention drop and both
-    collapse-reducing losses switched on (SPEC.md §1).
+    15-layer encoder and 15-layer decoder, post-LN (Eq. (3) li2022 as SPEC.md §0 decides; Table 1 labels the paper's
+    baseline "Pre-Norm"), 512/2048/8, with cross-attention drop and both collapse-reducing losses switched on
+    (SPEC.md §1). The explicit signature (rather than a table of defaults and a ``**kwargs`` ``__init__``) is
+    deliberate: under transformers 5.2x a ``**kwargs``-only subclass lost fields (tried: ``decoder_layers`` went
+    missing).
 
     Defaults the paper does not state, chosen here and recorded in the model card:
 

@@ -124,7 +124,7 @@ def ddr_loss(logits_1: torch.Tensor, logits_2: torch.Tensor, mask: torch.Tensor)
 
 def ddr_loss_from_log_probs(lp1: torch.Tensor, lp2: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """`ddr_loss` on log-probabilities ``(B, T, V)`` (as `compute_losses` shares one log-softmax with the NLL)."""
-    # KL(P1‖P2) + KL(P2‖P1) = Σ_v (p1 − p2)(log p1 − log p2)
+    # §3.4 li2022 J_DDR: KL(P1‖P2) + KL(P2‖P1) = Σ_v (p1 − p2)(log p1 − log p2)
     symmetric = ((lp1.exp() - lp2.exp()) * (lp1 - lp2)).sum(dim=-1)  # (B, T)
     mask = mask.to(symmetric.dtype)
     return 0.5 * (symmetric * mask).sum() / mask.sum().clamp(min=1)
@@ -145,7 +145,9 @@ def ald_loss(anchor: torch.Tensor, positive: torch.Tensor, negative: torch.Tenso
     return -F.log_softmax(scores, dim=-1)[:, 0].mean()
 
 
-def replaceable_source_positions(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, config: Any) -> torch.Tensor:
+def replaceable_source_positions(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor | None, config: Any
+) -> torch.Tensor:
     """True at the source tokens ALD (and `source_reliance`) may turn into ``<unk>``: real tokens that are not pad,
     bos, eos, unk already, or one of ``config.ald_protected_token_ids`` (language tags; SPEC.md §1)."""
     protected = {config.pad_token_id, config.bos_token_id, config.eos_token_id, config.unk_token_id,
@@ -164,15 +166,16 @@ def ald_views(
     Each sentence draws γ ~ U[0, p_ALD) (or takes ``gamma`` ``(B,)``); of its n replaceable tokens
     (`replaceable_source_positions`), X⁺ replaces round(γ·n) by ``<unk>`` and X⁻ round((1−γ)·n). Both take the
     positions from one random order, so X⁻'s ``<unk>`` positions include X⁺'s: X⁺ always keeps strictly more of the
-    source (a choice the paper leaves open). Random numbers come from torch's generator (seeded, resumable).
+    source (neither li2022 nor SPEC.md §1 says whether the two draws are related; this is our choice). Random numbers
+    come from torch's generator (seeded, resumable).
     """
     replaceable = replaceable_source_positions(input_ids, attention_mask, config)  # (B, S)
     n = replaceable.sum(dim=1)  # (B,)
     if gamma is None:
         gamma = torch.rand(input_ids.size(0)) * config.ald_unk_ratio
     gamma = gamma.to(device=input_ids.device, dtype=torch.float32)
-    k_pos = torch.round(gamma * n).long()  # (B,)
-    k_neg = torch.round((1.0 - gamma) * n).long()
+    k_pos = torch.round(gamma * n).long()  # (B,) §3.4 li2022 / SPEC.md §1: X⁺ masks round(γ·n)
+    k_neg = torch.round((1.0 - gamma) * n).long()  # X⁻ masks round((1−γ)·n)
     scores = torch.rand(input_ids.shape).to(input_ids.device).masked_fill(~replaceable, 2.0)  # (B, S)
     rank = scores.argsort(dim=1).argsort(dim=1)  # (B, S): 0 = first position to replace
     unk = config.unk_token_id
@@ -263,8 +266,8 @@ def _crt_forward(
     Encoder rows: X (B) [+ X⁺ (B) + X⁻ (B) with ALD]. Decoder rows, each its own drop-net group: pass 1 on X
     [+ pass 2 on the same encoder states with DDR] [+ X⁺ and X⁻ with ALD, batched as one extra pass]. So every
     pass draws drop-net as a separate forward call of it would (X⁺ and X⁻ share one draw, being one batched pass,
-    SPEC.md §1); only the X passes are projected to the vocabulary. Returns (outputs, number of X passes, pooled (G(X,Y), G(X⁺,Y), G(X⁻,Y))
-    or None).
+    SPEC.md §1); only the X passes are projected to the vocabulary. Returns (outputs, number of X passes, pooled
+    (G(X,Y), G(X⁺,Y), G(X⁻,Y)) or None).
     """
     input_ids, attention_mask = inputs["input_ids"], inputs.get("attention_mask")
     decoder_input_ids = inputs["decoder_input_ids"]
@@ -299,7 +302,7 @@ def _crt_forward(
     pooled = None
     if ald:
         top = outputs.decoder_hidden_states[-1]  # (views·B, T, d): the states fed to the output projection
-        g = mean_pool(top, mask.repeat(views, 1))  # (views·B, d)
+        g = mean_pool(top, mask.repeat(views, 1))  # (views·B, d) §3.4 li2022: G(·, Y) = AVGPOOL(H_d^{L_d})
         pooled = (g[:b], g[passes * b:(passes + 1) * b], g[(passes + 1) * b:])
     return outputs, passes, pooled
 
@@ -331,7 +334,7 @@ def source_reliance(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> floa
         b = labels.size(0)
         lp_full = F.log_softmax(logits[:b].float(), dim=-1)
         lp_unk = F.log_softmax(logits[b:].float(), dim=-1)
-        kl = (lp_full.exp() * (lp_full - lp_unk)).sum(dim=-1)  # (B, T)
+        kl = (lp_full.exp() * (lp_full - lp_unk)).sum(dim=-1)  # (B, T) SPEC.md §1: KL(P(y|X) ‖ P(y|X_unk))
         mask = target_mask(labels, getattr(config, "pad_token_id", None)).to(kl.dtype)
         return float((kl * mask).sum() / mask.sum().clamp(min=1))
     finally:

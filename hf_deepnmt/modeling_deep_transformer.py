@@ -266,7 +266,9 @@ class DeepTransformerSublayerMixin:
         if omega is not None:
             residual = residual * omega  # Eq. (2) liu2020: ω_k ⊙ x_{k-1}
         if branch is None:
-            return norm(residual)  # §3.3 li2022, U^l > p^l: H̃ = LN(Ĥ) (SPEC.md §1)
+            # §3.3 li2022, U^l > p^l: H̃ = LN(Ĥ) (SPEC.md §1); with ADMIN composed in (SPEC.md §5) the skipped
+            # sub-layer keeps its ω, LN(ω ⊙ Ĥ), so that profiling and folding see every sub-layer of the stack.
+            return norm(residual)
         return norm(residual + branch)  # Eq. (3) li2022 / Eq. (1)-(2) liu2020: post-LN
 
     def _feed_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -929,7 +931,6 @@ class AdminTransformerForConditionalGeneration(DeepTransformerForConditionalGene
     config_class = AdminTransformerConfig
     base_model_class_name = "AdminTransformerModel"
     seq2seq_class_name = "AdminTransformerForConditionalGeneration"
-
 
 
 class DeepDecoderTransformerModel(DeepTransformerModel):
