@@ -56,10 +56,10 @@ def _evaluate(argv: Sequence[str]) -> int:
         parser.error("--num_beams, --batch_size and --reliance_pairs must be ≥ 1.")
     model = AutoModelForSeq2SeqLM.from_pretrained(args.model)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
+    corpus = read_parallel_file(resolve_path(args.test_file), args.source_lang, args.target_lang, args.max_samples)
     scores, hypotheses = evaluate_model(args.model, args.test_file, args.source_lang, args.target_lang,
                                         num_beams=args.num_beams, batch_size=args.batch_size,
-                                        max_samples=args.max_samples, model=model, tokenizer=tokenizer)
-    corpus = read_parallel_file(resolve_path(args.test_file), args.source_lang, args.target_lang, args.max_samples)
+                                        max_samples=args.max_samples, model=model, tokenizer=tokenizer, corpus=corpus)
     reliance = corpus_source_reliance(model, tokenizer, corpus.sources, corpus.targets, args.reliance_pairs)
     report = {**scores.as_dict(), "sentences": scores.num_sentences, "num_beams": args.num_beams,
               "source_reliance": round(reliance, 4), "signatures": scores.signatures}

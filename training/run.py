@@ -215,9 +215,12 @@ def evaluate_model(
     max_samples: int | None = None,
     model=None,
     tokenizer=None,
+    corpus=None,
 ) -> tuple[TranslationScores, list[str]]:
-    """BLEU/chrF/TER of a saved model on a test file (any format `training.data` reads), with beam search."""
-    corpus = read_parallel_file(resolve_path(test_file), source_lang, target_lang, max_samples)
+    """BLEU/chrF/TER of a saved model on a test file (any format `training.data` reads), with beam search.
+    ``model``, ``tokenizer`` and ``corpus`` (the file already read) save loading them again."""
+    if corpus is None:
+        corpus = read_parallel_file(resolve_path(test_file), source_lang, target_lang, max_samples)
     if model is None:
         model = AutoModelForSeq2SeqLM.from_pretrained(model_dir)
     if tokenizer is None:
