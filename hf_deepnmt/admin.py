@@ -32,6 +32,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from .configuration_deep_transformer import DeepTransformerConfig, admin_omega_closed_form
+from .modeling_deep_transformer import DeepTransformerForConditionalGeneration
+
+__all__ = ["admin_omega_closed_form", "admin_profile", "export_marian", "fold_admin", "iter_sublayers",
+           "non_standard_features", "omega_values"]
+
 IGNORE_INDEX = -100
 
 
@@ -66,14 +72,6 @@ def iter_sublayers(model: nn.Module) -> Iterator[Sublayer]:
                 yield Sublayer(stack, layer, layer.omega_names.get("encoder_attn"), layer.encoder_attn_layer_norm,
                                reads)
             yield Sublayer(stack, layer, layer.omega_names.get("ffn"), layer.final_layer_norm, (layer.fc1,))
-
-
-def admin_omega_closed_form(num_sublayers: int) -> float:
-    """ω = sqrt((N+1)/ln(N+1) − 1) for a stack of N residual sub-layers (SPEC.md §3; admin-torch "O(logn)")."""
-    if num_sublayers < 1:
-        raise ValueError(f"admin_omega_closed_form: `num_sublayers` = {num_sublayers!r} is not allowed; use ≥ 1.")
-    n = num_sublayers
-    return math.sqrt((n + 1) / math.log(n + 1) - 1)
 
 
 # ------------------------------------------------------------------------------------------------ profiling
@@ -118,6 +116,11 @@ def admin_profile(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> dict[s
 
     Returns ``{"encoder": [ω_1, ω_2, …], "decoder": [...]}``, one scalar per residual sub-layer in forward order.
     Runs in training mode (dropout on, as the authors' profile does) and restores the previous mode.
+
+    With li2022's cross-attention drop composed in, the pass runs **every existing cross-attention** (no drop-net
+    draw): ω then describes the network used at inference and does not depend on the random draws of one pass
+    (docs/liu2020.md, "ADMIN with cross-attention drop"). Layers built without a cross-attention (p_net = 1) add
+    nothing at that sub-layer, as always.
     """
     model = _core(model)
     config = model.config
@@ -133,16 +136,22 @@ def admin_profile(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> dict[s
     layers = [layer for stack in (model.model.encoder, model.model.decoder) for layer in stack.layers]
     was_training = model.training
     model.train()
+    keep = {layer: layer.cross_attention_keep for layer in model.model.decoder.layers}
     for layer in layers:
         layer.admin_profiler = profiler
+    for layer, probability in keep.items():
+        if probability > 0.0:
+            layer.cross_attention_keep = 1.0  # profile the inference network: every existing cross-attention runs
     try:
         inputs = {key: value.to(model.device) for key, value in batch.items() if key != "labels"}
         if "decoder_input_ids" not in inputs:
             inputs["decoder_input_ids"] = model.prepare_decoder_input_ids_from_labels(labels.to(model.device))
-        model(**inputs, use_cache=False)
+        model.model(**inputs, use_cache=False)  # the stacks only: no vocabulary projection, no training objective
     finally:
         for layer in layers:
             layer.admin_profiler = None
+        for layer, probability in keep.items():
+            layer.cross_attention_keep = probability
         model.train(was_training)
     config.admin_profiled = True
     return {stack: list(values) for stack, values in profiler.omegas.items()}
@@ -159,8 +168,6 @@ def omega_values(model: nn.Module) -> dict[str, list[float]]:
 
 # ------------------------------------------------------------------------------------------------ folding and export
 def _standard_config(config):
-    from .configuration_deep_transformer import DeepTransformerConfig
-
     fields = config.to_dict()
     for key in ("model_type", "transformers_version", "architectures", "auto_map", "custom_pipelines", "dtype",
                 "residual_scaling", "admin_init", "admin_omega_trainable", "admin_profiled"):
@@ -172,8 +179,6 @@ def _standard_config(config):
 def fold_admin(model: nn.Module) -> nn.Module:
     """A standard post-LN `DeepTransformerForConditionalGeneration` (``residual_scaling="none"``) computing the same
     function as the ADMIN ``model`` (see the module docstring; exact up to float rounding)."""
-    from .modeling_deep_transformer import DeepTransformerForConditionalGeneration
-
     model = _core(model)
     if getattr(model.config, "residual_scaling", "none") != "admin":
         raise ValueError("fold_admin: the model's `residual_scaling` is not 'admin'; there is nothing to fold.")

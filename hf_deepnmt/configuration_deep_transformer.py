@@ -19,6 +19,9 @@ import math
 from typing import Any
 
 from transformers import PreTrainedConfig
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
 
 # Activation names accepted by `activation_function` (a subset of transformers.activations.ACT2FN that makes sense
 # for a position-wise FFN). Kept explicit so that a typo fails at config time, not at the first forward.
@@ -39,6 +42,15 @@ ALLOWED_ACTIVATIONS: tuple[str, ...] = (
 ALLOWED_LAYER_NORM_POSITIONS: tuple[str, ...] = ("post", "pre")
 ALLOWED_RESIDUAL_SCALINGS: tuple[str, ...] = ("none", "admin")
 ALLOWED_ADMIN_INITS: tuple[str, ...] = ("profiling", "closed_form")
+
+
+def admin_omega_closed_form(num_sublayers: int) -> float:
+    """ω = sqrt((N+1)/ln(N+1) − 1) for a stack of N residual sub-layers, ADMIN without profiling (docs/liu2020.md;
+    admin-torch's "O(logn)" default)."""
+    if not (_is_int(num_sublayers) and num_sublayers >= 1):
+        raise ValueError(f"admin_omega_closed_form: `num_sublayers` = {num_sublayers!r} is not allowed; use ≥ 1.")
+    n = num_sublayers
+    return math.sqrt((n + 1) / math.log(n + 1) - 1)
 
 
 def _fail(config_name: str, field: str, value: Any, allowed: str) -> None:
@@ -100,8 +112,8 @@ class DeepTransformerConfig(PreTrainedConfig):
             Tie the output projection (`lm_head`) to the shared token embedding (Press & Wolf 2017; SPEC.md §0).
         init_std (`float`, *optional*, defaults to `None`):
             Standard deviation of the normal init of the token embedding (and of an untied `lm_head`). `None` means
-            d_model ** -0.5, the fairseq/Vaswani choice that gives unit-variance scaled embeddings. Linear layers use
-            Xavier-uniform weights and zero biases; LayerNorms start at weight 1, bias 0.
+            d_model ** -0.5, which gives unit-variance scaled embeddings (fairseq's choice). Linear layers use
+            Xavier-uniform weights (gain 1) and zero biases; LayerNorms start at weight 1, bias 0.
         residual_scaling (`str`, defaults to `"none"`):
             `"none"`: the residual rule above. `"admin"`: liu2020 ADMIN, every post-LN residual sub-layer k computes
             x_k = LN(ω_k ⊙ x_{k-1} + f_k(x_{k-1})) (Eq. (2) liu2020) with a d_model-vector ω_k per sub-layer (2 per
@@ -140,6 +152,11 @@ class DeepTransformerConfig(PreTrainedConfig):
             source tokens replaced by `<unk>`, X⁻ has round((1−γ)·n) replaced.
         ald_temperature (`float`, defaults to 0.1):
             Softmax temperature τ of Eq. (6) li2022 (> 0).
+        label_smoothing (`float`, defaults to 0.0):
+            ε of the label-smoothed NLL (Szegedy et al. 2016) that the model's own forward optimises in training mode
+            (a stock `Seq2SeqTrainer` or a plain loop; `DeepNMTTrainer` passes its ``label_smoothing_factor``
+            instead, and `deepnmt train` records it here). In [0, 1). Every paper of this package trains with 0.1;
+            evaluation-mode losses are never smoothed.
         ald_protected_token_ids (`list[int]`, defaults to `[]`):
             Source token ids ALD must never replace by `<unk>` besides pad, bos and eos — e.g. target-language tags of
             a multilingual model (SPEC.md §1). Each must be a token id in [0, vocab_size).
@@ -206,6 +223,7 @@ class DeepTransformerConfig(PreTrainedConfig):
         ald_unk_ratio: float = 0.3,
         ald_temperature: float = 0.1,
         ald_protected_token_ids: list[int] | None = None,
+        label_smoothing: float = 0.0,
         pad_token_id: int = 0,
         bos_token_id: int = 1,
         eos_token_id: int = 2,
@@ -243,6 +261,7 @@ class DeepTransformerConfig(PreTrainedConfig):
         self.ald_unk_ratio = ald_unk_ratio
         self.ald_temperature = ald_temperature
         self.ald_protected_token_ids = list(ald_protected_token_ids) if ald_protected_token_ids is not None else []
+        self.label_smoothing = label_smoothing
         self.unk_token_id = unk_token_id
         self.use_cache = use_cache
         self.tie_word_embeddings = tie_word_embeddings
@@ -336,6 +355,43 @@ class DeepTransformerConfig(PreTrainedConfig):
                   f"it must be a list of token ids in [0, vocab_size={self.vocab_size})")
         if self.unk_token_id in protected:
             _fail(name, "ald_protected_token_ids", protected, "it must not contain unk_token_id")
+        if not (_is_number(self.label_smoothing) and 0.0 <= self.label_smoothing < 1.0):
+            _fail(name, "label_smoothing", self.label_smoothing, "it must be a number in [0, 1)")
+        self._check_combinations()
+
+    def _check_combinations(self) -> None:
+        """Settings that are valid one by one but would build a broken model (raise) or silently do nothing (warn
+        once): docs/training.md, "Combinations"."""
+        name = type(self).__name__
+        depth, ratio = self.cross_attention_drop_depth, float(self.cross_attention_drop_ratio)
+        if depth == self.decoder_layers and ratio >= 1.0:
+            _fail(name, "cross_attention_drop_depth", depth,
+                  f"with cross_attention_drop_ratio=1.0 no decoder layer would keep a cross-attention and the model "
+                  f"could not see its source; use a depth below decoder_layers={self.decoder_layers}")
+        if self.unk_token_id == self.bos_token_id:
+            _fail(name, "unk_token_id", self.unk_token_id,
+                  "it must differ from bos_token_id (li2022's ALD and the source-reliance monitor mask words with it)")
+        if self.residual_scaling != "admin":
+            for field, default in (("admin_init", "profiling"), ("admin_omega_trainable", True),
+                                   ("admin_profiled", False)):
+                if getattr(self, field) != default:
+                    _fail(name, field, getattr(self, field), "ADMIN settings apply only with residual_scaling='admin' "
+                          f"(it is {self.residual_scaling!r}); set residual_scaling='admin' or leave {field} at "
+                          f"{default!r}")
+        if self.admin_init == "closed_form" and self.admin_profiled:
+            _fail(name, "admin_profiled", self.admin_profiled,
+                  "a closed-form ADMIN model is never profiled (admin_init='closed_form'); leave it False")
+        if depth > 0 and ratio == 0.0:
+            logger.warning_once(
+                f"{name}: cross_attention_drop_depth={depth} has no effect with cross_attention_drop_ratio=0.0 "
+                "(cross-attention drop is off); set the depth to 0 as well, or a ratio above 0 to use it.")
+        cad_random = depth > 0 and 0.0 < ratio < 1.0
+        dropouts = (self.dropout, self.attention_dropout, self.activation_dropout)
+        if self.ddr_weight > 0 and not cad_random and all(p == 0 for p in dropouts):
+            logger.warning_once(
+                f"{name}: ddr_weight={self.ddr_weight} has no effect: li2022's DDR compares two decoder passes that "
+                "differ only by dropout or cross-attention drop, and all dropouts are 0 with no drop-net; set a "
+                "dropout or ddr_weight=0.")
 
     def cross_attention_keep_schedule(self) -> list[float]:
         """Per decoder layer (bottom first), the probability that its cross-attention runs in a training pass.
@@ -389,6 +445,10 @@ class AdminTransformerConfig(DeepTransformerConfig):
         )
 
 
+# li2022 Fig. 2: a 27-layer decoder works best with cross-attention drop in its bottom 21 layers.
+DEEP_DECODER_DROP_FRACTION = 21 / 27
+
+
 class DeepDecoderTransformerConfig(DeepTransformerConfig):
     r"""li2022 (a deep decoder that does not collapse): `DeepTransformerConfig` with
     ``model_type="deep_decoder_transformer"`` and the paper's full model as defaults — BASE, DEEP-30L-Full: a
@@ -400,8 +460,9 @@ class DeepDecoderTransformerConfig(DeepTransformerConfig):
 
     Defaults the paper does not state, chosen here and recorded in the model card:
 
-    * ``cross_attention_drop_depth=12`` of 15: Fig. 2 of li2022 peaks at L_dr = 21 of a 27-layer decoder
-      (≈ 0.78 of the depth), which is 12 of 15;
+    * ``cross_attention_drop_depth`` = round(21/27 · decoder_layers) unless given (12 of the default 15): Fig. 2 of
+      li2022 peaks at L_dr = 21 of a 27-layer decoder, and the default scales with the decoder, so
+      ``DeepDecoderTransformerConfig(decoder_layers=6)`` drops in the bottom 5 layers;
     * ``cross_attention_drop_ratio=0.5``: §4.3 finds that a large drop depth works best with p_net < 1 ("retains
       some of the cross-attention"); no value is given;
     * ``ddr_weight=1.0``, ``ald_weight=1.0``, ``ald_unk_ratio=0.3``, ``ald_temperature=0.1`` (SPEC.md §1; p_ALD and
@@ -422,7 +483,7 @@ class DeepDecoderTransformerConfig(DeepTransformerConfig):
         encoder_ffn_dim: int = 2048,
         decoder_ffn_dim: int = 2048,
         layer_norm_position: str = "post",
-        cross_attention_drop_depth: int = 12,
+        cross_attention_drop_depth: int | None = None,
         cross_attention_drop_ratio: float = 0.5,
         ddr_weight: float = 1.0,
         ald_weight: float = 1.0,
@@ -430,6 +491,8 @@ class DeepDecoderTransformerConfig(DeepTransformerConfig):
         ald_temperature: float = 0.1,
         **kwargs: Any,
     ) -> None:
+        if cross_attention_drop_depth is None and _is_int(decoder_layers) and decoder_layers >= 1:
+            cross_attention_drop_depth = max(1, round(DEEP_DECODER_DROP_FRACTION * decoder_layers))
         super().__init__(
             encoder_layers=encoder_layers,
             decoder_layers=decoder_layers,

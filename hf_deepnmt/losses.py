@@ -1,26 +1,30 @@
-"""Training losses of hf_deepnmt: pure functions plus one entry point usable from any training loop.
+"""Training losses of hf_deepnmt: pure functions, the step-level normalisation, and one entry point.
 
-`compute_losses(model, batch, ...)` runs the forward pass and returns the total loss to back-propagate together
-with every named component (``nll``, and one entry per auxiliary term: li2022's ``ddr`` / ``ald``, dou2018's
-``div``, …) for logging. The Trainer of ``training/`` calls it; so can a plain PyTorch loop::
+The training objective of every hf_deepnmt model is computed **by the model's own forward** in training mode when
+``labels`` are given (label-smoothed NLL plus every auxiliary term its config switches on: li2022's DDR and ALD,
+dou2018's layer diversity), so a stock `Seq2SeqTrainer`, any plain PyTorch loop and ``training.DeepNMTTrainer``
+optimise the same thing. In evaluation mode the forward returns the unsmoothed NLL per target token.
+`compute_losses(model, batch, ...)` is the entry point for training loops: it calls the model and returns the
+loss together with every named component (``nll``, ``smoothed_nll``, ``ddr``, ``ald``, ``div``, …)::
 
     out = compute_losses(model, batch, label_smoothing=0.1)
     out.loss.backward()
     print({name: value.item() for name, value in out.components.items()})
 
-Normalisation (fairseq's): the label-smoothed NLL is *summed* over target tokens and divided by
-``num_items_in_batch`` — the number of target tokens in the whole optimizer step (all gradient-accumulation
-micro-batches, all processes) — so that accumulating k micro-batches equals one k-times larger batch. Without it,
-the divisor is this batch's own token count (a per-token mean). Auxiliary terms are per-token means of their
-micro-batch, weighted by that micro-batch's share of the step's tokens, which gives the same equivalence.
+**Normalisation (docs/training.md).** Every term is a *sum over its units* divided by the number of those units in
+the whole optimizer step — all gradient-accumulation micro-batches, all data-parallel processes (`LossNormalizers`):
 
-li2022's collapse-reducing training (CRT, SPEC.md §1) is built in, switched on by the config's ``ddr_weight`` /
-``ald_weight``: all views of the batch go through **one** model call (the encoder runs on X, X⁺, X⁻; the decoder on
-two copies of X's states for DDR plus X⁺ and X⁻ for ALD, with independent drop-net draws per pass), so DDP and
-gradient checkpointing see one ordinary forward. Other auxiliary terms are `AuxiliaryLoss` objects (name, weight,
-function); `auxiliary_losses_from_config(config)` builds the ones a model's config switches on.
+* target tokens: the label-smoothed NLL (summed over the target tokens) and li2022's DDR (summed over the target
+  tokens), dou2018's decoder diversity (summed over target positions);
+* source tokens: dou2018's encoder diversity (summed over source positions);
+* sentences: li2022's ALD (one contrastive term per sentence pair, Eq. (6) li2022).
 
-`source_reliance` is the collapse monitor of SPEC.md §1 (ours, beyond the paper).
+So one batch, k accumulated micro-batches and k processes give the same gradient. ``DeepNMTTrainer`` counts all
+three units of every step; transformers' stock `Trainer` passes only the target-token count
+(``num_items_in_batch``), from which the other two are estimated by this micro-batch's share of the step's target
+tokens (exact with one micro-batch per step on one process). Without either, the counts are this batch's own.
+
+`source_reliance` is the collapse monitor described in docs/li2022.md (ours, beyond the paper).
 """
 
 from __future__ import annotations
@@ -35,39 +39,117 @@ from torch import nn
 
 IGNORE_INDEX = -100
 
+# The units a loss term averages over; `LossNormalizers` counts each per optimizer step.
+UNITS: tuple[str, ...] = ("target_tokens", "source_tokens", "sentences")
+
 AuxiliaryFn = Callable[[nn.Module, Mapping[str, torch.Tensor], Any], torch.Tensor]
 
 
+# ------------------------------------------------------------------------------------------------ normalisation
 @dataclass(frozen=True)
-class AuxiliaryLoss:
-    """A weighted auxiliary objective: ``total += weight * fn(model, batch, outputs)``.
+class LossNormalizers:
+    """How many units of each kind the whole optimizer step holds (every micro-batch, every process).
 
-    ``fn`` returns a scalar that is a per-token mean over its batch (or a per-sentence mean); it may run extra
-    forward passes (e.g. a second decoder pass on ``outputs.encoder_last_hidden_state``). ``name`` is the key of
-    its logged component.
+    Each term of the objective is divided by the count of its own unit (see the module docstring), so the
+    gradient of one large batch equals the sum over micro-batches and processes.
     """
 
-    name: str
-    weight: float
-    fn: AuxiliaryFn
+    target_tokens: torch.Tensor | float
+    source_tokens: torch.Tensor | float
+    sentences: torch.Tensor | float
+
+    def as_tensor(self, device: torch.device | None = None) -> torch.Tensor:
+        """``(3,)`` float64 tensor in `UNITS` order (for all-reduce)."""
+        return torch.tensor([float(getattr(self, unit)) for unit in UNITS], dtype=torch.float64, device=device)
+
+    @classmethod
+    def from_tensor(cls, values: torch.Tensor) -> "LossNormalizers":
+        target, source, sentences = (float(v) for v in values.tolist())
+        return cls(target_tokens=target, source_tokens=source, sentences=sentences)
+
+    def __add__(self, other: "LossNormalizers") -> "LossNormalizers":
+        return LossNormalizers(*(float(getattr(self, u)) + float(getattr(other, u)) for u in UNITS))
+
+
+def batch_normalizers(batch: Mapping[str, torch.Tensor], pad_token_id: int | None) -> LossNormalizers:
+    """The units one batch holds: target tokens exactly as the loss counts them (`target_mask`: neither -100 nor
+    pad), source tokens (the attention mask, or non-pad ids), sentences (rows)."""
+    labels = batch["labels"]
+    input_ids = batch.get("input_ids")
+    attention_mask = batch.get("attention_mask")
+    if attention_mask is not None:
+        source = attention_mask.sum()
+    elif input_ids is not None:
+        source = (input_ids != pad_token_id).sum() if pad_token_id is not None else torch.tensor(input_ids.numel())
+    else:
+        source = torch.tensor(0)
+    return LossNormalizers(target_tokens=float(target_mask(labels, pad_token_id).sum()), source_tokens=float(source),
+                           sentences=float(labels.size(0)))
+
+
+def resolve_normalizers(
+    local: Mapping[str, torch.Tensor],
+    step: LossNormalizers | None = None,
+    num_items_in_batch: torch.Tensor | int | float | None = None,
+) -> dict[str, torch.Tensor]:
+    """The divisor of each unit for this micro-batch's terms.
+
+    ``local``: this micro-batch's counts per unit (tensors). ``step``: the step's counts (``DeepNMTTrainer``);
+    otherwise ``num_items_in_batch`` (the step's target tokens, as transformers' Trainer passes it), from which the
+    other units are scaled by this micro-batch's share of the step's target tokens; otherwise the local counts.
+    """
+    reference = local["target_tokens"]
+    if step is not None:
+        return {unit: torch.as_tensor(float(getattr(step, unit)), dtype=torch.float32, device=reference.device)
+                .clamp(min=1) for unit in UNITS}
+    local = {unit: value.to(torch.float32).clamp(min=1) for unit, value in local.items()}
+    if num_items_in_batch is None:
+        return local
+    step_target = torch.as_tensor(num_items_in_batch, device=reference.device).to(torch.float32).sum().clamp(min=1)
+    scale = step_target / local["target_tokens"]  # 1 / (this micro-batch's share of the step's target tokens)
+    return {unit: step_target if unit == "target_tokens" else value * scale for unit, value in local.items()}
 
 
 @dataclass
-class LossOutput:
-    """What `compute_losses` returns."""
+class LossTerm:
+    """One term of the objective: ``weight · total / (step count of unit)``.
 
-    loss: torch.Tensor
-    """The scalar to back-propagate (normalised as described in the module docstring)."""
-    components: dict[str, torch.Tensor] = field(default_factory=dict)
-    """Detached per-token means of this batch, for logging: ``nll`` (true NLL, no smoothing),
-    ``smoothed_nll`` and one entry per auxiliary term (unweighted)."""
-    num_tokens: torch.Tensor | None = None
-    """Non-pad target tokens in this batch."""
-    outputs: Any = None
-    """The main forward pass' model output (logits, encoder states, …). With li2022's DDR on, ``logits`` holds both
-    decoder passes, ``(2B, T, V)``, the main pass first."""
+    ``total`` is summed over this micro-batch's units and ``count`` is how many it holds (its logged value is
+    ``total / count``); ``weight`` 0 logs a term without optimising it.
+    """
+
+    name: str
+    total: torch.Tensor
+    count: torch.Tensor
+    unit: str
+    weight: float
 
 
+def combine_terms(
+    terms: Sequence[LossTerm], normalizers: Mapping[str, torch.Tensor]
+) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """``(loss, components, counts)``: the weighted sum of every term over its unit's step count, each term's
+    per-unit mean of this micro-batch (detached, for logging) and its unit count."""
+    loss = None
+    components: dict[str, torch.Tensor] = {}
+    counts: dict[str, torch.Tensor] = {}
+    for term in terms:
+        if term.unit not in UNITS:
+            raise ValueError(f"LossTerm {term.name!r}: `unit` = {term.unit!r} is not allowed; use one of {list(UNITS)}.")
+        if term.name in components:
+            raise ValueError(f"compute_losses: loss component name {term.name!r} is used twice.")
+        count = term.count.to(torch.float32)
+        components[term.name] = (term.total.detach().float() / count.clamp(min=1))
+        counts[term.name] = count.detach()
+        if term.weight != 0.0:
+            value = term.weight * term.total / normalizers[term.unit]
+            loss = value if loss is None else loss + value
+    if loss is None:
+        raise ValueError("combine_terms: no term has a non-zero weight.")
+    return loss, components, counts
+
+
+# ------------------------------------------------------------------------------------------------ the terms
 def target_mask(labels: torch.Tensor, pad_token_id: int | None) -> torch.Tensor:
     """True at real target positions: labels that are neither -100 nor the pad id."""
     mask = labels != IGNORE_INDEX
@@ -80,7 +162,7 @@ def label_smoothed_nll_loss(
     logits: torch.Tensor, labels: torch.Tensor, epsilon: float, pad_token_id: int | None = None,
     log_probs: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Label-smoothed cross-entropy, *summed* over real target tokens (Szegedy et al. 2016; SPEC.md §0).
+    """Label-smoothed cross-entropy, *summed* over real target tokens (Szegedy et al. 2016).
 
     ``loss_t = (1 − ε) · (−log p(y_t)) + ε · mean_v(−log p(v))`` — the uniform-prior form transformers' LabelSmoother
     uses. Returns ``(smoothed_sum, nll_sum, num_tokens)``; the log-softmax runs in float32 (``log_probs``, if given,
@@ -101,33 +183,20 @@ def label_smoothed_nll_loss(
     return smoothed_sum, nll_sum, mask.sum()
 
 
-def auxiliary_losses_from_config(config: Any) -> list[AuxiliaryLoss]:
-    """The auxiliary objectives a model config switches on (none for the plain DeepTransformer).
-
-    li2022 (``ddr_weight``, ``ald_weight``) and dou2018 (``diversity_weight``) add theirs here with their issues.
-    """
-    return []
-
-
-def _unwrap(model: nn.Module) -> nn.Module:
-    while hasattr(model, "module") and isinstance(model.module, nn.Module):  # DDP / DataParallel / compiled
-        model = model.module
-    return getattr(model, "_orig_mod", model)
-
-
 def ddr_loss(logits_1: torch.Tensor, logits_2: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """li2022 §3.4 J_DDR = ½ (KL(P1‖P2) + KL(P2‖P1)), summed over the vocabulary, averaged over ``mask``'s target
-    tokens (SPEC.md §1). ``logits_*``: ``(B, T, V)`` of two decoder passes; computed in float32."""
-    return ddr_loss_from_log_probs(F.log_softmax(logits_1.float(), dim=-1), F.log_softmax(logits_2.float(), dim=-1),
+    tokens. ``logits_*``: ``(B, T, V)`` of two decoder passes; computed in float32."""
+    total = ddr_sum_from_log_probs(F.log_softmax(logits_1.float(), dim=-1), F.log_softmax(logits_2.float(), dim=-1),
                                    mask)
+    return total / mask.sum().clamp(min=1)
 
 
-def ddr_loss_from_log_probs(lp1: torch.Tensor, lp2: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """`ddr_loss` on log-probabilities ``(B, T, V)`` (as `compute_losses` shares one log-softmax with the NLL)."""
+def ddr_sum_from_log_probs(lp1: torch.Tensor, lp2: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """`ddr_loss` *summed* over ``mask``'s target tokens, on log-probabilities ``(B, T, V)`` (the model shares one
+    log-softmax between the NLL and DDR)."""
     # §3.4 li2022 J_DDR: KL(P1‖P2) + KL(P2‖P1) = Σ_v (p1 − p2)(log p1 − log p2)
     symmetric = ((lp1.exp() - lp2.exp()) * (lp1 - lp2)).sum(dim=-1)  # (B, T)
-    mask = mask.to(symmetric.dtype)
-    return 0.5 * (symmetric * mask).sum() / mask.sum().clamp(min=1)
+    return 0.5 * (symmetric * mask.to(symmetric.dtype)).sum()
 
 
 def mean_pool(states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -137,19 +206,24 @@ def mean_pool(states: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def ald_loss(anchor: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Eq. (6) li2022: −log( e^{s⁺/τ} / (e^{s⁺/τ} + e^{s⁻/τ}) ) with s* = cos(G(X,Y), G(X*,Y)); only X⁺ and X⁻ in the
-    denominator (SPEC.md §1). Inputs ``(B, d)`` pooled states; returns the mean over sentences (float32)."""
+    """Eq. (6) li2022, averaged over sentences (see `ald_losses`)."""
+    return ald_losses(anchor, positive, negative, temperature).mean()
+
+
+def ald_losses(anchor: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Eq. (6) li2022 per sentence: −log( e^{s⁺/τ} / (e^{s⁺/τ} + e^{s⁻/τ}) ) with s* = cos(G(X,Y), G(X*,Y)); only X⁺
+    and X⁻ in the denominator (docs/li2022.md). Inputs ``(B, d)`` pooled states; returns ``(B,)`` in float32."""
     s_pos = F.cosine_similarity(anchor.float(), positive.float(), dim=-1)  # (B,)
     s_neg = F.cosine_similarity(anchor.float(), negative.float(), dim=-1)
     scores = torch.stack([s_pos, s_neg], dim=-1) / temperature  # (B, 2)
-    return -F.log_softmax(scores, dim=-1)[:, 0].mean()
+    return -F.log_softmax(scores, dim=-1)[:, 0]  # Eq. (6) li2022
 
 
 def replaceable_source_positions(
     input_ids: torch.Tensor, attention_mask: torch.Tensor | None, config: Any
 ) -> torch.Tensor:
     """True at the source tokens ALD (and `source_reliance`) may turn into ``<unk>``: real tokens that are not pad,
-    bos, eos, unk already, or one of ``config.ald_protected_token_ids`` (language tags; SPEC.md §1)."""
+    bos, eos, unk already, or one of ``config.ald_protected_token_ids`` (language tags; docs/li2022.md)."""
     protected = {config.pad_token_id, config.bos_token_id, config.eos_token_id, config.unk_token_id,
                  *getattr(config, "ald_protected_token_ids", [])}
     mask = ~torch.isin(input_ids, torch.tensor(sorted(t for t in protected if t is not None), device=input_ids.device))
@@ -161,12 +235,12 @@ def replaceable_source_positions(
 def ald_views(
     input_ids: torch.Tensor, attention_mask: torch.Tensor | None, config: Any, gamma: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """X⁺ and X⁻ of li2022 §3.4 (SPEC.md §1) for a ``(B, S)`` source batch.
+    """X⁺ and X⁻ of li2022 §3.4 for a ``(B, S)`` source batch.
 
     Each sentence draws γ ~ U[0, p_ALD) (or takes ``gamma`` ``(B,)``); of its n replaceable tokens
     (`replaceable_source_positions`), X⁺ replaces round(γ·n) by ``<unk>`` and X⁻ round((1−γ)·n). Both take the
     positions from one random order, so X⁻'s ``<unk>`` positions include X⁺'s: X⁺ always keeps strictly more of the
-    source (neither li2022 nor SPEC.md §1 says whether the two draws are related; this is our choice). Random numbers
+    source (li2022 does not say whether the two draws are related; this is our choice, docs/li2022.md). Random numbers
     come from torch's generator (seeded, resumable).
     """
     replaceable = replaceable_source_positions(input_ids, attention_mask, config)  # (B, S)
@@ -174,7 +248,7 @@ def ald_views(
     if gamma is None:
         gamma = torch.rand(input_ids.size(0)) * config.ald_unk_ratio
     gamma = gamma.to(device=input_ids.device, dtype=torch.float32)
-    k_pos = torch.round(gamma * n).long()  # (B,) §3.4 li2022 / SPEC.md §1: X⁺ masks round(γ·n)
+    k_pos = torch.round(gamma * n).long()  # (B,) §3.4 li2022: X⁺ masks round(γ·n)
     k_neg = torch.round((1.0 - gamma) * n).long()  # X⁻ masks round((1−γ)·n)
     scores = torch.rand(input_ids.shape).to(input_ids.device).masked_fill(~replaceable, 2.0)  # (B, S)
     rank = scores.argsort(dim=1).argsort(dim=1)  # (B, S): 0 = first position to replace
@@ -184,132 +258,101 @@ def ald_views(
     return positive, negative
 
 
+# ------------------------------------------------------------------------------------------------ entry point
+@dataclass(frozen=True)
+class AuxiliaryLoss:
+    """A user-defined weighted auxiliary objective: ``total += weight · share · fn(model, batch, outputs)``.
+
+    ``fn`` returns a scalar that is a per-target-token mean over its batch; ``share`` is this micro-batch's share of
+    the optimizer step's target tokens, so the term accumulates like the NLL. It may run extra forward passes (e.g.
+    on ``outputs.encoder_last_hidden_state``). ``name`` is the key of its logged component. (The papers' terms are
+    computed by the model itself and need no `AuxiliaryLoss`.)
+    """
+
+    name: str
+    weight: float
+    fn: AuxiliaryFn
+
+
+@dataclass
+class LossOutput:
+    """What `compute_losses` returns."""
+
+    loss: torch.Tensor
+    """The scalar to back-propagate (normalised as described in the module docstring)."""
+    components: dict[str, torch.Tensor] = field(default_factory=dict)
+    """Detached per-unit means of this batch, for logging: ``nll`` (true NLL, no smoothing), ``smoothed_nll`` and
+    one entry per auxiliary term (unweighted; ``ald`` per sentence, the others per token)."""
+    counts: dict[str, torch.Tensor] = field(default_factory=dict)
+    """Units behind each component in this batch (target tokens, source tokens or sentences)."""
+    num_tokens: torch.Tensor | None = None
+    """Real target tokens in this batch."""
+    outputs: Any = None
+    """The model output (logits of the main decoder pass ``(B, T, V)``, encoder states, …)."""
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    while hasattr(model, "module") and isinstance(model.module, nn.Module):  # DDP / DataParallel / compiled
+        model = model.module
+    return getattr(model, "_orig_mod", model)
+
+
 def compute_losses(
     model: nn.Module,
     batch: Mapping[str, torch.Tensor],
     label_smoothing: float = 0.0,
     auxiliary: Sequence[AuxiliaryLoss] | None = None,
     num_items_in_batch: torch.Tensor | int | None = None,
+    loss_normalizers: LossNormalizers | None = None,
 ) -> LossOutput:
-    """Forward ``batch`` through ``model`` and combine the training objectives.
+    """Forward ``batch`` through ``model`` and return its objective with every component.
 
     Args:
-        model: a seq2seq model (``DeepTransformerForConditionalGeneration``, possibly wrapped by DDP).
+        model: an hf_deepnmt seq2seq model (possibly wrapped by DDP). In training mode its forward computes the full
+            objective of its config (NLL + li2022 DDR / ALD + dou2018 diversity, as switched on); in evaluation mode
+            the unsmoothed NLL.
         batch: ``input_ids``, ``attention_mask``, ``labels`` (-100 or pad for padding) and optionally
             ``decoder_input_ids`` (made from the labels when absent).
-        label_smoothing: ε of the label-smoothed NLL.
-        auxiliary: auxiliary terms; ``None`` means `auxiliary_losses_from_config(model.config)`.
-        num_items_in_batch: target tokens of the whole optimizer step (see the module docstring); ``None`` uses
-            this batch's count.
-
-    With ``config.ddr_weight > 0`` the NLL is the mean of the two decoder passes (as R-Drop) and ``ddr`` is logged;
-    with ``config.ald_weight > 0`` ``ald`` is logged (SPEC.md §1).
+        label_smoothing: ε of the label-smoothed NLL (training only).
+        auxiliary: extra user-defined terms (`AuxiliaryLoss`), added on top.
+        num_items_in_batch: target tokens of the whole optimizer step (what transformers' Trainer counts).
+        loss_normalizers: the step's counts of every unit (see the module docstring); overrides
+            ``num_items_in_batch``.
     """
     if "labels" not in batch:
         raise ValueError("compute_losses: the batch has no `labels`; training needs target sequences.")
-    core = _unwrap(model)
-    config = core.config
-    labels = batch["labels"]
-    inputs = {key: value for key, value in batch.items() if key != "labels"}
-    if "decoder_input_ids" not in inputs:
-        inputs["decoder_input_ids"] = core.prepare_decoder_input_ids_from_labels(labels)
-    ddr_weight = float(getattr(config, "ddr_weight", 0.0) or 0.0)
-    ald_weight = float(getattr(config, "ald_weight", 0.0) or 0.0)
-    crt = (ddr_weight > 0.0 or ald_weight > 0.0) and core.training
-    pad_token_id = getattr(config, "pad_token_id", None)
-    mask = target_mask(labels, pad_token_id)  # (B, T)
-    batch_size = labels.size(0)
-    if crt:
-        outputs, passes, pooled = _crt_forward(model, inputs, config, ddr_weight > 0.0, ald_weight > 0.0, mask)
-    else:
-        outputs, passes, pooled = model(**inputs, use_cache=False), 1, None
-    logits = outputs.logits  # (passes·B, T, V)
-    log_probs = F.log_softmax(logits.float(), dim=-1)  # (passes·B, T, V), shared by the NLL and DDR
-    smoothed_sum, nll_sum, num_tokens = label_smoothed_nll_loss(
-        logits, labels.repeat(passes, 1), label_smoothing, pad_token_id, log_probs=log_probs)
-    smoothed_sum, nll_sum, num_tokens = smoothed_sum / passes, nll_sum / passes, num_tokens // passes
-    count = num_tokens.clamp(min=1).to(smoothed_sum.dtype)
-    normalizer = count if num_items_in_batch is None else torch.as_tensor(
-        num_items_in_batch, dtype=smoothed_sum.dtype, device=smoothed_sum.device
-    ).clamp(min=1)
-    share = count / normalizer  # this micro-batch's share of the optimizer step's tokens
-    total = smoothed_sum / normalizer
-    components = {"nll": (nll_sum / count).detach(), "smoothed_nll": (smoothed_sum / count).detach()}
-    if crt and ddr_weight > 0.0:
-        # unbind (not slicing): its backward stacks the two gradients instead of zero-filling two full-size buffers
-        lp1, lp2 = log_probs.view(2, batch_size, *log_probs.shape[1:]).unbind(0)  # 2 × (B, T, V)
-        value = ddr_loss_from_log_probs(lp1, lp2, mask)  # §3.4 li2022 J_DDR
-        components["ddr"] = value.detach()
-        total = total + ddr_weight * value * share
-    if crt and ald_weight > 0.0:
-        anchor, positive, negative = pooled
-        value = ald_loss(anchor, positive, negative, config.ald_temperature)  # Eq. (6) li2022
-        components["ald"] = value.detach()
-        total = total + ald_weight * value * share
-    terms = auxiliary_losses_from_config(config) if auxiliary is None else auxiliary
-    for term in terms:
-        if term.name in components:
-            raise ValueError(f"compute_losses: auxiliary loss name {term.name!r} is already used by another component.")
-        value = term.fn(model, batch, outputs)
-        if value.dim() != 0:
-            raise ValueError(f"compute_losses: auxiliary loss {term.name!r} must return a scalar, got {tuple(value.shape)}.")
-        components[term.name] = value.detach().float()
-        total = total + term.weight * value * share
-    return LossOutput(loss=total, components=components, num_tokens=num_tokens, outputs=outputs)
+    outputs = model(**batch, smoothing_epsilon=label_smoothing, num_items_in_batch=num_items_in_batch,
+                    loss_normalizers=loss_normalizers, use_cache=False)
+    components = dict(outputs.loss_components)
+    counts = dict(outputs.loss_component_counts)
+    num_tokens = counts["nll"]
+    total = outputs.loss
+    if auxiliary:
+        local = num_tokens.to(total.dtype).clamp(min=1)
+        step = local
+        if loss_normalizers is not None:
+            step = torch.as_tensor(float(loss_normalizers.target_tokens), dtype=total.dtype, device=total.device)
+        elif num_items_in_batch is not None:
+            step = torch.as_tensor(num_items_in_batch, device=total.device).to(total.dtype).sum()
+        share = local / step.clamp(min=1)  # this micro-batch's share of the step's target tokens
+        for term in auxiliary:
+            if term.name in components:
+                raise ValueError(
+                    f"compute_losses: auxiliary loss name {term.name!r} is already used by another component.")
+            value = term.fn(model, batch, outputs)
+            if value.dim() != 0:
+                raise ValueError(
+                    f"compute_losses: auxiliary loss {term.name!r} must return a scalar, got {tuple(value.shape)}.")
+            components[term.name] = value.detach().float()
+            counts[term.name] = num_tokens
+            total = total + term.weight * value * share
+    return LossOutput(loss=total, components=components, counts=counts, num_tokens=num_tokens.long(), outputs=outputs)
 
 
-def _crt_forward(
-    model: nn.Module, inputs: dict[str, torch.Tensor], config: Any, ddr: bool, ald: bool, mask: torch.Tensor
-) -> tuple[Any, int, tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None]:
-    """One model call holding every view li2022's CRT needs (SPEC.md §1).
-
-    Encoder rows: X (B) [+ X⁺ (B) + X⁻ (B) with ALD]. Decoder rows, each its own drop-net group: pass 1 on X
-    [+ pass 2 on the same encoder states with DDR] [+ X⁺ and X⁻ with ALD, batched as one extra pass]. So every
-    pass draws drop-net as a separate forward call of it would (X⁺ and X⁻ share one draw, being one batched pass,
-    SPEC.md §1); only the X passes are projected to the vocabulary. Returns (outputs, number of X passes, pooled
-    (G(X,Y), G(X⁺,Y), G(X⁻,Y)) or None).
-    """
-    input_ids, attention_mask = inputs["input_ids"], inputs.get("attention_mask")
-    decoder_input_ids = inputs["decoder_input_ids"]
-    extra = {key: value for key, value in inputs.items()
-             if key not in ("input_ids", "attention_mask", "decoder_input_ids", "decoder_attention_mask")}
-    if extra:
-        raise ValueError(f"compute_losses: li2022's DDR/ALD support input_ids, attention_mask and decoder ids only; "
-                         f"the batch also has {sorted(extra)}.")
-    b = input_ids.size(0)
-    rows = torch.arange(b, device=input_ids.device)
-    passes = 2 if ddr else 1
-    sources, encoder_index, groups = [input_ids], [rows] * passes, [b] * passes
-    if ald:
-        positive, negative = ald_views(input_ids, attention_mask, config)
-        sources += [positive, negative]
-        encoder_index += [rows + b, rows + 2 * b]
-        groups.append(2 * b)
-    views = len(encoder_index)  # decoder row blocks of B
-    repeat = lambda t: None if t is None else t.repeat(len(sources), 1)  # noqa: E731 (B, S) -> (n·B, S)
-    outputs = model(
-        input_ids=torch.cat(sources, dim=0),  # (n·B, S)
-        attention_mask=repeat(attention_mask),
-        decoder_input_ids=decoder_input_ids.repeat(views, 1),  # (views·B, T)
-        decoder_attention_mask=(None if inputs.get("decoder_attention_mask") is None
-                                else inputs["decoder_attention_mask"].repeat(views, 1)),
-        encoder_row_index=torch.cat(encoder_index),
-        drop_net_group_sizes=groups,
-        logits_rows=passes * b,
-        output_hidden_states=ald,
-        use_cache=False,
-    )
-    pooled = None
-    if ald:
-        top = outputs.decoder_hidden_states[-1]  # (views·B, T, d): the states fed to the output projection
-        g = mean_pool(top, mask.repeat(views, 1))  # (views·B, d) §3.4 li2022: G(·, Y) = AVGPOOL(H_d^{L_d})
-        pooled = (g[:b], g[passes * b:(passes + 1) * b], g[(passes + 1) * b:])
-    return outputs, passes, pooled
-
-
+# ------------------------------------------------------------------------------------------------ collapse monitor
 @torch.no_grad()
 def source_reliance(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> float:
-    """The collapse monitor of SPEC.md §1 (ours, beyond li2022): mean per-token KL(P(y|X) ‖ P(y|X_unk)), where
+    """The collapse monitor of docs/li2022.md (ours, beyond li2022): mean per-token KL(P(y|X) ‖ P(y|X_unk)), where
     X_unk has every replaceable source token (`replaceable_source_positions`) replaced by ``<unk>``, over the real
     target tokens of ``batch`` (teacher forcing, eval mode, in nats).
 
@@ -334,7 +377,7 @@ def source_reliance(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> floa
         b = labels.size(0)
         lp_full = F.log_softmax(logits[:b].float(), dim=-1)
         lp_unk = F.log_softmax(logits[b:].float(), dim=-1)
-        kl = (lp_full.exp() * (lp_full - lp_unk)).sum(dim=-1)  # (B, T) SPEC.md §1: KL(P(y|X) ‖ P(y|X_unk))
+        kl = (lp_full.exp() * (lp_full - lp_unk)).sum(dim=-1)  # (B, T) KL(P(y|X) ‖ P(y|X_unk)), docs/li2022.md
         mask = target_mask(labels, getattr(config, "pad_token_id", None)).to(kl.dtype)
         return float((kl * mask).sum() / mask.sum().clamp(min=1))
     finally:

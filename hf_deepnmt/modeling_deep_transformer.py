@@ -11,13 +11,14 @@ Read top to bottom:
 3. the residual sub-layer rule (post-LN or pre-LN) shared by both layer types;
 4. encoder / decoder layers and stacks, `DeepTransformerModel`, `DeepTransformerForConditionalGeneration`.
 
-Seams for the deep-NMT methods (filled by their issues, each validated in the config):
+Where the deep-NMT methods live (each validated in the config, each decision explained in docs/):
 
-* per-layer cross-attention presence (`DeepTransformerDecoderLayer(has_cross_attention=...)`, li2022 CAD);
-* per-sub-layer residual scaling ω (`DeepTransformerSublayerMixin._residual`, liu2020 ADMIN);
-* every layer's output is available to the stack (`_run_stack` collects them) for layer aggregation (dou2018);
-* attention takes its keys/values from an explicit source tensor, so a layer can attend to several sources
-  (dou2018 multi-layer attention).
+* li2022 cross-attention drop: ``DeepTransformerDecoderLayer(cross_attention_keep=...)`` and
+  `DeepTransformerDecoder.draw_cross_attention` (docs/li2022.md);
+* liu2020 ADMIN: the per-sub-layer ω in `DeepTransformerSublayerMixin._residual` (docs/liu2020.md);
+* the training objective (NLL + li2022 DDR / ALD, as the config switches them on) in
+  `DeepTransformerForConditionalGeneration.forward` in training mode, built from `hf_deepnmt.losses`
+  (docs/training.md).
 
 This file is copied next to the weights by ``save_pretrained`` (trust_remote_code): it imports only torch,
 transformers and same-folder modules with ``from .module import Name``.
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -36,6 +38,7 @@ from torch.nn import init
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.activations import ACT2FN
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+from transformers.utils import logging
 from transformers.modeling_outputs import (
     BaseModelOutput,
     BaseModelOutputWithPastAndCrossAttentions,
@@ -43,9 +46,27 @@ from transformers.modeling_outputs import (
     Seq2SeqModelOutput,
 )
 
-from .admin import admin_omega_closed_form
-from .configuration_deep_transformer import AdminTransformerConfig, DeepDecoderTransformerConfig, DeepTransformerConfig
+from .configuration_deep_transformer import (
+    AdminTransformerConfig,
+    DeepDecoderTransformerConfig,
+    DeepTransformerConfig,
+    admin_omega_closed_form,
+)
+from .losses import (
+    LossNormalizers,
+    LossTerm,
+    ald_losses,
+    ald_views,
+    combine_terms,
+    ddr_sum_from_log_probs,
+    label_smoothed_nll_loss,
+    mean_pool,
+    resolve_normalizers,
+    target_mask,
+)
 from .pipeline_translation import TRANSLATION_PIPELINE_SPEC
+
+logger = logging.get_logger(__name__)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -394,6 +415,24 @@ class DeepTransformerDecoderLayer(DeepTransformerSublayerMixin, nn.Module):
 # ----------------------------------------------------------------------------------------------------------------
 # 4. Stacks and models
 # ----------------------------------------------------------------------------------------------------------------
+class ScaledEmbedding(nn.Embedding):
+    """The shared token embedding, with its ``embed_scale`` (sqrt(d_model) when ``scale_embedding``, Vaswani et al.
+    §3.4) applied in `forward`.
+
+    Scaling inside the module makes ``get_input_embeddings()(ids)`` exactly what the stacks add positions to, so
+    ``inputs_embeds=get_input_embeddings()(ids)`` and ``input_ids=ids`` give the same outputs (as BART's scaled word
+    embedding does). The parameter is a plain ``weight``: tying, resizing and Marian export are unchanged.
+    """
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None, embed_scale: float = 1.0):
+        super().__init__(num_embeddings, embedding_dim, padding_idx=padding_idx)
+        self.embed_scale = embed_scale
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        embeddings = super().forward(input_ids)
+        return embeddings if self.embed_scale == 1.0 else embeddings * self.embed_scale
+
+
 def _bind_shared_embedding(stack: nn.Module, embedding: nn.Embedding) -> None:
     """Give a stack the shared token embedding without registering it a second time.
 
@@ -412,7 +451,6 @@ class _DeepTransformerStack(nn.Module):
         super().__init__()
         self.config = config
         _bind_shared_embedding(self, embed_tokens)
-        self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
         self.dropout = config.dropout
         self.gradient_checkpointing = False
         # Pre-LN needs a final LayerNorm on each stack (SPEC.md §0); post-LN already ends on one.
@@ -424,7 +462,7 @@ class _DeepTransformerStack(nn.Module):
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError(f"{type(self).__name__}: pass exactly one of `input_ids` and `inputs_embeds`.")
         if inputs_embeds is None:
-            inputs_embeds = self.embed_tokens(input_ids) * self.embed_scale
+            inputs_embeds = self.embed_tokens(input_ids)  # (B, T, d), scaled by `ScaledEmbedding`
         length = inputs_embeds.size(1)
         if past_length + length > self.config.max_position_embeddings:
             raise ValueError(
@@ -630,9 +668,9 @@ class DeepTransformerPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     _supports_sdpa = True
     _no_split_modules = ["DeepTransformerEncoderLayer", "DeepTransformerDecoderLayer"]
-    # The model returns a per-token *mean* loss; Trainer must scale it for gradient accumulation itself
-    # (notes/hf-transformers-v5-findings.md §4).
-    accepts_loss_kwargs = False
+    # forward divides its training objective by `num_items_in_batch` (the optimizer step's target tokens) when
+    # transformers' Trainer passes it, so the Trainer must not divide by the accumulation steps again.
+    accepts_loss_kwargs = True
 
     def __init__(self, config: DeepTransformerConfig, *args: Any, **kwargs: Any):
         config.check_fields()  # a config mutated after construction is re-validated here
@@ -640,8 +678,10 @@ class DeepTransformerPreTrainedModel(PreTrainedModel):
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
-        """Xavier-uniform linear weights and zero biases (fairseq/Vaswani), N(0, init_std) token embeddings and
-        output projection, unit LayerNorms. Uses `torch.nn.init`, which transformers guards for loaded weights."""
+        """Xavier-uniform linear weights (gain 1) and zero biases, N(0, init_std) token embeddings and output
+        projection, unit LayerNorms. (fairseq's Transformer differs in one place: it gives q/k/v projections gain
+        1/√2; we use gain 1 everywhere, as tensor2tensor does.) Uses `torch.nn.init`, which transformers guards for
+        loaded weights."""
         std = self.config.init_std if self.config.init_std is not None else self.config.d_model ** -0.5
         if isinstance(module, nn.Linear):
             if module is getattr(self, "lm_head", None):
@@ -693,7 +733,8 @@ class DeepTransformerModel(DeepTransformerPreTrainedModel):
 
     def __init__(self, config: DeepTransformerConfig):
         super().__init__(config)
-        self.shared = nn.Embedding(config.vocab_size, config.d_model, padding_idx=config.pad_token_id)
+        embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
+        self.shared = ScaledEmbedding(config.vocab_size, config.d_model, config.pad_token_id, embed_scale)
         self.encoder = DeepTransformerEncoder(config, self.shared)
         self.decoder = DeepTransformerDecoder(config, self.shared)
         self.post_init()
@@ -787,12 +828,28 @@ def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_to
     return shifted.masked_fill(shifted == -100, pad_token_id)
 
 
+@dataclass
+class DeepTransformerSeq2SeqLMOutput(Seq2SeqLMOutput):
+    """`Seq2SeqLMOutput` plus, with labels, every term of the loss (in evaluation mode only ``nll``).
+
+    Args:
+        loss_components (`dict[str, torch.Tensor]`, *optional*):
+            Detached per-unit mean of each term of this batch: ``nll`` (unsmoothed), ``smoothed_nll`` and one entry
+            per auxiliary term switched on (``ddr`` per target token, ``ald`` per sentence), unweighted.
+        loss_component_counts (`dict[str, torch.Tensor]`, *optional*):
+            How many units (target tokens or sentences) each component averages over in this batch.
+    """
+
+    loss_components: dict[str, torch.Tensor] | None = None
+    loss_component_counts: dict[str, torch.Tensor] | None = None
+
+
 class DeepTransformerForConditionalGeneration(DeepTransformerPreTrainedModel, GenerationMixin):
     """`DeepTransformerModel` + output projection (tied to the shared embedding by default); generates with
     greedy search, beam search and sampling through `GenerationMixin` and `EncoderDecoderCache`.
 
-    ``labels`` give the mean token-level cross-entropy over non-pad targets as ``loss`` (padding may be -100 or
-    the pad id). Label smoothing and the papers' auxiliary losses live in `hf_deepnmt.losses`.
+    With ``labels``, ``loss`` is the full training objective of the config in training mode and the unsmoothed NLL
+    per target token in evaluation mode (see `forward`).
     """
 
     _tied_weights_keys = {"lm_head.weight": "model.shared.weight"}
@@ -865,16 +922,46 @@ class DeepTransformerForConditionalGeneration(DeepTransformerPreTrainedModel, Ge
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
-        encoder_row_index: torch.LongTensor | None = None,
-        drop_net_group_sizes: list[int] | tuple[int, ...] | None = None,
-        logits_rows: int | None = None,
-    ) -> Seq2SeqLMOutput | tuple:
-        """``encoder_row_index`` and ``drop_net_group_sizes``: see `DeepTransformerModel.forward`; ``logits_rows``
-        projects only the first that many decoder rows to the vocabulary (li2022's ALD views need only states)."""
+        num_items_in_batch: torch.Tensor | int | None = None,
+        loss_normalizers: LossNormalizers | None = None,
+        smoothing_epsilon: float | None = None,
+    ) -> DeepTransformerSeq2SeqLMOutput | tuple:
+        """The usual seq2seq forward. With ``labels``:
+
+        * in training mode, ``loss`` is the **full training objective** of the config — the label-smoothed NLL
+          (ε = ``smoothing_epsilon``, default ``config.label_smoothing``) plus every auxiliary term switched on
+          (li2022's DDR and ALD) — and ``loss_components`` / ``loss_component_counts`` hold each term's per-unit
+          mean and unit count (docs/training.md). A stock `Seq2SeqTrainer` therefore optimises what
+          ``DeepNMTTrainer`` does;
+        * in evaluation mode, ``loss`` is the unsmoothed NLL per target token.
+
+        ``num_items_in_batch`` (the optimizer step's target tokens, passed by transformers' Trainer) and
+        ``loss_normalizers`` (every unit's step count, passed by ``DeepNMTTrainer``) make the loss a share of the
+        whole step, so gradient accumulation and data parallelism equal one large batch (`hf_deepnmt.losses`).
+        Padding in ``labels`` may be -100 or the pad id; ``logits`` are those of the (first) decoder pass,
+        ``(B, T, V)``.
+        """
         if labels is not None:
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
+        if labels is None and self.training and decoder_input_ids is not None and past_key_values is None and (
+                self.config.ddr_weight > 0 or self.config.ald_weight > 0):
+            logger.warning_once(
+                f"{type(self).__name__}: a training-mode forward without `labels` computes no loss, so the ddr/ald "
+                "terms of the config are not trained. A stock Trainer with label_smoothing_factor > 0 does this (it "
+                "removes the labels): use label_smoothing_factor=0 and config.label_smoothing instead, or "
+                "DeepNMTTrainer.")
+        if labels is not None and self.training:
+            output = self._training_objective(
+                input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
+                decoder_attention_mask=decoder_attention_mask, encoder_outputs=encoder_outputs,
+                inputs_embeds=inputs_embeds, decoder_inputs_embeds=decoder_inputs_embeds, labels=labels,
+                output_attentions=output_attentions, output_hidden_states=output_hidden_states,
+                num_items_in_batch=num_items_in_batch, loss_normalizers=loss_normalizers,
+                smoothing_epsilon=smoothing_epsilon,
+            )
+            return output if return_dict is not False else output.to_tuple()
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -887,16 +974,18 @@ class DeepTransformerForConditionalGeneration(DeepTransformerPreTrainedModel, Ge
             use_cache=use_cache,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
-            encoder_row_index=encoder_row_index,
-            drop_net_group_sizes=drop_net_group_sizes,
         )
-        states = outputs.last_hidden_state if logits_rows is None else outputs.last_hidden_state[:logits_rows]
-        logits = self.lm_head(states)  # (B, T, V)
-        loss = None
-        if labels is not None:
-            targets = labels.masked_fill(labels == self.config.pad_token_id, -100)
-            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1), ignore_index=-100)
-        output = Seq2SeqLMOutput(
+        logits = self.lm_head(outputs.last_hidden_state)  # (B, T, V)
+        loss = components = counts = None
+        if labels is not None:  # evaluation: the unsmoothed NLL per target token
+            _, nll_sum, count = label_smoothed_nll_loss(logits, labels, 0.0, self.config.pad_token_id)
+            normalizer = count.to(torch.float32)
+            if num_items_in_batch is not None:
+                normalizer = torch.as_tensor(num_items_in_batch, device=logits.device).to(torch.float32).sum()
+            loss = nll_sum / normalizer.clamp(min=1)
+            components = {"nll": nll_sum.detach() / count.clamp(min=1)}
+            counts = {"nll": count.detach().to(torch.float32)}
+        output = DeepTransformerSeq2SeqLMOutput(
             loss=loss,
             logits=logits,
             past_key_values=outputs.past_key_values,
@@ -906,8 +995,134 @@ class DeepTransformerForConditionalGeneration(DeepTransformerPreTrainedModel, Ge
             encoder_last_hidden_state=outputs.encoder_last_hidden_state,
             encoder_hidden_states=outputs.encoder_hidden_states,
             encoder_attentions=outputs.encoder_attentions,
+            loss_components=components,
+            loss_component_counts=counts,
         )
         return output if return_dict is not False else output.to_tuple()
+
+    def _training_objective(
+        self,
+        input_ids: torch.LongTensor | None,
+        attention_mask: torch.Tensor | None,
+        decoder_input_ids: torch.LongTensor | None,
+        decoder_attention_mask: torch.Tensor | None,
+        encoder_outputs: BaseModelOutput | tuple | None,
+        inputs_embeds: torch.Tensor | None,
+        decoder_inputs_embeds: torch.Tensor | None,
+        labels: torch.LongTensor,
+        output_attentions: bool | None,
+        output_hidden_states: bool | None,
+        num_items_in_batch: torch.Tensor | int | None,
+        loss_normalizers: LossNormalizers | None,
+        smoothing_epsilon: float | None,
+    ) -> DeepTransformerSeq2SeqLMOutput:
+        """The training objective in one model call (docs/training.md).
+
+        With li2022's collapse-reducing training switched on (``ddr_weight`` / ``ald_weight`` > 0) every view of the
+        batch goes through **one** call of the base model, so DDP and gradient checkpointing see one ordinary
+        forward: encoder rows X (B) [+ X⁺, X⁻ (2B) with ALD]; decoder rows, each block its own drop-net group, pass 1
+        on X [+ pass 2 on the same encoder states with DDR] [+ X⁺ and X⁻, one batched pass, with ALD]. Only X's
+        passes are projected to the vocabulary. Each term is a sum over its units divided by the step's count of
+        them (`hf_deepnmt.losses.resolve_normalizers`).
+        """
+        config = self.config
+        epsilon = config.label_smoothing if smoothing_epsilon is None else float(smoothing_epsilon)
+        pad = config.pad_token_id
+        ddr, ald = config.ddr_weight > 0.0, config.ald_weight > 0.0
+        b = labels.size(0)
+        passes = 2 if ddr else 1
+        mask = target_mask(labels, pad)  # (B, T) the target positions every token-level term sums over
+        extra = {"encoder_outputs": encoder_outputs, "inputs_embeds": inputs_embeds,
+                 "decoder_inputs_embeds": decoder_inputs_embeds}
+        if (ddr or ald) and any(value is not None for value in extra.values()):
+            given = sorted(name for name, value in extra.items() if value is not None)
+            raise ValueError(f"{type(self).__name__}: li2022's DDR/ALD training objective needs input_ids and "
+                             f"decoder ids (it builds several views of them); got {given} instead.")
+        if num_items_in_batch is not None and loss_normalizers is None and pad is not None and bool((labels == pad).any()):
+            logger.warning_once(
+                f"{type(self).__name__}: `labels` contain pad_token_id={pad}; the loss ignores them, but transformers' "
+                "Trainer counts them in `num_items_in_batch`, which shrinks every update — pad labels with -100 "
+                "(DataCollatorForSeq2Seq does by default) or train with DeepNMTTrainer, which counts exactly.")
+        groups: list[int] | None = None
+        encoder_row_index = None
+        if ddr or ald:
+            rows = torch.arange(b, device=labels.device)
+            sources, encoder_index, groups = [input_ids], [rows] * passes, [b] * passes
+            if ald:
+                positive, negative = ald_views(input_ids, attention_mask, config)  # §3.4 li2022: X⁺, X⁻
+                sources += [positive, negative]
+                encoder_index += [rows + b, rows + 2 * b]
+                groups.append(2 * b)
+            views = len(encoder_index)  # decoder row blocks of B
+            input_ids = torch.cat(sources, dim=0)  # (n·B, S)
+            attention_mask = None if attention_mask is None else attention_mask.repeat(len(sources), 1)
+            decoder_input_ids = decoder_input_ids.repeat(views, 1)  # (views·B, T)
+            if decoder_attention_mask is not None:
+                decoder_attention_mask = decoder_attention_mask.repeat(views, 1)
+            encoder_row_index = torch.cat(encoder_index)
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            decoder_input_ids=decoder_input_ids,
+            decoder_attention_mask=decoder_attention_mask,
+            encoder_outputs=encoder_outputs,
+            inputs_embeds=inputs_embeds,
+            decoder_inputs_embeds=decoder_inputs_embeds,
+            use_cache=False,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            encoder_row_index=encoder_row_index,
+            drop_net_group_sizes=groups,
+        )
+        states = outputs.last_hidden_state  # (views·B, T, d): the states fed to the output projection
+        logits = self.lm_head(states[: passes * b])  # (passes·B, T, V)
+        log_probs = F.log_softmax(logits.float(), dim=-1)  # shared by the NLL and DDR
+        smoothed_sum, nll_sum, count = label_smoothed_nll_loss(
+            logits, labels.repeat(passes, 1), epsilon, pad, log_probs=log_probs)
+        target_tokens = count // passes
+        terms = [
+            # the NLL averages the DDR passes (as R-Drop does, docs/li2022.md)
+            LossTerm("smoothed_nll", smoothed_sum / passes, target_tokens, "target_tokens", 1.0),
+            LossTerm("nll", nll_sum / passes, target_tokens, "target_tokens", 0.0),
+        ]
+        if ddr:
+            # unbind (not slicing): its backward stacks the two gradients instead of zero-filling two full buffers
+            lp1, lp2 = log_probs.view(2, b, *log_probs.shape[1:]).unbind(0)  # 2 × (B, T, V)
+            terms.append(LossTerm("ddr", ddr_sum_from_log_probs(lp1, lp2, mask), target_tokens, "target_tokens",
+                                  config.ddr_weight))  # §3.4 li2022 J_DDR, per target token
+        if ald:
+            pooled = mean_pool(states, mask.repeat(views, 1))  # (views·B, d) §3.4 li2022 G(·, Y) = AVGPOOL(H_d^{L_d})
+            anchor, positive_g, negative_g = pooled[:b], pooled[passes * b:(passes + 1) * b], pooled[(passes + 1) * b:]
+            per_sentence = ald_losses(anchor, positive_g, negative_g, config.ald_temperature)  # Eq. (6) li2022, (B,)
+            terms.append(LossTerm("ald", per_sentence.sum(), torch.tensor(b, device=labels.device), "sentences",
+                                  config.ald_weight))
+        local = {
+            "target_tokens": target_tokens,
+            "source_tokens": (attention_mask[:b].sum() if attention_mask is not None
+                              else (input_ids[:b] != pad).sum() if input_ids is not None
+                              else torch.tensor(0, device=labels.device)),
+            "sentences": torch.tensor(b, device=labels.device),
+        }
+        normalizers = resolve_normalizers(local, loss_normalizers, num_items_in_batch)
+        loss, components, counts = combine_terms(terms, normalizers)
+        first = slice(0, b)
+        return DeepTransformerSeq2SeqLMOutput(
+            loss=loss,
+            logits=logits[first],
+            encoder_last_hidden_state=outputs.encoder_last_hidden_state[first],
+            decoder_hidden_states=None if outputs.decoder_hidden_states is None
+            else tuple(h[first] for h in outputs.decoder_hidden_states),
+            encoder_hidden_states=None if outputs.encoder_hidden_states is None
+            else tuple(h[first] for h in outputs.encoder_hidden_states),
+            decoder_attentions=None if outputs.decoder_attentions is None
+            else tuple(a[first] for a in outputs.decoder_attentions),
+            cross_attentions=None if outputs.cross_attentions is None
+            else tuple(None if a is None else a[first] for a in outputs.cross_attentions),
+            encoder_attentions=None if outputs.encoder_attentions is None
+            else tuple(a[first] for a in outputs.encoder_attentions),
+            loss_components=components,
+            loss_component_counts=counts,
+        )
 
 
 # ----------------------------------------------------------------------------------------------------------------

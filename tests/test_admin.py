@@ -59,7 +59,7 @@ def hand_profile(model, batch) -> dict[str, list[float]]:
 
     with torch.no_grad():
         enc_mask = batch["attention_mask"].bool()
-        x = core.encoder.embed_tokens(batch["input_ids"]) * core.encoder.embed_scale
+        x = core.encoder.embed_tokens(batch["input_ids"])
         x = x + hf_deepnmt.modeling_deep_transformer.sinusoidal_positions(0, x.shape[1], x.shape[2], x.device, x.dtype)
         additive = torch.zeros(enc_mask.shape).masked_fill(~enc_mask, float("-inf"))[:, None, None, :]
         for layer in core.encoder.layers:
@@ -72,7 +72,7 @@ def hand_profile(model, batch) -> dict[str, list[float]]:
         labels = batch["labels"]
         dec_mask = labels != -100
         y_in = model.prepare_decoder_input_ids_from_labels(labels)
-        y = core.decoder.embed_tokens(y_in) * core.decoder.embed_scale
+        y = core.decoder.embed_tokens(y_in)
         y = y + hf_deepnmt.modeling_deep_transformer.sinusoidal_positions(0, y.shape[1], y.shape[2], y.device, y.dtype)
         for layer in core.decoder.layers:
             branch, _ = layer.self_attn(y, is_causal=True)

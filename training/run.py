@@ -81,6 +81,25 @@ class TrainOutcome:
 
 
 # ------------------------------------------------------------------------------------------------ helpers
+# Defaults of `deepnmt train` that differ from transformers' fine-tuning defaults (a recipe or the command line
+# overrides them).
+NMT_DEFAULTS: dict[str, Any] = {
+    "label_smoothing_factor": 0.1,  # every paper of this package (and Vaswani et al. 2017) smooths labels with 0.1
+}
+
+
+def train_argument_parser() -> HfArgumentParser:
+    """The parser of `deepnmt train`, with `NMT_DEFAULTS` in place of transformers' defaults."""
+    parser = HfArgumentParser((ModelArguments, DataArguments, Seq2SeqTrainingArguments), prog="deepnmt train")
+    parser.set_defaults(**NMT_DEFAULTS)
+    for action in parser._actions:
+        if action.dest == "label_smoothing_factor":
+            action.help = ("Label smoothing ε of the training NLL (deepnmt's default 0.1, the value of every paper "
+                           "of this package; transformers' own default is 0.0). Recorded in the model config as "
+                           "`label_smoothing`. Evaluation losses are never smoothed.")
+    return parser
+
+
 def parse_train_args(argv: Sequence[str]) -> tuple[ModelArguments, DataArguments, Seq2SeqTrainingArguments, dict]:
     """Parse `deepnmt train` arguments: recipe values first, the command line on top."""
     argv = list(argv)
@@ -90,7 +109,7 @@ def parse_train_args(argv: Sequence[str]) -> tuple[ModelArguments, DataArguments
         if index + 1 >= len(argv):
             raise ValueError("--recipe needs a value (a YAML path or a shipped recipe name).")
         recipe = load_recipe(argv[index + 1])
-    parser = HfArgumentParser((ModelArguments, DataArguments, Seq2SeqTrainingArguments), prog="deepnmt train")
+    parser = train_argument_parser()
     model_args, data_args, training_args = parser.parse_args_into_dataclasses(recipe_to_argv(recipe) + argv)
     for name in ("train_file", "validation_file", "test_file"):
         setattr(data_args, name, resolve_path(getattr(data_args, name)))
@@ -115,9 +134,13 @@ def _load_or_train_tokenizer(model_args: ModelArguments, data_args: DataArgument
                               and not training_args.disable_tqdm)
 
 
-def _build_model(model_args: ModelArguments, data_args: DataArguments, recipe_model: dict, tokenizer):
+def _build_model(model_args: ModelArguments, data_args: DataArguments, recipe_model: dict, tokenizer,
+                 label_smoothing: float = 0.0):
     if model_args.model_name_or_path:
-        return AutoModelForSeq2SeqLM.from_pretrained(model_args.model_name_or_path)
+        model = AutoModelForSeq2SeqLM.from_pretrained(model_args.model_name_or_path)
+        if hasattr(model.config, "label_smoothing"):
+            model.config.label_smoothing = label_smoothing
+        return model
     fields = load_model_config_dict(model_args.config_name, recipe_model)
     fields.update(parse_overrides(model_args.config_overrides))
     model_type = fields.pop("model_type", "deep_transformer")
@@ -136,6 +159,7 @@ def _build_model(model_args: ModelArguments, data_args: DataArguments, recipe_mo
             f"`max_position_embeddings` = {fields['max_position_embeddings']} is not allowed with "
             f"--max_source_length/--max_target_length {longest}; it must be at least as long."
         )
+    fields["label_smoothing"] = label_smoothing  # the objective the model is trained with, recorded in its config
     config = AutoConfig.for_model(model_type, **fields)
     return AutoModelForSeq2SeqLM.from_config(config)
 
@@ -232,7 +256,7 @@ def evaluate_model(
 
 def corpus_source_reliance(model, tokenizer, sources: Sequence[str], targets: Sequence[str],
                            max_pairs: int = 64) -> float:
-    """li2022's collapse monitor (SPEC.md §1, `hf_deepnmt.losses.source_reliance`) on the first ``max_pairs``
+    """li2022's collapse monitor (docs/li2022.md, `hf_deepnmt.losses.source_reliance`) on the first ``max_pairs``
     non-empty pairs: ≈ 0 nats/token for a decoder that ignores its source, clearly positive for one that uses it."""
     from hf_deepnmt.losses import source_reliance
 
@@ -269,7 +293,7 @@ def train(argv: Sequence[str]) -> TrainOutcome:
     if "train" not in corpora:
         raise DataError("No training data: pass --train_file (or --dataset_name) or a recipe that has one.")
     tokenizer = _load_or_train_tokenizer(model_args, data_args, training_args, corpora["train"])
-    model = _build_model(model_args, data_args, recipe["model"], tokenizer)
+    model = _build_model(model_args, data_args, recipe["model"], tokenizer, training_args.label_smoothing_factor)
     model.generation_config.num_beams = model_args.eval_num_beams
     datasets = {
         split: tokenize_corpus(

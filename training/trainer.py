@@ -2,22 +2,27 @@
 
 What it adds to `Seq2SeqTrainer`:
 
-* ``compute_loss`` = label-smoothed NLL + the auxiliary terms of `hf_deepnmt.losses` (one entry point shared with
-  any other training loop), normalised by the tokens of the whole optimizer step, so gradient accumulation and
-  data parallelism give the same update as one big batch (notes/hf-transformers-v5-findings.md §4);
+* the objective is the model's own (label-smoothed NLL + the auxiliary terms its config switches on, computed by
+  the model's forward in training mode, `hf_deepnmt.losses`), with ε = ``label_smoothing_factor``; every term is
+  divided by the count of its unit over the **whole optimizer step** — target tokens (exactly the positions the loss
+  uses: neither -100 nor pad), source tokens and sentences, summed over the accumulated micro-batches and over
+  processes — so gradient accumulation and data parallelism give the same update as one big batch
+  (docs/training.md). A stock `Seq2SeqTrainer` optimises the same objective (the model computes it), with exact
+  accumulation for token-level terms only;
 * every loss component (``nll``, ``ddr``, ``ald``, ``div``, …) logged on its own next to ``loss``, averaged over
-  the logging interval and over processes — into the Trainer logs and TensorBoard;
-* ``eval_loss`` is the *unsmoothed* NLL per target token (comparable across label-smoothing settings);
+  its units in the logging interval and over processes — into the Trainer logs and TensorBoard;
+* ``eval_loss`` is the *unsmoothed* NLL per target token on every path (the model's evaluation-mode loss);
 * fairseq-style token-budget batches (``max_tokens``) for training;
 * a non-finite loss stops training at once with a clear message — before the optimizer step, so no checkpoint
   with NaN weights is ever written;
-* li2022's collapse monitor: every evaluation also logs ``eval_source_reliance`` (SPEC.md §1, mean per-token
-  KL between the predictions with the real source and with an all-``<unk>`` source, on the first
+* li2022's collapse monitor: every evaluation also logs ``eval_source_reliance`` (docs/li2022.md: the mean
+  per-token KL between the predictions with the real source and with an all-``<unk>`` source, on the first
   ``source_reliance_samples`` validation pairs); ≈ 0 means the decoder has collapsed into a language model;
 * liu2020 ADMIN: a model with ``residual_scaling="admin"`` that is not profiled yet is profiled once on real
   training data before the first step (`hf_deepnmt.admin_profile`);
 * atomic checkpoints: written to ``<output_dir>/.incomplete/checkpoint-N`` and renamed into place when complete,
-  so a run killed while saving never leaves a half-written ``checkpoint-N`` that resuming would pick up.
+  so a run killed while saving never leaves a half-written ``checkpoint-N`` that resuming would pick up;
+* refuses ``nn.DataParallel`` (several GPUs visible to one process): launch with torchrun or accelerate.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from transformers import Seq2SeqTrainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
 from hf_deepnmt.admin import admin_profile
-from hf_deepnmt.losses import AuxiliaryLoss, auxiliary_losses_from_config, compute_losses, source_reliance
+from hf_deepnmt.losses import AuxiliaryLoss, LossNormalizers, batch_normalizers, compute_losses, source_reliance
 
 from .data import TokenBudgetBatchSampler
 
@@ -52,16 +57,16 @@ class DeepNMTTrainer(Seq2SeqTrainer):
     Args:
         max_tokens: token budget per training batch and device (fairseq ``--max-tokens``); ``None`` uses
             ``per_device_train_batch_size`` sentences per batch.
-        auxiliary_losses: auxiliary terms; ``None`` takes those the model config switches on
-            (`hf_deepnmt.losses.auxiliary_losses_from_config`).
+        auxiliary_losses: extra user-defined terms (`hf_deepnmt.losses.AuxiliaryLoss`) added to the model's own
+            objective (the papers' terms need none: the model computes them from its config).
         admin_profile_tokens: target tokens of the ADMIN profiling batch (liu2020; used only by ADMIN models).
         source_reliance_samples: validation pairs on which every evaluation measures source reliance (li2022's
-            collapse monitor, SPEC.md §1); 0 switches it off.
+            collapse monitor, docs/li2022.md); 0 switches it off.
         optimizer_cls_and_kwargs: an optimizer class and its arguments (e.g. ``torch.optim.RAdam``), as `Trainer`.
         All other arguments are those of `Seq2SeqTrainer`. Label smoothing is ``args.label_smoothing_factor``.
     """
 
-    # compute_loss already divides by the tokens of the whole accumulated step (transformers >= 5.2x reads this;
+    # compute_loss already divides by the units of the whole accumulated step (transformers >= 5.2x reads this;
     # older versions decide from `model_accepts_loss_kwargs`, set in __init__).
     loss_is_scaled_for_ga = True
 
@@ -76,6 +81,12 @@ class DeepNMTTrainer(Seq2SeqTrainer):
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
+        if self.args.n_gpu > 1:
+            raise ValueError(
+                f"DeepNMTTrainer: {self.args.n_gpu} GPUs are visible to one process, so transformers would wrap the "
+                "model in nn.DataParallel, which cannot split li2022's multi-view batches or count the step's units; "
+                f"launch one process per GPU with `torchrun --nproc_per_node {self.args.n_gpu} -m training.cli "
+                "train ...` or `accelerate launch`, or make one GPU visible (CUDA_VISIBLE_DEVICES=0).")
         if optimizer_cls_and_kwargs is not None:  # Trainer takes it, Seq2SeqTrainer's signature does not
             self.optimizer_cls_and_kwargs = optimizer_cls_and_kwargs
         self.max_tokens = max_tokens
@@ -85,17 +96,17 @@ class DeepNMTTrainer(Seq2SeqTrainer):
                              "use 0 (off) or a positive number of validation pairs.")
         self.source_reliance_samples = source_reliance_samples
         self._pending_eval_logs: dict[str, float] = {}
-        self.admin_profile: dict[str, list[float]] | None = None
-        unwrapped = self.accelerator.unwrap_model(self.model)
-        self.auxiliary_losses = (
-            list(auxiliary_losses) if auxiliary_losses is not None else auxiliary_losses_from_config(unwrapped.config)
-        )
-        # Make the Trainer count the target tokens of every optimizer step and hand them to compute_loss.
+        self.admin_omegas: dict[str, list[float]] | None = None
+        """ω per sub-layer from the ADMIN profiling pass, when this trainer ran it."""
+        self.auxiliary_losses = list(auxiliary_losses) if auxiliary_losses is not None else []
+        # Make the Trainer count the units of every optimizer step (`get_batch_samples`) and call compute_loss with
+        # them.
         self.model_accepts_loss_kwargs = True
+        self._step_normalizers: LossNormalizers | None = None
         # eval_loss: the model's own unsmoothed token-level NLL (compute_loss handles smoothing in training).
         self.label_smoother = None
-        self._component_sums: dict[str, torch.Tensor] = {}
-        self._component_tokens = torch.zeros((), dtype=torch.float64)
+        self._component_sums: dict[str, float] = {}
+        self._component_counts: dict[str, float] = {}
 
     # ------------------------------------------------------------------------------------------------ ADMIN
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any):
@@ -105,7 +116,7 @@ class DeepNMTTrainer(Seq2SeqTrainer):
         return super().train(resume_from_checkpoint, *args, **kwargs)
 
     def _profile_admin_if_needed(self) -> None:
-        """Profile ω once, before the first optimizer step and before DDP wraps the model (SPEC.md §3).
+        """Profile ω once, before the first optimizer step and before DDP wraps the model (docs/liu2020.md).
 
         Every process profiles the same batch (the first training examples, in a seeded order, until
         ``admin_profile_tokens`` target tokens) with the same seed, so all processes — and a single-process run —
@@ -117,11 +128,11 @@ class DeepNMTTrainer(Seq2SeqTrainer):
                 or config.admin_profiled):
             return
         batch, tokens = self._admin_profiling_batch()
-        self.admin_profile = admin_profile(model, batch)
+        self.admin_omegas = admin_profile(model, batch)
         if self.is_world_process_zero():
             summary = "; ".join(
                 f"{stack} ω_1..ω_{len(values)} = {values[0]:.3f} … {values[-1]:.3f}"
-                for stack, values in self.admin_profile.items()
+                for stack, values in self.admin_omegas.items()
             )
             print(f"[deepnmt] ADMIN profile on {tokens} target tokens: {summary}", file=sys.stderr)
 
@@ -141,6 +152,23 @@ class DeepNMTTrainer(Seq2SeqTrainer):
         return {key: batch[key].to(device) for key in ("input_ids", "attention_mask", "labels")}, tokens
 
     # ------------------------------------------------------------------------------------------------ loss
+    def get_batch_samples(self, epoch_iterator: Any, num_batches: int, device: torch.device) -> tuple[list, Any]:
+        """`Trainer.get_batch_samples`, plus the step's count of every loss unit (target tokens exactly as the loss
+        counts them, source tokens, sentences) over all micro-batches and processes (`hf_deepnmt.losses`)."""
+        batch_samples, _ = super().get_batch_samples(epoch_iterator, num_batches, device)
+        if not batch_samples or "labels" not in batch_samples[0]:
+            self._step_normalizers = None
+            return batch_samples, None
+        pad = getattr(self.accelerator.unwrap_model(self.model).config, "pad_token_id", None)
+        counts = LossNormalizers(0.0, 0.0, 0.0)
+        for batch in batch_samples:
+            counts = counts + batch_normalizers(batch, pad)
+        if self.args.average_tokens_across_devices and self.args.world_size > 1:
+            gathered = self.accelerator.gather(counts.as_tensor(device=device)[None])  # (world, 3)
+            counts = LossNormalizers.from_tensor(gathered.sum(dim=0).cpu())
+        self._step_normalizers = counts
+        return batch_samples, torch.tensor(counts.target_tokens, device=device)
+
     def compute_loss(
         self,
         model: torch.nn.Module,
@@ -148,24 +176,22 @@ class DeepNMTTrainer(Seq2SeqTrainer):
         return_outputs: bool = False,
         num_items_in_batch: torch.Tensor | int | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, Any]:
+        training = model.training
         result = compute_losses(
             model,
             inputs,
             label_smoothing=self.args.label_smoothing_factor,
             auxiliary=self.auxiliary_losses,
-            num_items_in_batch=num_items_in_batch,
+            num_items_in_batch=num_items_in_batch if training else None,
+            loss_normalizers=self._step_normalizers if training else None,
         )
         loss = result.loss
-        if model.training:
+        if training:
             self._stop_if_not_finite(loss, result.components)
-            self._accumulate_components(result.components, result.num_tokens)
-        if (
-            num_items_in_batch is not None
-            and self.args.average_tokens_across_devices
-            and self.accelerator.num_processes > 1
-        ):
-            # DDP averages gradients over processes; the divisor already counts every process' tokens.
-            loss = loss * self.accelerator.num_processes
+            self._accumulate_components(result.components, result.counts)
+            if self.args.average_tokens_across_devices and self.accelerator.num_processes > 1:
+                # DDP averages gradients over processes; the divisors already count every process' units.
+                loss = loss * self.accelerator.num_processes
         return (loss, result.outputs) if return_outputs else loss
 
     def _stop_if_not_finite(self, loss: torch.Tensor, components: dict[str, torch.Tensor]) -> None:
@@ -183,17 +209,16 @@ class DeepNMTTrainer(Seq2SeqTrainer):
             "--max_grad_norm, then resume with --resume_from_checkpoint."
         )
 
-    def _accumulate_components(self, components: dict[str, torch.Tensor], num_tokens: torch.Tensor) -> None:
-        tokens = num_tokens.detach().double().cpu()
+    def _accumulate_components(self, components: dict[str, torch.Tensor], counts: dict[str, torch.Tensor]) -> None:
         for name, value in components.items():
-            weighted = value.detach().double().cpu() * tokens
-            self._component_sums[name] = self._component_sums.get(name, torch.zeros((), dtype=torch.float64)) + weighted
-        self._component_tokens = self._component_tokens + tokens
+            count = float(counts[name])
+            self._component_sums[name] = self._component_sums.get(name, 0.0) + float(value) * count
+            self._component_counts[name] = self._component_counts.get(name, 0.0) + count
 
     # ------------------------------------------------------------------------------------------------ evaluation
     def evaluate(self, eval_dataset: Any = None, ignore_keys: list[str] | None = None,
                  metric_key_prefix: str = "eval", **gen_kwargs: Any) -> dict[str, float]:
-        """`Seq2SeqTrainer.evaluate` plus ``<prefix>_source_reliance`` (li2022 collapse monitor, SPEC.md §1)."""
+        """`Seq2SeqTrainer.evaluate` plus ``<prefix>_source_reliance`` (li2022 collapse monitor, docs/li2022.md)."""
         dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
         extra: dict[str, float] = {}
         if self.source_reliance_samples and dataset is not None and not isinstance(dataset, dict):
@@ -223,14 +248,14 @@ class DeepNMTTrainer(Seq2SeqTrainer):
             logs = {**logs, **self._pending_eval_logs}
         if "loss" in logs and self._component_sums:
             names = sorted(self._component_sums)
-            stacked = torch.stack([self._component_sums[name] for name in names] + [self._component_tokens])
+            stacked = torch.tensor([self._component_sums[name] for name in names]
+                                   + [self._component_counts[name] for name in names], dtype=torch.float64)
             if self.accelerator.num_processes > 1:
                 stacked = self.accelerator.reduce(stacked.to(self.args.device), reduction="sum").cpu()
-            tokens = max(float(stacked[-1]), 1.0)
-            for name, total in zip(names, stacked[:-1].tolist()):
-                logs[name] = round(total / tokens, 4)
-            self._component_sums = {}
-            self._component_tokens = torch.zeros((), dtype=torch.float64)
+            sums, counts = stacked[:len(names)].tolist(), stacked[len(names):].tolist()
+            for name, total, count in zip(names, sums, counts):
+                logs[name] = round(total / max(count, 1.0), 4)
+            self._component_sums, self._component_counts = {}, {}
         super().log(logs, *args, **kwargs)
 
     # ------------------------------------------------------------------------------------------------ data
