@@ -102,8 +102,9 @@ def build_model(term: str, label_smoothing: float = 0.0) -> DeepTransformerForCo
 
 
 def one_step(term: str, output_dir: str, batch_size: int, accumulation: int = 1, label_pad: int = -100,
-             stock: bool = False) -> dict[str, object]:
-    """Train one SGD step (lr 1, no clipping) and return ``{"loss": logged loss, "weights": state dict}``.
+             stock: bool = False, steps: int = 1) -> dict[str, object]:
+    """Train ``steps`` SGD steps (lr 1, no clipping; each step sees all 6 pairs) and return
+    ``{"loss": first logged loss, "weights": state dict}``.
 
     ``stock``: transformers' own `Seq2SeqTrainer` with the smoothing in the model config (it must then have
     ``label_smoothing_factor=0``, or it would strip the labels); otherwise `DeepNMTTrainer` with
@@ -117,7 +118,7 @@ def one_step(term: str, output_dir: str, batch_size: int, accumulation: int = 1,
     model = build_model(term, label_smoothing=0.1 if stock else 0.0)
     args = Seq2SeqTrainingArguments(
         output_dir=output_dir, per_device_train_batch_size=batch_size, gradient_accumulation_steps=accumulation,
-        max_steps=1, optim="sgd", learning_rate=1.0, max_grad_norm=0.0, lr_scheduler_type="constant",
+        max_steps=steps, optim="sgd", learning_rate=1.0, max_grad_norm=0.0, lr_scheduler_type="constant",
         warmup_steps=0, label_smoothing_factor=0.0 if stock else 0.1, train_sampling_strategy="sequential",
         logging_steps=1, save_strategy="no", eval_strategy="no", report_to="none", use_cpu=True, seed=0,
         disable_tqdm=True, dataloader_num_workers=0, ddp_find_unused_parameters=False,
