@@ -346,7 +346,7 @@ def _crt_cost(results: dict) -> list[str]:
               f"{max(cad['cpu_round_ratios_vs_deep']):.2f}×).",
               f"- **DDR and ALD** add {extra / deep['formula_flops_total']:.2f}× DEEP's FLOPs on top of CAD: DDR a "
               "second decoder pass and vocabulary projection over X's encoder states, ALD two full encoder + decoder "
-              "passes for X⁺ and X⁻, with gradients (SPEC.md §1: \"Gradients flow through all three views\"). CAD "
+              "passes for X⁺ and X⁻, with gradients (docs/li2022.md: \"Gradients flow through all three views\"). CAD "
               f"pays for {saved / extra:.0%} of that. At equal batch a CRT step therefore costs ≥ "
               f"{crt['formula_flops_ratio_vs_deep']:.1f}× a DEEP step even if every FLOP ran at DEEP's speed: no "
               "implementation of the losses as specified reaches 1.5×; that needs fewer rows (e.g. ALD on part of "

@@ -1,15 +1,15 @@
 """liu2020 ADMIN for very deep post-LN Transformers: profiling, the closed form, folding, export to Marian.
 
-ADMIN (Liu et al. 2020; SPEC.md §3) rescales the residual of every post-LN sub-layer k,
+ADMIN (Liu et al. 2020; docs/liu2020.md) rescales the residual of every post-LN sub-layer k,
 
     x_k = LN(ω_k ⊙ x_{k−1} + f_k(x_{k−1}))                                  # Eq. (2) liu2020
 
 with ω_k ∈ R^d (`residual_scaling="admin"` on the one Transformer implementation). This module sets ω and removes it:
 
-* `admin_profile(model, batch)` — the *Profiling* phase as the authors' code runs it (SPEC.md §3, not the paper's
+* `admin_profile(model, batch)` — the *Profiling* phase as the authors' code runs it (docs/liu2020.md, not the paper's
   formula): one forward pass in training mode (dropout on) on a real batch, separate running chains for the
   encoder and the decoder, each starting at ω_1 = 1, and ω_{k+1} = sqrt(Var(ω_k ⊙ x_{k−1}) + Var(f_k(x_{k−1}))) with
-  the variances as scalars over the non-pad positions (the original included padding; SPEC.md §3 decides not to).
+  the variances as scalars over the non-pad positions (the original included padding; we do not, docs/liu2020.md).
   As in the authors' code, sub-layer k's ω is set to the running value *before* its residual sum, so the pass
   itself already runs with the profiled ω. ω_k is stored as a d-vector filled with the scalar.
 * `admin_omega_closed_form(n)` — ω = sqrt((N+1)/ln(N+1) − 1) without profiling (admin-torch's O(log N) default).
@@ -19,7 +19,7 @@ with ω_k ∈ R^d (`residual_scaling="admin"` on the one Transformer implementat
 * `export_marian(model)` — a stock `transformers.MarianMTModel` (no custom code) with the same logits and beams.
 
 The first sub-layer of each stack keeps ω_1 = 1 and has no parameter, so folding never has to rescale the (tied)
-embeddings (SPEC.md §3).
+embeddings (docs/liu2020.md).
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def iter_sublayers(model: nn.Module) -> Iterator[Sublayer]:
             yield Sublayer(stack, layer, layer.omega_names.get("self_attn"), layer.self_attn_layer_norm,
                            (attention.q_proj, attention.k_proj, attention.v_proj))
             if stack == "decoder" and getattr(layer, "encoder_attn_layer_norm", None) is not None:
-                # A li2022 CAD layer built without cross-attention (p_net = 1.0) keeps the sub-layer's LN (SPEC.md §1).
+                # A li2022 CAD layer built without cross-attention (p_net = 1.0) keeps the sub-layer's LN (docs/li2022.md).
                 reads = () if layer.encoder_attn is None else (layer.encoder_attn.q_proj,)
                 yield Sublayer(stack, layer, layer.omega_names.get("encoder_attn"), layer.encoder_attn_layer_norm,
                                reads)
@@ -96,7 +96,7 @@ class AdminProfiler:
         branch_variance = branch[mask].float().var(unbiased=False).item()  # Var(f_k(x_{k−1}))
         self.omegas[stack].append(value)
         self.branch_variances[stack].append(branch_variance)
-        self.chain[stack] = math.sqrt(input_variance + branch_variance)  # ω_{k+1}, SPEC.md §3 (authors' code)
+        self.chain[stack] = math.sqrt(input_variance + branch_variance)  # ω_{k+1}, docs/liu2020.md (authors' code)
 
 
 def _core(model: nn.Module) -> nn.Module:
@@ -112,7 +112,7 @@ def admin_profile(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> dict[s
     Args:
         model: a `DeepTransformerForConditionalGeneration` (or subclass) with ``residual_scaling="admin"``.
         batch: ``input_ids``, ``attention_mask`` and ``labels`` (-100 or pad where padded) of real training data;
-            liu2020 and SPEC.md §3 use ≥ 4k target tokens.
+            liu2020's authors profile ≥ 3k target tokens; docs/liu2020.md uses ≥ 4k.
 
     Returns ``{"encoder": [ω_1, ω_2, …], "decoder": [...]}``, one scalar per residual sub-layer in forward order.
     Runs in training mode (dropout on, as the authors' profile does) and restores the previous mode.

@@ -1,8 +1,8 @@
 """Configuration of the one Transformer implementation of hf_deepnmt.
 
 `DeepTransformerConfig` (``model_type="deep_transformer"``) describes the Vaswani et al. encoder-decoder of
-SPEC.md §0 with Marian/BART field names. The deep-NMT methods of the other papers are switches of this same
-configuration (SPEC.md §1-3, §5); their paper-named configs are thin subclasses that only change ``model_type``
+docs/transformer.md with Marian/BART field names. The deep-NMT methods of the other papers are switches of this same
+configuration (docs/li2022.md, docs/liu2020.md, docs/dou2018.md); their paper-named configs are thin subclasses that only change ``model_type``
 and defaults.
 
 Every field is validated when the config is built (and again when a model is built from it, so a config mutated
@@ -70,12 +70,12 @@ class DeepTransformerConfig(PreTrainedConfig):
     r"""Configuration of [`DeepTransformerForConditionalGeneration`]: a Transformer encoder-decoder for NMT.
 
     Defaults give Transformer-base (Vaswani et al. 2017): 6+6 layers, d_model 512, 8 heads, FFN 2048, post-LN, ReLU,
-    a shared (joint-BPE) source/target vocabulary and embeddings tied to the output projection (SPEC.md §0).
+    a shared (joint-BPE) source/target vocabulary and embeddings tied to the output projection (docs/transformer.md).
 
     Args:
         vocab_size (`int`, defaults to 32000):
             Size of the joint source/target vocabulary. Source and target embeddings are one matrix (joint BPE,
-            SPEC.md §0); must be greater than every special token id.
+            docs/transformer.md); must be greater than every special token id.
         d_model (`int`, defaults to 512):
             Width of every layer (embedding and hidden size). Even, and divisible by both head counts.
         encoder_layers (`int`, defaults to 6):
@@ -105,11 +105,11 @@ class DeepTransformerConfig(PreTrainedConfig):
             Multiply token embeddings by sqrt(d_model) before adding positions (Vaswani et al. §3.4).
         layer_norm_position (`str`, defaults to `"post"`):
             `"post"`: x_{k} = LN(x_{k-1} + f_k(x_{k-1})), the papers' default (Eq. (3) li2022, Eq. (1) liu2020).
-            `"pre"`: x_{k} = x_{k-1} + f_k(LN(x_{k-1})), with a final LayerNorm on each stack (SPEC.md §0).
+            `"pre"`: x_{k} = x_{k-1} + f_k(LN(x_{k-1})), with a final LayerNorm on each stack (docs/transformer.md).
         layer_norm_eps (`float`, defaults to 1e-5):
             Epsilon of every LayerNorm (> 0).
         tie_word_embeddings (`bool`, defaults to `True`):
-            Tie the output projection (`lm_head`) to the shared token embedding (Press & Wolf 2017; SPEC.md §0).
+            Tie the output projection (`lm_head`) to the shared token embedding (Press & Wolf 2017; docs/transformer.md).
         init_std (`float`, *optional*, defaults to `None`):
             Standard deviation of the normal init of the token embedding (and of an untied `lm_head`). `None` means
             d_model ** -0.5, which gives unit-variance scaled embeddings (fairseq's choice). Linear layers use
@@ -118,13 +118,13 @@ class DeepTransformerConfig(PreTrainedConfig):
             `"none"`: the residual rule above. `"admin"`: liu2020 ADMIN, every post-LN residual sub-layer k computes
             x_k = LN(ω_k ⊙ x_{k-1} + f_k(x_{k-1})) (Eq. (2) liu2020) with a d_model-vector ω_k per sub-layer (2 per
             encoder layer, 3 per decoder layer); the first sub-layer of each stack keeps ω_1 = 1 and has no
-            parameter (SPEC.md §3). Requires `layer_norm_position="post"`.
+            parameter (docs/liu2020.md). Requires `layer_norm_position="post"`.
         admin_init (`str`, defaults to `"profiling"`):
             How ADMIN sets ω. `"profiling"`: one training-mode forward pass on a real batch (≥ 4k target tokens)
             with the authors' recursion ω_{k+1} = sqrt(Var(ω_k ⊙ x_{k-1}) + Var(f_k(x_{k-1}))) over non-pad
             positions, run by `hf_deepnmt.admin_profile` (the trainer calls it before the first step).
             `"closed_form"`: ω = sqrt((N+1)/ln(N+1) − 1) with N = 2·encoder_layers or 3·decoder_layers, set at init
-            (admin-torch's O(log N) default; SPEC.md §3).
+            (admin-torch's O(log N) default; docs/liu2020.md).
         admin_omega_trainable (`bool`, defaults to `True`):
             Train ω (the authors' choice) or keep it fixed at its initial value (stored as a buffer).
         admin_profiled (`bool`, defaults to `False`):
@@ -133,19 +133,19 @@ class DeepTransformerConfig(PreTrainedConfig):
         cross_attention_drop_depth (`int`, defaults to 0):
             li2022 CAD drop depth L_dr (§3.3), in [0, decoder_layers]: decoder layers 1..L_dr (the bottom ones) skip
             their cross-attention sub-layer with probability `cross_attention_drop_ratio` during training; layers
-            above L_dr always keep it (SPEC.md §1 decides the paper's self-contradiction this way). 0 disables CAD.
+            above L_dr always keep it (docs/li2022.md resolves the paper's self-contradiction this way). 0 disables CAD.
         cross_attention_drop_ratio (`float`, defaults to 0.0):
             li2022 CAD drop ratio p_net in [0, 1]: the probability that one of the bottom L_dr layers skips its
             cross-attention in a training forward pass (one draw per layer per forward, shared by the batch). At
             inference every existing cross-attention is used. With 1.0 those layers never train a cross-attention, so
-            they are built without one (no parameters, no compute, skipped at inference too; SPEC.md §1).
+            they are built without one (no parameters, no compute, skipped at inference too; docs/li2022.md).
         ddr_weight (`float`, defaults to 0.0):
-            Weight of li2022's decoder dropout regularization loss (§3.4, SPEC.md §1), ≥ 0. When > 0 the training loss
+            Weight of li2022's decoder dropout regularization loss (§3.4, docs/li2022.md), ≥ 0. When > 0 the training loss
             runs the decoder twice on one encoder output (independent dropout and drop-net draws), adds
             `ddr_weight · ½(KL(P1‖P2) + KL(P2‖P1))` per target token and averages the NLL over both passes. The paper
             gives no weight; `DeepDecoderTransformerConfig` uses 1.0 (R-Drop used 5).
         ald_weight (`float`, defaults to 0.0):
-            Weight of li2022's anti-LM-degradation contrastive loss (Eq. (6) li2022, SPEC.md §1), ≥ 0; needs
+            Weight of li2022's anti-LM-degradation contrastive loss (Eq. (6) li2022, docs/li2022.md), ≥ 0; needs
             `unk_token_id`. `DeepDecoderTransformerConfig` uses 1.0.
         ald_unk_ratio (`float`, defaults to 0.3):
             p_ALD of Eq. (6) li2022, in (0, 0.5): each sentence draws γ ~ U[0, p_ALD); X⁺ has round(γ·n) of its n real
@@ -159,7 +159,7 @@ class DeepTransformerConfig(PreTrainedConfig):
             evaluation-mode losses are never smoothed.
         ald_protected_token_ids (`list[int]`, defaults to `[]`):
             Source token ids ALD must never replace by `<unk>` besides pad, bos and eos — e.g. target-language tags of
-            a multilingual model (SPEC.md §1). Each must be a token id in [0, vocab_size).
+            a multilingual model (docs/li2022.md). Each must be a token id in [0, vocab_size).
         pad_token_id (`int`, defaults to 0):
             Id of `<pad>`; its embedding row is kept at zero and it is never attended to.
         bos_token_id (`int`, defaults to 1):
@@ -167,7 +167,7 @@ class DeepTransformerConfig(PreTrainedConfig):
         eos_token_id (`int`, defaults to 2):
             Id of `</s>`, which ends every source and target sequence.
         unk_token_id (`int`, defaults to 3):
-            Id of `<unk>`. Used by the li2022 ALD loss (SPEC.md §1) to mask source tokens.
+            Id of `<unk>`. Used by the li2022 ALD loss (docs/li2022.md) to mask source tokens.
         decoder_start_token_id (`int`, defaults to 1):
             First decoder input token (`<s>`); labels are shifted right behind it.
         use_cache (`bool`, defaults to `True`):
@@ -333,7 +333,7 @@ class DeepTransformerConfig(PreTrainedConfig):
         if self.decoder_start_token_id == self.pad_token_id:
             _fail(name, "decoder_start_token_id", self.decoder_start_token_id,
                   "it must differ from pad_token_id, which the decoder never attends to")
-        # li2022 CAD and CRT (SPEC.md §1, §5)
+        # li2022 CAD and CRT (docs/li2022.md)
         depth = self.cross_attention_drop_depth
         if not (_is_int(depth) and 0 <= depth <= self.decoder_layers):
             _fail(name, "cross_attention_drop_depth", depth,
@@ -396,7 +396,7 @@ class DeepTransformerConfig(PreTrainedConfig):
     def cross_attention_keep_schedule(self) -> list[float]:
         """Per decoder layer (bottom first), the probability that its cross-attention runs in a training pass.
 
-        li2022 §3.3 as decided by SPEC.md §1: 1 − p_net for layers 1..L_dr, 1.0 above. A layer at 0.0 is built
+        li2022 §3.3 as read in docs/li2022.md: 1 − p_net for layers 1..L_dr, 1.0 above. A layer at 0.0 is built
         without cross-attention.
         """
         depth, ratio = self.cross_attention_drop_depth, float(self.cross_attention_drop_ratio)
@@ -406,7 +406,7 @@ class DeepTransformerConfig(PreTrainedConfig):
 class AdminTransformerConfig(DeepTransformerConfig):
     r"""liu2020 (Very Deep Transformers for NMT): `DeepTransformerConfig` with ``model_type="admin_transformer"`` and
     the paper's defaults — a 60-layer encoder and 12-layer decoder, post-LN, 512/2048/8 heads,
-    ``residual_scaling="admin"`` profiled on real data (SPEC.md §3), and the authors' dropouts 0.2 / 0.1 / 0.1
+    ``residual_scaling="admin"`` profiled on real data (docs/liu2020.md), and the authors' dropouts 0.2 / 0.1 / 0.1
     (attention / activation). Every field and its validation is `DeepTransformerConfig`'s.
     """
 
@@ -452,9 +452,9 @@ DEEP_DECODER_DROP_FRACTION = 21 / 27
 class DeepDecoderTransformerConfig(DeepTransformerConfig):
     r"""li2022 (a deep decoder that does not collapse): `DeepTransformerConfig` with
     ``model_type="deep_decoder_transformer"`` and the paper's full model as defaults — BASE, DEEP-30L-Full: a
-    15-layer encoder and 15-layer decoder, post-LN (Eq. (3) li2022 as SPEC.md §0 decides; Table 1 labels the paper's
+    15-layer encoder and 15-layer decoder, post-LN (Eq. (3) li2022, docs/li2022.md; Table 1 labels the paper's
     baseline "Pre-Norm"), 512/2048/8, with cross-attention drop and both collapse-reducing losses switched on
-    (SPEC.md §1). The explicit signature (rather than a table of defaults and a ``**kwargs`` ``__init__``) is
+    (docs/li2022.md). The explicit signature (rather than a table of defaults and a ``**kwargs`` ``__init__``) is
     deliberate: under transformers 5.2x a ``**kwargs``-only subclass lost fields (tried: ``decoder_layers`` went
     missing).
 
@@ -465,7 +465,7 @@ class DeepDecoderTransformerConfig(DeepTransformerConfig):
       ``DeepDecoderTransformerConfig(decoder_layers=6)`` drops in the bottom 5 layers;
     * ``cross_attention_drop_ratio=0.5``: §4.3 finds that a large drop depth works best with p_net < 1 ("retains
       some of the cross-attention"); no value is given;
-    * ``ddr_weight=1.0``, ``ald_weight=1.0``, ``ald_unk_ratio=0.3``, ``ald_temperature=0.1`` (SPEC.md §1; p_ALD and
+    * ``ddr_weight=1.0``, ``ald_weight=1.0``, ``ald_unk_ratio=0.3``, ``ald_temperature=0.1`` (docs/li2022.md; p_ALD and
       τ are Fig. 3's best values).
 
     Every field and its validation is `DeepTransformerConfig`'s.

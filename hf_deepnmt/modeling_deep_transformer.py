@@ -1,6 +1,6 @@
 """The one Transformer encoder-decoder of hf_deepnmt.
 
-Every Transformer variant of the package is this file with switches of `DeepTransformerConfig` (SPEC.md §0, §5):
+Every Transformer variant of the package is this file with switches of `DeepTransformerConfig` (docs/transformer.md):
 the paper-named models are thin subclasses that only set ``model_type`` and defaults.
 
 Read top to bottom:
@@ -138,7 +138,7 @@ def attention(
 
     ``mask`` M is additive (0 = attend, -inf = masked, see `additive_mask`) and broadcasts to ``(B, H, Tq, Tk)``;
     ``is_causal`` is only used with Tq == Tk. Uses `torch.nn.functional.scaled_dot_product_attention`
-    (SPEC.md §0), except in two cases that take the explicit product below:
+    (docs/transformer.md), except in two cases that take the explicit product below:
 
     * the weights are requested (``output_attentions=True``);
     * one incremental decoding step (a single query) of many (batch, head) rows on CPU, where the CPU flash kernel's
@@ -233,8 +233,8 @@ class DeepTransformerAttention(nn.Module):
 class DeepTransformerSublayerMixin:
     """x_k = LN(x_{k-1} + f_k(x_{k-1})) (post-LN) or x_k = x_{k-1} + f_k(LN(x_{k-1})) (pre-LN).
 
-    Post-LN is Eq. (3) of li2022 and Eq. (1) of liu2020; pre-LN is the alternative of SPEC.md §0. Every sub-layer of
-    both layer types goes through `_sublayer_input` and `_residual`, which is where liu2020's ω_k (SPEC.md §3) scales
+    Post-LN is Eq. (3) of li2022 and Eq. (1) of liu2020; pre-LN is the alternative of docs/transformer.md. Every sub-layer of
+    both layer types goes through `_sublayer_input` and `_residual`, which is where liu2020's ω_k (docs/liu2020.md) scales
     the residual branch.
     """
 
@@ -251,7 +251,7 @@ class DeepTransformerSublayerMixin:
 
         ADMIN (``residual_scaling="admin"``): a d_model-vector ω per sub-layer, a parameter when
         ``admin_omega_trainable`` (the authors' choice) or a buffer; the first sub-layer of each stack keeps ω_1 = 1
-        with no tensor at all, so that folding never touches the tied embeddings (SPEC.md §3).
+        with no tensor at all, so that folding never touches the tied embeddings (docs/liu2020.md).
         """
         self.stack = stack
         self.omega_names = {}
@@ -287,7 +287,7 @@ class DeepTransformerSublayerMixin:
         if omega is not None:
             residual = residual * omega  # Eq. (2) liu2020: ω_k ⊙ x_{k-1}
         if branch is None:
-            # §3.3 li2022, U^l > p^l: H̃ = LN(Ĥ) (SPEC.md §1); with ADMIN composed in (SPEC.md §5) the skipped
+            # §3.3 li2022, U^l > p^l: H̃ = LN(Ĥ) (docs/li2022.md); with ADMIN composed in (docs/li2022.md) the skipped
             # sub-layer keeps its ω, LN(ω ⊙ Ĥ), so that profiling and folding see every sub-layer of the stack.
             return norm(residual)
         return norm(residual + branch)  # Eq. (3) li2022 / Eq. (1)-(2) liu2020: post-LN
@@ -332,7 +332,7 @@ class DeepTransformerEncoderLayer(DeepTransformerSublayerMixin, nn.Module):
 class DeepTransformerDecoderLayer(DeepTransformerSublayerMixin, nn.Module):
     """Causal self-attention, cross-attention and FFN sub-layers (3 residual sub-layers per layer).
 
-    li2022 cross-attention drop (CAD, §3.3; SPEC.md §1): ``cross_attention_keep`` is the probability that the
+    li2022 cross-attention drop (CAD, §3.3; docs/li2022.md): ``cross_attention_keep`` is the probability that the
     cross-attention sub-layer runs in a training pass (1 − p_net for the bottom L_dr layers, 1.0 above); the decoder
     draws the decision once per layer per forward and passes it as ``use_cross_attention``. At inference every
     existing cross-attention runs. A layer with keep probability 0 (p_net = 1.0) is built **without** any
@@ -436,7 +436,7 @@ class ScaledEmbedding(nn.Embedding):
 def _bind_shared_embedding(stack: nn.Module, embedding: nn.Embedding) -> None:
     """Give a stack the shared token embedding without registering it a second time.
 
-    The joint source/target embedding (SPEC.md §0) has one owner, ``DeepTransformerModel.shared``; the stacks
+    The joint source/target embedding (docs/transformer.md) has one owner, ``DeepTransformerModel.shared``; the stacks
     hold a plain reference so that the state dict, DDP and ZeRO see a single parameter.
     """
     stack.__dict__["embed_tokens"] = embedding
@@ -453,7 +453,7 @@ class _DeepTransformerStack(nn.Module):
         _bind_shared_embedding(self, embed_tokens)
         self.dropout = config.dropout
         self.gradient_checkpointing = False
-        # Pre-LN needs a final LayerNorm on each stack (SPEC.md §0); post-LN already ends on one.
+        # Pre-LN needs a final LayerNorm on each stack (docs/transformer.md); post-LN already ends on one.
         self.layer_norm = (
             nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.layer_norm_position == "pre" else None
         )
@@ -535,7 +535,7 @@ class DeepTransformerDecoder(_DeepTransformerStack):
 
     def __init__(self, config: DeepTransformerConfig, embed_tokens: nn.Embedding):
         super().__init__(config, embed_tokens)
-        keep = config.cross_attention_keep_schedule()  # li2022 CAD (SPEC.md §1): 1 − p_net below L_dr, 1 above
+        keep = config.cross_attention_keep_schedule()  # li2022 CAD (docs/li2022.md): 1 − p_net below L_dr, 1 above
         self.layers = nn.ModuleList(
             DeepTransformerDecoderLayer(config, i, cross_attention_keep=keep[i]) for i in range(config.decoder_layers)
         )
@@ -544,7 +544,7 @@ class DeepTransformerDecoder(_DeepTransformerStack):
         self, group_sizes: list[int] | tuple[int, ...] | None = None, device: torch.device | None = None
     ) -> list[bool | torch.Tensor]:
         """li2022 §3.3 drop-net draws: one U^l ~ U[0, 1) per layer per forward, shared by the batch; layer l uses
-        its cross-attention when U^l < keep_l, i.e. drops it with probability p_net (SPEC.md §1). Outside training
+        its cross-attention when U^l < keep_l, i.e. drops it with probability p_net (docs/li2022.md). Outside training
         every existing cross-attention is used. Draws come from torch's CPU generator, so they follow the seed and
         are restored with the RNG state on resume.
 
@@ -701,7 +701,7 @@ class DeepTransformerPreTrainedModel(PreTrainedModel):
             self._init_omegas(module)
 
     def _init_omegas(self, layer: DeepTransformerSublayerMixin) -> None:
-        """ω before profiling is 1; the closed form is sqrt((N+1)/ln(N+1) − 1) per stack (SPEC.md §3)."""
+        """ω before profiling is 1; the closed form is sqrt((N+1)/ln(N+1) − 1) per stack (docs/liu2020.md)."""
         config = self.config
         value = 1.0
         if config.admin_init == "closed_form":
@@ -1158,7 +1158,7 @@ class DeepDecoderTransformerModel(DeepTransformerModel):
 
 class DeepDecoderTransformerForConditionalGeneration(DeepTransformerForConditionalGeneration):
     """li2022: a deep decoder that does not collapse — 15L-15L post-LN with cross-attention drop (CAD) in the bottom
-    decoder layers, trained with the DDR and ALD losses of `hf_deepnmt.losses` (SPEC.md §1).
+    decoder layers, trained with the DDR and ALD losses of `hf_deepnmt.losses` (docs/li2022.md).
 
     The same implementation as `DeepTransformerForConditionalGeneration`. CAD acts in training only: at inference
     every layer that has a cross-attention uses it; layers with p_net = 1.0 have none at all.

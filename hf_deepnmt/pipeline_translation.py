@@ -1,6 +1,6 @@
 """`TranslationPipeline`: ``pipeline("translation")`` for encoder-decoder models under transformers 5.
 
-transformers 5 removed the ``translation`` task (notes/hf-transformers-v5-findings.md §3). This pipeline brings it
+transformers 5 removed the ``translation`` task (PR huggingface/transformers#43256). This pipeline brings it
 back in two ways:
 
 * in-process, ``import hf_deepnmt`` calls `register_translation_pipeline`, which registers the task for every

@@ -49,7 +49,7 @@ def template_for(model_type: str) -> Path:
 def _methods(config: dict[str, Any]) -> list[str]:
     lines = []
     if config.get("layer_norm_position") == "pre":
-        lines.append("pre-LN residual blocks with a final LayerNorm per stack (SPEC.md §0)")
+        lines.append("pre-LN residual blocks with a final LayerNorm per stack")
     if config.get("residual_scaling") == "admin":
         how = ("profiled on training data (liu2020 / the authors' recursion)" if config.get("admin_init") == "profiling"
                else "set by the closed form sqrt((N+1)/ln(N+1) - 1)")
@@ -61,7 +61,8 @@ def _methods(config: dict[str, Any]) -> list[str]:
         inference = ("those layers have no cross-attention at all" if ratio >= 1.0
                      else "at inference every cross-attention is used")
         lines.append(f"cross-attention drop (li2022 §3.3): decoder layers 1-{depth} skip cross-attention with "
-                     f"probability p_net = {ratio} in training, layers above always keep it (SPEC.md §1); {inference}")
+                     f"probability p_net = {ratio} in training, layers above always keep it (the paper's formula and prose "
+                     f"disagree on what p means; this reading is the one its §4.3 results support); {inference}")
     if config.get("ddr_weight", 0):
         lines.append(f"DDR loss (li2022 §3.4), weight {config['ddr_weight']}: symmetric KL between two decoder passes "
                      "with independent dropout and drop-net draws; the paper gives no weight, this is our choice "

@@ -43,7 +43,7 @@ def profiling_batch():
 
 # ------------------------------------------------------------------------------------------------ the recursion
 def hand_profile(model, batch) -> dict[str, list[float]]:
-    """A direct re-implementation of SPEC.md §3 that walks the layers by hand (dropout 0 ⇒ deterministic)."""
+    """A direct re-implementation of docs/liu2020.md's recursion that walks the layers by hand (dropout 0 ⇒ deterministic)."""
     core, omegas = model.model, {"encoder": [], "decoder": []}
 
     def var(t, mask):

@@ -1,4 +1,4 @@
-"""li2022 (SPEC.md §1): cross-attention drop (CAD), the DDR and ALD losses, and the source-reliance collapse monitor."""
+"""li2022 (docs/li2022.md): cross-attention drop (CAD), the DDR and ALD losses, and the source-reliance collapse monitor."""
 
 from __future__ import annotations
 

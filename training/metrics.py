@@ -1,6 +1,6 @@
 """Translation metrics with sacreBLEU (BLEU, chrF, TER), computed offline, with their signature strings.
 
-`evaluate.load("sacrebleu")` needs the Hub (notes/hf-transformers-v5-findings.md §5), so sacreBLEU is called
+`evaluate.load("sacrebleu")` needs the Hub (it loads the metric script from there, even for sacrebleu), so sacreBLEU is called
 directly. Scores are corpus-level on detokenized text with sacreBLEU's defaults (BLEU ``tok:13a``).
 """
 

@@ -1,6 +1,6 @@
 """Joint source+target BPE tokenizer, trained with `tokenizers` and wrapped as a `PreTrainedTokenizerFast`.
 
-One vocabulary for both languages (SPEC.md §0: shared embeddings need a joint BPE). Specials are, in this order,
+One vocabulary for both languages (docs/transformer.md: shared embeddings need a joint BPE). Specials are, in this order,
 ``<pad>=0 <s>=1 </s>=2 <unk>=3`` — the ids `DeepTransformerConfig` defaults to; ``<unk>`` is also the mask token of
 li2022's ALD loss. Every encoded sequence ends with ``</s>``; the decoder start ``<s>`` is added by the model when
 it shifts the labels right. Text is NFKC-normalised and split SentencePiece-style (Metaspace, ``▁`` marks a word

@@ -17,7 +17,7 @@ Rows (`--rows`, in this order by default):
 * ``crt``       DEEP+CRT without CAD (Table 3 "−CAD");
 * ``full-ddr``  / ``full-ald``: Table 3's "−DDR" / "−ALD" (optional; not in the default set).
 
-"Source reliance" (SPEC.md §1, `hf_deepnmt.losses.source_reliance`) is the mean per-token KL between the model's
+"Source reliance" (docs/li2022.md, `hf_deepnmt.losses.source_reliance`) is the mean per-token KL between the model's
 predictions with the real source and with an all-``<unk>`` source: ≈ 0 for a collapsed decoder.
 
     python -m training.experiments.li2022_miniature                                   # the committed result
@@ -189,7 +189,7 @@ def write_markdown(report: dict, path: Path) -> None:
         f"every row, seed 1. CAD: p_net = {setup['drop_ratio']} on decoder layers 1..round(0.78·D); CRT: DDR and ALD "
         "weights 1.0, p_ALD 0.3, τ 0.1.",
         "",
-        "Source reliance = mean per-token KL(P(y|X) ‖ P(y|all-<unk> X)) in nats (SPEC.md §1): ≈ 0 means the decoder "
+        "Source reliance = mean per-token KL(P(y|X) ‖ P(y|all-<unk> X)) in nats (docs/li2022.md): ≈ 0 means the decoder "
         "ignores the source (collapse).",
         "",
         f"| row | exit | minutes | train NLL (last 5 logs) | valid loss | valid BLEU (greedy, {setup['eval_samples']}) | "
