@@ -281,7 +281,7 @@ _FORWARD_PARTS = ("encoder", "decoder", "lm_head")
 
 def crt_rows(config) -> dict[str, int]:
     """Rows per source sentence that `hf_deepnmt.losses.compute_losses` sends through each part in one training
-    step (``_crt_forward``): encoder X [+ X⁺, X⁻], decoder X [+ DDR's second pass] [+ X⁺, X⁻], vocabulary
+    step (the model's ``_training_objective``): encoder X [+ X⁺, X⁻], decoder X [+ DDR's second pass] [+ X⁺, X⁻], vocabulary
     projection only the X passes; and the decoder layers that have cross-attention (p_net = 1.0 layers have none)."""
     ddr, ald = config.ddr_weight > 0, config.ald_weight > 0
     keep = config.cross_attention_keep_schedule()

@@ -280,7 +280,7 @@ def _crt_cost(results: dict) -> list[str]:
              "A step is `optimizer.zero_grad()`, `compute_losses(model, batch, label_smoothing=0.1).loss.backward()` "
              "(`hf_deepnmt.losses`, the trainer's loss entry point) and an AdamW step. CAD: L_dr = 9 of 12, "
              "p_net = 1.0, so the bottom 9 decoder layers are built without cross-attention; DDR and ALD at weight "
-             "1.0 (one batched model call, `_crt_forward`). One set of weights: every CAD variant holds DEEP's "
+             "1.0 (one batched model call, the model's `_training_objective`). One set of weights: every CAD variant holds DEEP's "
              f"weights minus those 9 cross-attentions ({deep['parameters'] / 1e6:.2f}M → {cad['parameters'] / 1e6:.2f}M "
              f"parameters). Median of {c['repeats']} steps per variant, the five interleaved in one process "
              f"(after a warm-up round), 1 thread, machine load {', '.join(f'{x:.2f}' for x in machine.get('load_average_at_start') or [])} "
