@@ -21,6 +21,8 @@ from typing import Any
 from transformers import PreTrainedConfig
 from transformers.utils import logging
 
+from .aggregation import AGGREGATION_ACTIVATIONS, LAYER_AGGREGATIONS
+
 logger = logging.get_logger(__name__)
 
 # Activation names accepted by `activation_function` (a subset of transformers.activations.ACT2FN that makes sense
@@ -152,6 +154,26 @@ class DeepTransformerConfig(PreTrainedConfig):
             source tokens replaced by `<unk>`, X⁻ has round((1−γ)·n) replaced.
         ald_temperature (`float`, defaults to 0.1):
             Softmax temperature τ of Eq. (6) li2022 (> 0).
+        encoder_layer_aggregation (`str`, defaults to `"none"`):
+            dou2018 §3.1.1 layer aggregation of the encoder, one of `LAYER_AGGREGATIONS`: `"dense"` (Eq. (4)),
+            `"linear"` (Eq. (5): every layer's input and the stack's output a d×d-matrix combination of all
+            representations below, identity-initialised), `"iterative"` (Eq. (6)), `"hierarchical"` (Fig. 2), or
+            `"none"`. The aggregated result is the encoder output (docs/dou2018.md). Iterative and hierarchical need
+            ≥ 2 layers.
+        decoder_layer_aggregation (`str`, defaults to `"none"`):
+            The same for the decoder; its aggregated result feeds the output projection.
+        aggregation_activation (`str`, defaults to `"sigmoid"`):
+            The non-linearity inside dou2018's AGG function (Eq. (7)): `"sigmoid"` (the paper) or `"relu"` (its
+            Table 4 alternative).
+        multi_layer_attention_k (`int`, defaults to 1):
+            dou2018 §3.1.2 multi-layer attention (Eq. (8)) in both stacks: in every layer l ≥ k+1 the self-attention
+            query attends separately to the k layers below (each through its own attention) and AGG merges the k
+            contexts. 1 is the vanilla self-attention; 2 or 3 as the paper. Needs ≥ k+1 layers in each stack.
+        diversity_weight (`float`, defaults to 0.0):
+            λ of dou2018's layer-diversity regularisation (Eq. (9)-(10)), ≥ 0; the paper uses 1.0. The paper
+            *maximises* diversity, so the trained objective is NLL − λ·L_div. It applies to each stack that uses a
+            dou2018 mechanism (aggregation or multi-layer attention), or to both stacks when none does
+            (`diversity_stacks`); each such stack needs ≥ 2 layers.
         label_smoothing (`float`, defaults to 0.0):
             ε of the label-smoothed NLL (Szegedy et al. 2016) that the model's own forward optimises in training mode
             (a stock `Seq2SeqTrainer` or a plain loop; `DeepNMTTrainer` passes its ``label_smoothing_factor``
@@ -223,6 +245,11 @@ class DeepTransformerConfig(PreTrainedConfig):
         ald_unk_ratio: float = 0.3,
         ald_temperature: float = 0.1,
         ald_protected_token_ids: list[int] | None = None,
+        encoder_layer_aggregation: str = "none",
+        decoder_layer_aggregation: str = "none",
+        aggregation_activation: str = "sigmoid",
+        multi_layer_attention_k: int = 1,
+        diversity_weight: float = 0.0,
         label_smoothing: float = 0.0,
         pad_token_id: int = 0,
         bos_token_id: int = 1,
@@ -261,6 +288,11 @@ class DeepTransformerConfig(PreTrainedConfig):
         self.ald_unk_ratio = ald_unk_ratio
         self.ald_temperature = ald_temperature
         self.ald_protected_token_ids = list(ald_protected_token_ids) if ald_protected_token_ids is not None else []
+        self.encoder_layer_aggregation = encoder_layer_aggregation
+        self.decoder_layer_aggregation = decoder_layer_aggregation
+        self.aggregation_activation = aggregation_activation
+        self.multi_layer_attention_k = multi_layer_attention_k
+        self.diversity_weight = diversity_weight
         self.label_smoothing = label_smoothing
         self.unk_token_id = unk_token_id
         self.use_cache = use_cache
@@ -357,7 +389,46 @@ class DeepTransformerConfig(PreTrainedConfig):
             _fail(name, "ald_protected_token_ids", protected, "it must not contain unk_token_id")
         if not (_is_number(self.label_smoothing) and 0.0 <= self.label_smoothing < 1.0):
             _fail(name, "label_smoothing", self.label_smoothing, "it must be a number in [0, 1)")
+        # dou2018 deep representations (docs/dou2018.md)
+        for field, layers in (("encoder_layer_aggregation", self.encoder_layers),
+                              ("decoder_layer_aggregation", self.decoder_layers)):
+            kind = getattr(self, field)
+            if kind not in LAYER_AGGREGATIONS:
+                _fail(name, field, kind, f"use one of {list(LAYER_AGGREGATIONS)}")
+            if kind in ("iterative", "hierarchical") and layers < 2:
+                _fail(name, field, kind, f"{kind} aggregation merges layers, so its stack needs at least 2 layers "
+                      f"(it has {layers})")
+        if self.aggregation_activation not in AGGREGATION_ACTIVATIONS:
+            _fail(name, "aggregation_activation", self.aggregation_activation,
+                  f"use one of {list(AGGREGATION_ACTIVATIONS)}")
+        k = self.multi_layer_attention_k
+        if not (_is_int(k) and 1 <= k <= 3):
+            _fail(name, "multi_layer_attention_k", k, "it must be 1 (off), 2 or 3 (dou2018 §3.1.2)")
+        if k > 1 and min(self.encoder_layers, self.decoder_layers) < k + 1:
+            _fail(name, "multi_layer_attention_k", k, f"layers attend to the {k} layers below them, so each stack "
+                  f"needs at least {k + 1} layers (encoder {self.encoder_layers}, decoder {self.decoder_layers})")
+        if not (_is_number(self.diversity_weight) and math.isfinite(self.diversity_weight)
+                and self.diversity_weight >= 0.0):
+            _fail(name, "diversity_weight", self.diversity_weight, "it must be a finite number ≥ 0 (0 switches it off)")
+        if self.diversity_weight > 0:
+            for stack in self.diversity_stacks():
+                if getattr(self, f"{stack}_layers") < 2:
+                    _fail(name, "diversity_weight", self.diversity_weight, f"layer diversity compares adjacent layers, "
+                          f"so the {stack} needs at least 2 layers")
         self._check_combinations()
+
+    def diversity_stacks(self) -> tuple[str, ...]:
+        """The stacks dou2018's diversity term applies to: those that use a deep-representation mechanism
+        (aggregation or multi-layer attention), or both when neither does (docs/dou2018.md)."""
+        mla = self.multi_layer_attention_k > 1
+        chosen = tuple(stack for stack in ("encoder", "decoder")
+                       if mla or getattr(self, f"{stack}_layer_aggregation") != "none")
+        return chosen or ("encoder", "decoder")
+
+    def uses_deep_representations(self) -> bool:
+        """Whether any dou2018 mechanism changes the network (aggregation or multi-layer attention)."""
+        return (self.encoder_layer_aggregation != "none" or self.decoder_layer_aggregation != "none"
+                or self.multi_layer_attention_k > 1)
 
     def _check_combinations(self) -> None:
         """Settings that are valid one by one but would build a broken model (raise) or silently do nothing (warn
@@ -508,5 +579,50 @@ class DeepDecoderTransformerConfig(DeepTransformerConfig):
             ald_weight=ald_weight,
             ald_unk_ratio=ald_unk_ratio,
             ald_temperature=ald_temperature,
+            **kwargs,
+        )
+
+
+class DeepRepresentationTransformerConfig(DeepTransformerConfig):
+    r"""dou2018 (Exploiting Deep Representations for NMT): `DeepTransformerConfig` with
+    ``model_type="deep_representation_transformer"`` and the paper's default strategy as defaults — Transformer-Base
+    (6+6 layers, 512/2048/8, post-LN) with hierarchical layer aggregation in both stacks and the layer-diversity
+    term at λ = 1.0 ("+ Deep Representations" of dou2018 Table 2; Table 1 row 9), AGG with a sigmoid (Eq. (7)).
+    Every field and its validation is `DeepTransformerConfig`'s; docs/dou2018.md explains each decision.
+    """
+
+    model_type = "deep_representation_transformer"
+
+    def __init__(
+        self,
+        encoder_layers: int = 6,
+        decoder_layers: int = 6,
+        d_model: int = 512,
+        encoder_attention_heads: int = 8,
+        decoder_attention_heads: int = 8,
+        encoder_ffn_dim: int = 2048,
+        decoder_ffn_dim: int = 2048,
+        layer_norm_position: str = "post",
+        encoder_layer_aggregation: str = "hierarchical",
+        decoder_layer_aggregation: str = "hierarchical",
+        aggregation_activation: str = "sigmoid",
+        multi_layer_attention_k: int = 1,
+        diversity_weight: float = 1.0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            encoder_layers=encoder_layers,
+            decoder_layers=decoder_layers,
+            d_model=d_model,
+            encoder_attention_heads=encoder_attention_heads,
+            decoder_attention_heads=decoder_attention_heads,
+            encoder_ffn_dim=encoder_ffn_dim,
+            decoder_ffn_dim=decoder_ffn_dim,
+            layer_norm_position=layer_norm_position,
+            encoder_layer_aggregation=encoder_layer_aggregation,
+            decoder_layer_aggregation=decoder_layer_aggregation,
+            aggregation_activation=aggregation_activation,
+            multi_layer_attention_k=multi_layer_attention_k,
+            diversity_weight=diversity_weight,
             **kwargs,
         )

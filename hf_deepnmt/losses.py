@@ -219,6 +219,25 @@ def ald_losses(anchor: torch.Tensor, positive: torch.Tensor, negative: torch.Ten
     return -F.log_softmax(scores, dim=-1)[:, 0]  # Eq. (6) li2022
 
 
+def layer_diversity_sum(states: Sequence[torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
+    """dou2018 layer diversity (Eq. (10)), *summed* over ``mask``'s positions n:
+    Σ_n 1/(L−1) Σ_{l=1}^{L−1} (1 − cos²(h_n^l, h_n^{l+1})).
+
+    ``states``: the L ≥ 2 layer outputs H^1 … H^L of one stack, each ``(R, T, d)``; ``mask`` ``(R, T)`` the real
+    positions. Dividing by the number of positions gives L_div = 1/(L−1) Σ_l D(H^l, H^{l+1}) with D the mean
+    cosine-squared distance of Eq. (10). Computed in float32.
+    """
+    if len(states) < 2:
+        raise ValueError(f"layer_diversity_sum: it compares adjacent layers; got {len(states)} layer(s).")
+    per_position = None
+    for lower, upper in zip(states[:-1], states[1:]):
+        cosine = F.cosine_similarity(lower.float(), upper.float(), dim=-1)  # (R, T)
+        distance = 1.0 - cosine.pow(2)  # Eq. (10) dou2018: 1 − cos²(h_n^l, h_n^{l+1})
+        per_position = distance if per_position is None else per_position + distance
+    per_position = per_position / (len(states) - 1)  # Eq. (10) dou2018: 1/(L−1) Σ_l
+    return (per_position * mask.to(per_position.dtype)).sum()
+
+
 def replaceable_source_positions(
     input_ids: torch.Tensor, attention_mask: torch.Tensor | None, config: Any
 ) -> torch.Tensor:

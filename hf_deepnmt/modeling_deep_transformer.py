@@ -16,7 +16,9 @@ Where the deep-NMT methods live (each validated in the config, each decision exp
 * li2022 cross-attention drop: ``DeepTransformerDecoderLayer(cross_attention_keep=...)`` and
   `DeepTransformerDecoder.draw_cross_attention` (docs/li2022.md);
 * liu2020 ADMIN: the per-sub-layer ω in `DeepTransformerSublayerMixin._residual` (docs/liu2020.md);
-* the training objective (NLL + li2022 DDR / ALD, as the config switches them on) in
+* dou2018 layer aggregation: `_DeepTransformerStack._run_layers` with the modules of `hf_deepnmt.aggregation`;
+  multi-layer attention: `DeepTransformerSublayerMixin._self_attention` (docs/dou2018.md);
+* the training objective (NLL + li2022 DDR / ALD + dou2018 diversity, as the config switches them on) in
   `DeepTransformerForConditionalGeneration.forward` in training mode, built from `hf_deepnmt.losses`
   (docs/training.md).
 
@@ -37,7 +39,7 @@ from torch import nn
 from torch.nn import init
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.activations import ACT2FN
-from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+from transformers.cache_utils import DynamicCache, DynamicLayer, EncoderDecoderCache
 from transformers.utils import logging
 from transformers.modeling_outputs import (
     BaseModelOutput,
@@ -46,8 +48,10 @@ from transformers.modeling_outputs import (
     Seq2SeqModelOutput,
 )
 
+from .aggregation import AggregationFunction, AggregationRun, LayerAggregation, LinearCombination
 from .configuration_deep_transformer import (
     AdminTransformerConfig,
+    DeepRepresentationTransformerConfig,
     DeepDecoderTransformerConfig,
     DeepTransformerConfig,
     admin_omega_closed_form,
@@ -60,6 +64,7 @@ from .losses import (
     combine_terms,
     ddr_sum_from_log_probs,
     label_smoothed_nll_loss,
+    layer_diversity_sum,
     mean_pool,
     resolve_normalizers,
     target_mask,
@@ -161,14 +166,31 @@ def attention(
     return out, weights if need_weights else None
 
 
+def multi_layer_cache_slot(layer_idx: int, source: int, num_layers: int) -> int:
+    """Self-attention cache slot of dou2018 multi-layer attention to H^{l−source} in decoder layer ``layer_idx``:
+    slots 0 … L−1 are the layers' own self-attention, then one block of L slots per extra source (j = 2 … k)."""
+    return layer_idx if source == 1 else (source - 1) * num_layers + layer_idx
+
+
+def _ensure_cache_slots(cache: DynamicCache, slots: int) -> None:
+    """Give a self-attention cache room for ``slots`` layers (generate sizes it from ``decoder_layers``; dou2018's
+    multi-layer attention keeps keys/values per attended layer in extra slots, which beam search reorders too)."""
+    while len(cache.layers) < slots:
+        cache.layers.append(DynamicLayer())
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # 2. Multi-head attention
 # ----------------------------------------------------------------------------------------------------------------
 class DeepTransformerAttention(nn.Module):
     """Multi-head attention, Vaswani et al. (2017) Eq. (1)-(2), with Marian/BART parameter names.
 
-    Self-attention appends its new keys/values to ``cache.self_attention_cache``; cross-attention projects the
-    encoder states once and reads them back from ``cache.cross_attention_cache`` on later decoding steps.
+    Three uses: self-attention (keys/values from the query's own sequence, appended to
+    ``cache.self_attention_cache`` at ``layer_idx``); cross-attention (``is_cross_attention``: the encoder states,
+    projected once and read back from ``cache.cross_attention_cache``); and dou2018's multi-layer attention to a lower
+    layer (``key_value_states`` given without ``is_cross_attention``: a sequence as long as the query's, whose
+    keys/values are appended per decoding step to the self-attention cache slot ``layer_idx``, see
+    `multi_layer_cache_slot`).
     """
 
     def __init__(self, embed_dim: int, num_heads: int, dropout: float, layer_idx: int, is_cross_attention: bool):
@@ -210,8 +232,9 @@ class DeepTransformerAttention(nn.Module):
                     key, value = cache.cross_attention_cache.update(key, value, self.layer_idx)
                     cache.is_updated[self.layer_idx] = True
         else:
-            key = self._heads(self.k_proj(hidden_states))  # (B, H, Tq, d_h)
-            value = self._heads(self.v_proj(hidden_states))
+            source = hidden_states if key_value_states is None else key_value_states  # (B, Tq, d)
+            key = self._heads(self.k_proj(source))  # (B, H, Tq, d_h)
+            value = self._heads(self.v_proj(source))
             if cache is not None:
                 key, value = cache.self_attention_cache.update(key, value, self.layer_idx)  # (B, H, past+Tq, d_h)
         out, weights = attention(
@@ -267,6 +290,48 @@ class DeepTransformerSublayerMixin:
                 self.register_buffer(name, torch.ones(config.d_model))
             self.omega_names[sublayer] = name
 
+    def _init_multi_layer_attention(self, config: DeepTransformerConfig, heads: int, ffn_dim: int,
+                                    num_layers: int) -> None:
+        """dou2018 multi-layer attention (Eq. (8)): a layer l ≥ k+1 (1-based) gets one more attention per extra
+        layer it attends to (H^{l−2} … H^{l−k}; its own self-attention covers H^{l−1}) and an AGG over the k
+        contexts. Lower layers (l ≤ k) stay vanilla: the embeddings are not a source (docs/dou2018.md)."""
+        k = config.multi_layer_attention_k
+        self.multi_layer_attns: nn.ModuleList | None = None
+        self.multi_layer_agg: AggregationFunction | None = None
+        if k > 1 and self.layer_idx + 1 >= k + 1:
+            self.multi_layer_attns = nn.ModuleList(
+                DeepTransformerAttention(config.d_model, heads, config.attention_dropout,
+                                         multi_layer_cache_slot(self.layer_idx, j, num_layers),
+                                         is_cross_attention=False)
+                for j in range(2, k + 1)
+            )
+            self.multi_layer_agg = AggregationFunction(k, config.d_model, ffn_dim, config.aggregation_activation,
+                                                       config.layer_norm_eps)
+
+    def _self_attention(
+        self,
+        x: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        is_causal: bool,
+        cache: EncoderDecoderCache | None,
+        output_attentions: bool,
+        lower_states: tuple[torch.Tensor, ...] | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The self-attention branch f(x): vanilla, or with dou2018 multi-layer attention C^l = AGG(C_{−1}, …,
+        C_{−k}) (Eq. (8)), where C_{−1} is this layer's own self-attention and C_{−j} attends with the same query to
+        H^{l−j} (``lower_states``, nearest first). Pre-LN applies this sub-layer's LayerNorm to every source."""
+        context, weights = self.self_attn(x, attention_mask=attention_mask, is_causal=is_causal, cache=cache,
+                                          output_attentions=output_attentions)
+        if self.multi_layer_attns is None:
+            return context, weights
+        contexts = [context]  # C_{−1}
+        for attention_j, lower in zip(self.multi_layer_attns, lower_states):
+            source = self._sublayer_input(lower, self.self_attn_layer_norm)
+            context_j, _ = attention_j(x, key_value_states=source, attention_mask=attention_mask,
+                                       is_causal=is_causal, cache=cache)  # Eq. (8) dou2018: C_{−j} = ATT(Q^l, K^{l−j}, V^{l−j})
+            contexts.append(context_j)
+        return self.multi_layer_agg(*contexts), weights  # Eq. (8) dou2018: C^l = AGG(C_{−1}, …, C_{−k})
+
     def _sublayer_input(self, hidden_states: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
         return norm(hidden_states) if self.pre_layer_norm else hidden_states
 
@@ -318,13 +383,20 @@ class DeepTransformerEncoderLayer(DeepTransformerSublayerMixin, nn.Module):
         self.fc2 = nn.Linear(config.encoder_ffn_dim, d)
         self.final_layer_norm = nn.LayerNorm(d, eps=config.layer_norm_eps)
         self._init_sublayers(config, "encoder", ("self_attn", "ffn"))
+        self._init_multi_layer_attention(config, config.encoder_attention_heads, config.encoder_ffn_dim,
+                                         config.encoder_layers)
 
     def forward(
-        self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None, output_attentions: bool = False
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        output_attentions: bool = False,
+        lower_states: tuple[torch.Tensor, ...] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``lower_states``: H^{l−2} … H^{l−k} for dou2018 multi-layer attention (None otherwise)."""
         residual = hidden_states
         x = self._sublayer_input(hidden_states, self.self_attn_layer_norm)
-        x, weights = self.self_attn(x, attention_mask=attention_mask, output_attentions=output_attentions)
+        x, weights = self._self_attention(x, attention_mask, False, None, output_attentions, lower_states)
         hidden_states = self._residual(residual, x, self.self_attn_layer_norm, "self_attn")
         return self._feed_forward(hidden_states), weights
 
@@ -365,6 +437,8 @@ class DeepTransformerDecoderLayer(DeepTransformerSublayerMixin, nn.Module):
         has_sublayer = self.encoder_attn_layer_norm is not None
         sublayers = ("self_attn", "encoder_attn", "ffn") if has_sublayer else ("self_attn", "ffn")
         self._init_sublayers(config, "decoder", sublayers)
+        self._init_multi_layer_attention(config, config.decoder_attention_heads, config.decoder_ffn_dim,
+                                         config.decoder_layers)
 
     def forward(
         self,
@@ -376,18 +450,15 @@ class DeepTransformerDecoderLayer(DeepTransformerSublayerMixin, nn.Module):
         cache: EncoderDecoderCache | None = None,
         output_attentions: bool = False,
         use_cross_attention: bool | torch.Tensor = True,
+        lower_states: tuple[torch.Tensor, ...] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """``use_cross_attention``: li2022 CAD's decision for this forward, True/False for every row or a
-        ``(R, 1, 1)`` 0/1 tensor per row (independent drop-net groups, see `DeepTransformerDecoder.forward`)."""
+        ``(R, 1, 1)`` 0/1 tensor per row (independent drop-net groups, see `DeepTransformerDecoder.forward`).
+        ``lower_states``: H^{l−2} … H^{l−k} for dou2018 multi-layer attention (None otherwise)."""
         residual = hidden_states
         x = self._sublayer_input(hidden_states, self.self_attn_layer_norm)
-        x, self_weights = self.self_attn(
-            x,
-            attention_mask=self_attention_mask,
-            is_causal=self_attention_is_causal,
-            cache=cache,
-            output_attentions=output_attentions,
-        )
+        x, self_weights = self._self_attention(x, self_attention_mask, self_attention_is_causal, cache,
+                                               output_attentions, lower_states)
         hidden_states = self._residual(residual, x, self.self_attn_layer_norm, "self_attn")
 
         cross_weights = None
@@ -443,11 +514,13 @@ def _bind_shared_embedding(stack: nn.Module, embedding: nn.Embedding) -> None:
 
 
 class _DeepTransformerStack(nn.Module):
-    """What encoder and decoder share: embeddings + positions, gradient checkpointing, the final pre-LN norm."""
+    """What encoder and decoder share: embeddings + positions, the walk through the layers (with dou2018's layer
+    aggregation and multi-layer attention), gradient checkpointing, the final pre-LN norm."""
 
     embed_tokens: nn.Embedding
+    layers: nn.ModuleList
 
-    def __init__(self, config: DeepTransformerConfig, embed_tokens: nn.Embedding):
+    def __init__(self, config: DeepTransformerConfig, embed_tokens: nn.Embedding, stack: str):
         super().__init__()
         self.config = config
         _bind_shared_embedding(self, embed_tokens)
@@ -457,6 +530,22 @@ class _DeepTransformerStack(nn.Module):
         self.layer_norm = (
             nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.layer_norm_position == "pre" else None
         )
+        kind = getattr(config, f"{stack}_layer_aggregation")
+        # dou2018 §3.1.1: the modules that combine this stack's layers (none for the vanilla stack)
+        self.aggregation = None if kind == "none" else LayerAggregation(
+            kind, getattr(config, f"{stack}_layers"), config.d_model, getattr(config, f"{stack}_ffn_dim"),
+            config.aggregation_activation, config.layer_norm_eps)
+
+    def _run_layers(self, hidden_states: torch.Tensor, call: Any) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Walk the layers from the embeddings ``hidden_states`` (H^0): ``call(layer, x, lower_states)`` runs one
+        layer. Returns the stack's output (after aggregation and the final pre-LN norm) and [H^0, …, H^L]."""
+        run = AggregationRun(self.aggregation, hidden_states)
+        for number, layer in enumerate(self.layers, start=1):
+            lower = None
+            if layer.multi_layer_attns is not None:  # Eq. (8) dou2018: H^{l−2} … H^{l−k}, nearest first
+                lower = tuple(run.outputs[number - j] for j in range(2, len(layer.multi_layer_attns) + 2))
+            run.add(number, call(layer, run.layer_input(number), lower))
+        return self._finish(run.output()), run.outputs
 
     def _embed(self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, past_length: int):
         if (input_ids is None) == (inputs_embeds is None):
@@ -491,7 +580,7 @@ class DeepTransformerEncoder(_DeepTransformerStack):
     main_input_name = "input_ids"
 
     def __init__(self, config: DeepTransformerConfig, embed_tokens: nn.Embedding):
-        super().__init__(config, embed_tokens)
+        super().__init__(config, embed_tokens, "encoder")
         self.layers = nn.ModuleList(DeepTransformerEncoderLayer(config, i) for i in range(config.encoder_layers))
 
     def forward(
@@ -509,17 +598,15 @@ class DeepTransformerEncoder(_DeepTransformerStack):
         )
         hidden_states = self._embed(input_ids, inputs_embeds, past_length=0)
         mask = additive_mask(padding_mask(attention_mask), hidden_states.dtype)  # (B, 1, 1, S)
-        all_states: list[torch.Tensor] = []
         all_attentions: list[torch.Tensor] = []
-        for layer in self.layers:
-            if output_hidden_states:
-                all_states.append(hidden_states)
-            hidden_states, weights = self._call_layer(layer, hidden_states, mask, output_attentions)
+
+        def call(layer: DeepTransformerEncoderLayer, x: torch.Tensor, lower: tuple | None) -> torch.Tensor:
+            x, weights = self._call_layer(layer, x, mask, output_attentions, lower)
             if output_attentions:
                 all_attentions.append(weights)
-        hidden_states = self._finish(hidden_states)
-        if output_hidden_states:
-            all_states.append(hidden_states)
+            return x
+
+        hidden_states, all_states = self._run_layers(hidden_states, call)
         output = BaseModelOutput(
             last_hidden_state=hidden_states,
             hidden_states=tuple(all_states) if output_hidden_states else None,
@@ -534,7 +621,7 @@ class DeepTransformerDecoder(_DeepTransformerStack):
     main_input_name = "input_ids"
 
     def __init__(self, config: DeepTransformerConfig, embed_tokens: nn.Embedding):
-        super().__init__(config, embed_tokens)
+        super().__init__(config, embed_tokens, "decoder")
         keep = config.cross_attention_keep_schedule()  # li2022 CAD (docs/li2022.md): 1 − p_net below L_dr, 1 above
         self.layers = nn.ModuleList(
             DeepTransformerDecoderLayer(config, i, cross_attention_keep=keep[i]) for i in range(config.decoder_layers)
@@ -622,6 +709,8 @@ class DeepTransformerDecoder(_DeepTransformerStack):
             )
         if encoder_hidden_states is None:
             raise ValueError(f"{type(self).__name__}: `encoder_hidden_states` is required (run the encoder first).")
+        if cache is not None and self.config.multi_layer_attention_k > 1:
+            _ensure_cache_slots(cache.self_attention_cache, self.config.multi_layer_attention_k * len(self.layers))
         past_length = cache.get_seq_length() if cache is not None else 0
 
         hidden_states = self._embed(input_ids, inputs_embeds, past_length)
@@ -629,26 +718,24 @@ class DeepTransformerDecoder(_DeepTransformerStack):
                                                           hidden_states.device)
         self_mask = additive_mask(self_mask, hidden_states.dtype)  # (B or 1, 1, T, past+T)
         cross_mask = additive_mask(padding_mask(encoder_attention_mask), hidden_states.dtype)  # (B, 1, 1, S)
-        all_states: list[torch.Tensor] = []
         all_self: list[torch.Tensor] = []
         all_cross: list[torch.Tensor] = []
         if drop_net_group_sizes is not None and sum(drop_net_group_sizes) != hidden_states.size(0):
             raise ValueError(f"{type(self).__name__}: `drop_net_group_sizes` = {list(drop_net_group_sizes)} must sum "
                              f"to the batch size {hidden_states.size(0)}.")
-        use_cross = self.draw_cross_attention(drop_net_group_sizes, hidden_states.device)
-        for layer, use_cross_attention in zip(self.layers, use_cross):
-            if output_hidden_states:
-                all_states.append(hidden_states)
-            hidden_states, self_weights, cross_weights = self._call_layer(
-                layer, hidden_states, self_mask, is_causal, encoder_hidden_states, cross_mask, cache, output_attentions,
-                use_cross_attention,
+        use_cross = dict(zip(self.layers, self.draw_cross_attention(drop_net_group_sizes, hidden_states.device)))
+
+        def call(layer: DeepTransformerDecoderLayer, x: torch.Tensor, lower: tuple | None) -> torch.Tensor:
+            x, self_weights, cross_weights = self._call_layer(
+                layer, x, self_mask, is_causal, encoder_hidden_states, cross_mask, cache, output_attentions,
+                use_cross[layer], lower,
             )
             if output_attentions:
                 all_self.append(self_weights)
                 all_cross.append(cross_weights)
-        hidden_states = self._finish(hidden_states)
-        if output_hidden_states:
-            all_states.append(hidden_states)
+            return x
+
+        hidden_states, all_states = self._run_layers(hidden_states, call)
         output = BaseModelOutputWithPastAndCrossAttentions(
             last_hidden_state=hidden_states,
             past_key_values=cache if use_cache else None,
@@ -697,6 +784,8 @@ class DeepTransformerPreTrainedModel(PreTrainedModel):
         elif isinstance(module, nn.LayerNorm):
             init.ones_(module.weight)
             init.zeros_(module.bias)
+        elif isinstance(module, LinearCombination) and not getattr(module.weight, "_is_hf_initialized", False):
+            module.reset_to_newest()  # docs/dou2018.md: a linear-aggregation stack starts as the vanilla one
         if isinstance(module, DeepTransformerSublayerMixin):
             self._init_omegas(module)
 
@@ -835,9 +924,10 @@ class DeepTransformerSeq2SeqLMOutput(Seq2SeqLMOutput):
     Args:
         loss_components (`dict[str, torch.Tensor]`, *optional*):
             Detached per-unit mean of each term of this batch: ``nll`` (unsmoothed), ``smoothed_nll`` and one entry
-            per auxiliary term switched on (``ddr`` per target token, ``ald`` per sentence), unweighted.
+            per auxiliary term switched on (``ddr`` per target token, ``ald`` per sentence, ``div_encoder`` per source
+            token and ``div_decoder`` per target token, each L_div itself, not its negation), unweighted.
         loss_component_counts (`dict[str, torch.Tensor]`, *optional*):
-            How many units (target tokens or sentences) each component averages over in this batch.
+            How many units (target tokens, source tokens or sentences) each component averages over in this batch.
     """
 
     loss_components: dict[str, torch.Tensor] | None = None
@@ -930,7 +1020,7 @@ class DeepTransformerForConditionalGeneration(DeepTransformerPreTrainedModel, Ge
 
         * in training mode, ``loss`` is the **full training objective** of the config — the label-smoothed NLL
           (ε = ``smoothing_epsilon``, default ``config.label_smoothing``) plus every auxiliary term switched on
-          (li2022's DDR and ALD) — and ``loss_components`` / ``loss_component_counts`` hold each term's per-unit
+          (li2022's DDR and ALD, dou2018's layer diversity) — and ``loss_components`` / ``loss_component_counts`` hold each term's per-unit
           mean and unit count (docs/training.md). A stock `Seq2SeqTrainer` therefore optimises what
           ``DeepNMTTrainer`` does;
         * in evaluation mode, ``loss`` is the unsmoothed NLL per target token.
@@ -1029,6 +1119,7 @@ class DeepTransformerForConditionalGeneration(DeepTransformerPreTrainedModel, Ge
         epsilon = config.label_smoothing if smoothing_epsilon is None else float(smoothing_epsilon)
         pad = config.pad_token_id
         ddr, ald = config.ddr_weight > 0.0, config.ald_weight > 0.0
+        diversity_stacks = config.diversity_stacks() if config.diversity_weight > 0.0 else ()
         b = labels.size(0)
         passes = 2 if ddr else 1
         mask = target_mask(labels, pad)  # (B, T) the target positions every token-level term sums over
@@ -1070,7 +1161,7 @@ class DeepTransformerForConditionalGeneration(DeepTransformerPreTrainedModel, Ge
             decoder_inputs_embeds=decoder_inputs_embeds,
             use_cache=False,
             output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
+            output_hidden_states=bool(output_hidden_states) or bool(diversity_stacks),
             encoder_row_index=encoder_row_index,
             drop_net_group_sizes=groups,
         )
@@ -1096,6 +1187,23 @@ class DeepTransformerForConditionalGeneration(DeepTransformerPreTrainedModel, Ge
             per_sentence = ald_losses(anchor, positive_g, negative_g, config.ald_temperature)  # Eq. (6) li2022, (B,)
             terms.append(LossTerm("ald", per_sentence.sum(), torch.tensor(b, device=labels.device), "sentences",
                                   config.ald_weight))
+        if diversity_stacks:
+            # Eq. (9) dou2018 maximises layer diversity: the trained objective is NLL − λ·L_div, so its weight is
+            # −λ, shared by the stacks it applies to (the mean of their L_div; docs/dou2018.md). A sign error here
+            # would be silent: tests/test_dou2018.py checks the direction of the gradient.
+            weight = -config.diversity_weight / len(diversity_stacks)
+            if "encoder" in diversity_stacks:
+                source_mask = (attention_mask[:b].bool() if attention_mask is not None
+                               else input_ids[:b] != pad if input_ids is not None
+                               else torch.ones(outputs.encoder_last_hidden_state.shape[:2], dtype=torch.bool,
+                                               device=labels.device))
+                layers = [h[:b] for h in outputs.encoder_hidden_states[1:]]  # H^1 … H^L of X's rows
+                terms.append(LossTerm("div_encoder", layer_diversity_sum(layers, source_mask), source_mask.sum(),
+                                      "source_tokens", weight))
+            if "decoder" in diversity_stacks:
+                layers = [h[:passes * b] for h in outputs.decoder_hidden_states[1:]]  # X's passes (both with DDR)
+                terms.append(LossTerm("div_decoder", layer_diversity_sum(layers, mask.repeat(passes, 1)) / passes,
+                                      target_tokens, "target_tokens", weight))
         local = {
             "target_tokens": target_tokens,
             "source_tokens": (attention_mask[:b].sum() if attention_mask is not None
@@ -1110,9 +1218,9 @@ class DeepTransformerForConditionalGeneration(DeepTransformerPreTrainedModel, Ge
             loss=loss,
             logits=logits[first],
             encoder_last_hidden_state=outputs.encoder_last_hidden_state[first],
-            decoder_hidden_states=None if outputs.decoder_hidden_states is None
+            decoder_hidden_states=None if not output_hidden_states
             else tuple(h[first] for h in outputs.decoder_hidden_states),
-            encoder_hidden_states=None if outputs.encoder_hidden_states is None
+            encoder_hidden_states=None if not output_hidden_states
             else tuple(h[first] for h in outputs.encoder_hidden_states),
             decoder_attentions=None if outputs.decoder_attentions is None
             else tuple(a[first] for a in outputs.decoder_attentions),
@@ -1167,3 +1275,25 @@ class DeepDecoderTransformerForConditionalGeneration(DeepTransformerForCondition
     config_class = DeepDecoderTransformerConfig
     base_model_class_name = "DeepDecoderTransformerModel"
     seq2seq_class_name = "DeepDecoderTransformerForConditionalGeneration"
+
+
+class DeepRepresentationTransformerModel(DeepTransformerModel):
+    """`DeepTransformerModel` with dou2018's defaults (`DeepRepresentationTransformerConfig`)."""
+
+    config_class = DeepRepresentationTransformerConfig
+    base_model_class_name = "DeepRepresentationTransformerModel"
+    seq2seq_class_name = "DeepRepresentationTransformerForConditionalGeneration"
+
+
+class DeepRepresentationTransformerForConditionalGeneration(DeepTransformerForConditionalGeneration):
+    """dou2018: Transformer-Base with hierarchical layer aggregation in both stacks, trained with the
+    layer-diversity term (NLL − λ·L_div, λ = 1.0) — the paper's "+ Deep Representations" model (docs/dou2018.md).
+
+    The same implementation as `DeepTransformerForConditionalGeneration`; the other dou2018 strategies (dense,
+    linear, iterative aggregation, multi-layer attention) are switches of the same config. Start it from a trained
+    vanilla model, as the paper does, with `hf_deepnmt.warm_start`.
+    """
+
+    config_class = DeepRepresentationTransformerConfig
+    base_model_class_name = "DeepRepresentationTransformerModel"
+    seq2seq_class_name = "DeepRepresentationTransformerForConditionalGeneration"
