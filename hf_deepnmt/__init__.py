@@ -11,18 +11,26 @@ from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
 from . import losses
 from .admin import admin_omega_closed_form, admin_profile, export_marian, fold_admin, omega_values
-from .configuration_deep_transformer import AdminTransformerConfig, DeepDecoderTransformerConfig, DeepTransformerConfig
+from .configuration_deep_transformer import (
+    AdminTransformerConfig,
+    DeepDecoderTransformerConfig,
+    DeepRepresentationTransformerConfig,
+    DeepTransformerConfig,
+)
 from .modeling_deep_transformer import (
     AdminTransformerForConditionalGeneration,
     AdminTransformerModel,
     DeepDecoderTransformerForConditionalGeneration,
     DeepDecoderTransformerModel,
+    DeepRepresentationTransformerForConditionalGeneration,
+    DeepRepresentationTransformerModel,
     DeepTransformerForConditionalGeneration,
     DeepTransformerModel,
     DeepTransformerPreTrainedModel,
     shift_tokens_right,
 )
 from .pipeline_translation import TranslationPipeline, register_translation_pipeline
+from .warm_start import warm_start
 
 __version__ = "0.1.0"
 
@@ -39,6 +47,9 @@ __all__ = [
     "DeepDecoderTransformerConfig",
     "DeepDecoderTransformerForConditionalGeneration",
     "DeepDecoderTransformerModel",
+    "DeepRepresentationTransformerConfig",
+    "DeepRepresentationTransformerForConditionalGeneration",
+    "DeepRepresentationTransformerModel",
     "DeepTransformerConfig",
     "DeepTransformerForConditionalGeneration",
     "DeepTransformerModel",
@@ -46,6 +57,7 @@ __all__ = [
     "TranslationPipeline",
     "register_translation_pipeline",
     "shift_tokens_right",
+    "warm_start",
 ]
 
 
@@ -54,6 +66,8 @@ def _register() -> None:
         (DeepTransformerConfig, DeepTransformerModel, DeepTransformerForConditionalGeneration),
         (AdminTransformerConfig, AdminTransformerModel, AdminTransformerForConditionalGeneration),
         (DeepDecoderTransformerConfig, DeepDecoderTransformerModel, DeepDecoderTransformerForConditionalGeneration),
+        (DeepRepresentationTransformerConfig, DeepRepresentationTransformerModel,
+         DeepRepresentationTransformerForConditionalGeneration),
     ):
         AutoConfig.register(config_class.model_type, config_class, exist_ok=True)
         AutoModel.register(config_class, base_class, exist_ok=True)

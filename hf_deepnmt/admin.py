@@ -182,6 +182,11 @@ def fold_admin(model: nn.Module) -> nn.Module:
     model = _core(model)
     if getattr(model.config, "residual_scaling", "none") != "admin":
         raise ValueError("fold_admin: the model's `residual_scaling` is not 'admin'; there is nothing to fold.")
+    if model.config.uses_deep_representations():
+        raise ValueError(
+            "fold_admin: this model uses dou2018's layer aggregation or multi-layer attention, where a layer's "
+            "output also feeds aggregation nodes or lower-layer attentions, so ω cannot be folded into the LayerNorm "
+            "before each sub-layer without changing them; keep the ADMIN model (docs/liu2020.md, 'Folding').")
     folded = DeepTransformerForConditionalGeneration(_standard_config(model.config)).to(model.device)
     state = {key: value for key, value in model.state_dict().items() if not key.endswith("_omega")}
     missing, unexpected = folded.load_state_dict(state, strict=False)
@@ -214,6 +219,12 @@ def non_standard_features(config) -> list[str]:
         features.append("layer_norm_position='pre' (Marian is post-LN)")
     if not math.isclose(config.layer_norm_eps, 1e-5):
         features.append(f"layer_norm_eps={config.layer_norm_eps} (Marian's LayerNorms use 1e-5)")
+    for stack in ("encoder", "decoder"):
+        kind = getattr(config, f"{stack}_layer_aggregation", "none")
+        if kind != "none":
+            features.append(f"{stack}_layer_aggregation={kind!r} (dou2018 layer aggregation)")
+    if getattr(config, "multi_layer_attention_k", 1) > 1:
+        features.append(f"multi_layer_attention_k={config.multi_layer_attention_k} (dou2018 multi-layer attention)")
     if getattr(config, "cross_attention_drop_depth", 0) > 0 and getattr(config, "cross_attention_drop_ratio", 0) >= 1:
         features.append(f"cross_attention_drop_ratio=1.0 on {config.cross_attention_drop_depth} decoder layers "
                         "(li2022 CAD: those layers have no cross-attention; every Marian decoder layer has one)")
@@ -229,6 +240,9 @@ def export_marian(model: nn.Module):
     from transformers import MarianConfig, MarianMTModel
 
     model = _core(model)
+    features = non_standard_features(model.config)
+    if features:
+        raise ValueError(f"export_marian: this model uses {', '.join(features)}, which MarianMTModel cannot express.")
     if getattr(model.config, "residual_scaling", "none") == "admin":
         model = fold_admin(model)
     config = model.config

@@ -31,6 +31,7 @@ TERMS: dict[str, dict[str, float]] = {
     "ddr": {"ddr_weight": 1.0},
     "ald": {"ald_weight": 1.0},
     "crt": {"ddr_weight": 1.0, "ald_weight": 1.0},
+    "div": {"diversity_weight": 1.0},  # dou2018: encoder (per source token) and decoder (per target token) terms
 }
 SOURCE_LENGTHS = (3, 9, 4, 7, 2, 8)  # uneven on purpose: micro-batches hold different shares of tokens and sentences
 TARGET_LENGTHS = (8, 2, 6, 3, 7, 4)

@@ -56,6 +56,7 @@ class ModelArguments:
     model_name_or_path: str | None = field(default=None, metadata={"help": "Fine-tune a saved model (folder or Hub id) instead of training from scratch."})
     config_name: str | None = field(default=None, metadata={"help": "Model config: a preset name (training/presets, e.g. transformer-base), a config.json or a model folder."})
     config_overrides: str | None = field(default=None, metadata={"help": "Override config fields: 'd_model=256,encoder_layers=12'."})
+    warm_start_from: str | None = field(default=None, metadata={"help": "Initialise a new model from a trained one (folder or Hub id): its weights are copied, the mechanisms it lacks (e.g. dou2018 aggregation, multi-layer attention) start from their initialisation, as dou2018 trains its models. The model comes from --recipe/--config_name/--config_overrides as usual; the tokenizer is the trained model's."})
     tokenizer_name: str | None = field(default=None, metadata={"help": "A saved tokenizer; without it (and without a model) a joint BPE is trained on the training data."})
     vocab_size: int = field(default=8000, metadata={"help": "Joint BPE vocabulary size when a tokenizer is trained."})
     bpe_min_frequency: int = field(default=2, metadata={"help": "Minimum merge frequency when a tokenizer is trained."})
@@ -117,8 +118,9 @@ def parse_train_args(argv: Sequence[str]) -> tuple[ModelArguments, DataArguments
 
 
 def _load_or_train_tokenizer(model_args: ModelArguments, data_args: DataArguments, training_args, train_corpus):
-    if model_args.tokenizer_name or model_args.model_name_or_path:
-        return AutoTokenizer.from_pretrained(model_args.tokenizer_name or model_args.model_name_or_path)
+    if model_args.tokenizer_name or model_args.model_name_or_path or model_args.warm_start_from:
+        return AutoTokenizer.from_pretrained(model_args.tokenizer_name or model_args.model_name_or_path
+                                             or model_args.warm_start_from)
     output_dir = Path(training_args.output_dir)
     with training_args.main_process_first(desc="joint BPE"):
         if (output_dir / "tokenizer.json").exists():  # resuming, or another process trained it
@@ -161,6 +163,16 @@ def _build_model(model_args: ModelArguments, data_args: DataArguments, recipe_mo
         )
     fields["label_smoothing"] = label_smoothing  # the objective the model is trained with, recorded in its config
     config = AutoConfig.for_model(model_type, **fields)
+    if model_args.warm_start_from:
+        if model_args.model_name_or_path:
+            raise ValueError("--warm_start_from and --model_name_or_path exclude each other: fine-tune a model with "
+                             "the latter, or start a new one from a trained model's weights with the former.")
+        from hf_deepnmt import warm_start
+
+        model = warm_start(model_args.warm_start_from, config=config)
+        print(f"[deepnmt] warm start: {config.model_type} initialised from {model_args.warm_start_from}",
+              file=sys.stderr)
+        return model
     return AutoModelForSeq2SeqLM.from_config(config)
 
 
