@@ -71,6 +71,24 @@ def _methods(config: dict[str, Any]) -> list[str]:
         lines.append(f"ALD loss (li2022 eq. 6), weight {config['ald_weight']}, p_ALD = {config.get('ald_unk_ratio')}, "
                      f"τ = {config.get('ald_temperature')}: contrastive loss between the full source and <unk>-masked "
                      "copies (X⁺ keeps more of the source than X⁻)")
+    aggregation_names = {"dense": "dense connections (dou2018 eq. 4)",
+                         "linear": "linear combination of all layers at every layer input and the output, "
+                                   "d×d matrices (dou2018 eq. 5)",
+                         "iterative": "iterative aggregation (dou2018 eq. 6-7)",
+                         "hierarchical": "hierarchical aggregation over layer pairs, nodes fed back into the "
+                                         "backbone (dou2018 §3.1.1)"}
+    for stack in ("encoder", "decoder"):
+        kind = config.get(f"{stack}_layer_aggregation", "none")
+        if kind != "none":
+            lines.append(f"{stack} layer aggregation: {aggregation_names[kind]}, AGG activation "
+                         f"{config.get('aggregation_activation', 'sigmoid')}")
+    k = config.get("multi_layer_attention_k", 1)
+    if k > 1:
+        lines.append(f"multi-layer attention, k = {k} (dou2018 eq. 8): in both stacks every layer l ≥ {k + 1} attends "
+                     f"to the {k} layers below it with separate attentions merged by AGG")
+    if config.get("diversity_weight", 0):
+        lines.append(f"layer-diversity regularisation (dou2018 eq. 9-10), λ = {config['diversity_weight']}: the "
+                     "training objective is NLL − λ·L_div (diversity between adjacent layers is maximised)")
     return lines
 
 

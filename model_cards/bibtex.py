@@ -55,7 +55,7 @@ def papers_for_config(config: dict) -> list[str]:
     ):
         papers.append("li2022")
     if (
-        model_type == "deep_repr_transformer"
+        model_type == "deep_representation_transformer"
         or config.get("encoder_layer_aggregation", "none") != "none"
         or config.get("decoder_layer_aggregation", "none") != "none"
         or config.get("multi_layer_attention_k", 1) != 1
