@@ -456,3 +456,53 @@ def crt_cost(dims: dict[str, int], batch: Batch, repeats: int, profile_rows: int
                         **({"per_variant": counted} if counted else {})},
         "profile": profile,
     }
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# dou2018: training and decoding speed of each deep-representation mechanism relative to the vanilla model
+# ----------------------------------------------------------------------------------------------------------------
+DOU2018_VARIANTS: dict[str, dict[str, object]] = {
+    "vanilla": {},
+    "dense": {"encoder_layer_aggregation": "dense", "decoder_layer_aggregation": "dense"},
+    "linear": {"encoder_layer_aggregation": "linear", "decoder_layer_aggregation": "linear"},
+    "iterative": {"encoder_layer_aggregation": "iterative", "decoder_layer_aggregation": "iterative"},
+    "hierarchical": {"encoder_layer_aggregation": "hierarchical", "decoder_layer_aggregation": "hierarchical"},
+    "mla2": {"multi_layer_attention_k": 2},
+    "mla3": {"multi_layer_attention_k": 3},
+    "hierarchical+div": {"encoder_layer_aggregation": "hierarchical", "decoder_layer_aggregation": "hierarchical",
+                         "diversity_weight": 1.0},
+}
+# dou2018 Table 1 (Base, P40): training steps/s and decoding sentences/s, for the ratios against row 1.
+DOU2018_TABLE_1 = {"vanilla": (1.82, 1.33), "dense": (1.69, 1.28), "linear": (1.59, 1.26), "iterative": (1.32, 1.22),
+                   "hierarchical": (1.46, 1.25), "mla2": (1.19, 1.05), "mla3": (1.12, 1.00),
+                   "hierarchical+div": (1.41, 1.25)}
+
+
+def dou2018_speed(dims: dict[str, int], train_batch: Batch, source: Batch, new_tokens: int, train_repeats: int,
+                  decode_repeats: int) -> dict[str, object]:
+    """Training step (forward with the model's own objective, backward, AdamW) and beam-4 decoding of every
+    `DOU2018_VARIANTS` model, interleaved, each relative to the vanilla model of the same dimensions; the backbone
+    weights are shared (copied from the vanilla model) and the new modules keep their initialisation."""
+    from .common import build_ours
+
+    models = {name: build_ours(dims, **overrides) for name, overrides in DOU2018_VARIANTS.items()}
+    for name, model in models.items():
+        if name != "vanilla":
+            model.load_state_dict(models["vanilla"].state_dict(), strict=False)
+    parameters = {name: sum(p.numel() for p in model.parameters()) for name, model in models.items()}
+    train = training_throughput(models, train_batch, train_repeats)
+    decode = decoding_throughput(models, source, 4, new_tokens, decode_repeats)
+    base_train, base_decode = train["median_s"]["vanilla"], decode["median_s"]["vanilla"]
+    variants = {}
+    for name in models:
+        paper_train, paper_decode = DOU2018_TABLE_1[name]
+        variants[name] = {
+            "overrides": DOU2018_VARIANTS[name],
+            "parameters": parameters[name],
+            "added_parameters": parameters[name] - parameters["vanilla"],
+            "train_ratio": base_train / train["median_s"][name],
+            "decode_ratio": base_decode / decode["median_s"][name],
+            "paper_train_ratio": paper_train / DOU2018_TABLE_1["vanilla"][0],
+            "paper_decode_ratio": paper_decode / DOU2018_TABLE_1["vanilla"][1],
+        }
+    return {"dims": dims, "train": train, "decode": decode, "variants": variants}

@@ -258,6 +258,33 @@ def _deep_memory(results: dict) -> list[str]:
             *_table(["gradient checkpointing", "peak RSS (GiB)", "above imports (GiB)", "step (s)"], rows), ""]
 
 
+def _dou2018(results: dict) -> list[str]:
+    if "dou2018" not in results:
+        return []
+    section = results["dou2018"]
+    dims, train, decode = section["dims"], section["train"], section["decode"]
+    names = {"vanilla": "Transformer (vanilla)", "dense": "+ Dense Connection", "linear": "+ Linear Combination",
+             "iterative": "+ Iterative Aggregation", "hierarchical": "+ Hierarchical Aggregation",
+             "mla2": "+ Multi-Layer Attention (k=2)", "mla3": "+ Multi-Layer Attention (k=3)",
+             "hierarchical+div": "+ Hierarchical + L_diversity"}
+    rows = []
+    for name, entry in section["variants"].items():
+        rows.append([names.get(name, name), f"+{entry['added_parameters'] / 1e6:.2f}M",
+                     f"{train['target_tokens_per_s'][name]:.0f}", f"{entry['train_ratio']:.2f}",
+                     f"{entry['paper_train_ratio']:.2f}", f"{decode['sentences_per_s'][name]:.2f}",
+                     f"{entry['decode_ratio']:.2f}", f"{entry['paper_decode_ratio']:.2f}"])
+    return [f"## dou2018: speed of each deep-representation mechanism ({dims['encoder_layers']}-{dims['decoder_layers']}, "
+            f"d_model {dims['d_model']}, FFN {dims['encoder_ffn_dim']})", "",
+            f"Training step (forward with the model's own objective, backward, AdamW) on {train['target_tokens']} "
+            f"target tokens and beam-4 decoding of {decode['batch']} sentences ({decode['new_tokens']} new tokens), "
+            f"{len(next(iter(train['seconds'].values())))} interleaved repeats, medians; one set of backbone weights "
+            "(the new modules at their initialisation). *ours* = speed relative to the vanilla model in this run; "
+            "*paper* = dou2018 Table 1's steps/s and sentences/s relative to its row 1 (Tesla P40). The parameter "
+            "counts are those of this vocabulary (8k); `tests/test_dou2018.py` checks Table 1's counts at 32k.", "",
+            *_table(["model", "added params", "train tok/s", "train ratio (ours)", "train ratio (paper)",
+                     "beam-4 sent/s", "decode ratio (ours)", "decode ratio (paper)"], rows), ""]
+
+
 CRT_PARTS = (("forward_encoder", "fwd encoder"), ("forward_decoder", "fwd decoder"),
              ("forward_lm_head", "fwd vocab projection"), ("forward_views_and_losses", "fwd views + losses"),
              ("backward", "backward"), ("optimizer", "AdamW"), ("total", "step"))
@@ -489,13 +516,14 @@ def render(results: dict) -> str:
     lines += _compile(results)
     lines += _deep_memory(results)
     lines += _crt_cost(results)
+    lines += _dou2018(results)
     lines += _profile(results)
     lines += ["## Adding rows for later features", "",
               "ADMIN, CAD+CRT, layer aggregation and DTMT join these tables by adding an entry to "
               "`benchmarks.common.VARIANTS` (row name → `DeepTransformerConfig` overrides) and running with "
               "`--variants name,...`; the training, decoding and per-step tables then carry one more row each. "
-              "(Those rows train with the model's own cross-entropy; li2022's DDR/ALD losses live in "
-              "`hf_deepnmt.losses.compute_losses`, whose step cost is the `crt_cost` section.)", ""]
+              "(Those rows train with the model's own objective; the step cost of li2022's DDR/ALD is the "
+              "`crt_cost` section, dou2018's mechanisms the `dou2018` section.)", ""]
     return "\n".join(lines)
 
 

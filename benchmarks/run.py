@@ -46,7 +46,7 @@ from .common import (  # noqa: E402
 from .probe import run_probe  # noqa: E402
 
 SECTIONS = ("equivalence", "train", "decode", "flat", "memory", "scaling", "profile", "flops", "compile", "deep_memory",
-            "crt_cost")
+            "crt_cost", "dou2018")
 QUICK_SECTIONS = ("equivalence", "train", "decode", "flat", "memory", "scaling", "profile", "flops")
 
 
@@ -57,12 +57,13 @@ def settings(quick: bool) -> dict[str, object]:
                     decode_repeats={1: 3, 32: 2}, flat_steps=40, flat_repeats=1, flat_batch=8,
                     memory_workloads=["beam4_b32"], depths=[6, 12], scaling_tokens=512,
                     lengths=[32], length_tokens=512, profile_size="d256", flops_size="d256",
-                    compile_repeats=2, crt_tokens=256, crt_repeats=1)
+                    compile_repeats=2, crt_tokens=256, crt_repeats=1, dou2018_size="d256", dou2018_repeats=1)
     return dict(sizes=list(SIZES), train_tokens=4096, train_repeats={"d256": 5, "d512": 5}, new_tokens=32,
                 decode_repeats={1: 7, 32: 3}, flat_steps=200, flat_repeats=2, flat_batch=32,
                 memory_workloads=["train", "greedy_b32", "beam4_b32"], depths=[6, 12, 24, 48],
                 scaling_tokens=2048, lengths=[16, 32, 64, 128, 256], length_tokens=2048, profile_size="d256",
-                flops_size="d512", compile_repeats=3, crt_tokens=2048, crt_repeats=3)
+                flops_size="d512", compile_repeats=3, crt_tokens=2048, crt_repeats=3, dou2018_size="d512",
+                dou2018_repeats=3)
 
 
 def log(message: str) -> None:
@@ -180,6 +181,14 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         results["crt_cost"] = measure.crt_cost(
             model_dims("d256", encoder_layers=12, decoder_layers=12), synthetic_batch(tokens=cfg["crt_tokens"], seed=5),
             repeats=cfg["crt_repeats"], flops_batch=synthetic_batch(sentences=4, seed=6))
+
+    if "dou2018" in args.sections:
+        # dou2018 Table 1: every deep-representation mechanism at Base 6-6, training and beam-4 decoding speed
+        size = cfg["dou2018_size"]
+        log(f"dou2018: 6-6 {size}, vanilla vs dense/linear/iterative/hierarchical/MLA k=2,3/hierarchical+div, "
+            f"training step and beam-4 decoding (batch 32), {cfg['dou2018_repeats']} interleaved repeats")
+        results["dou2018"] = measure.dou2018_speed(model_dims(size), train_batch, sources[32], cfg["new_tokens"],
+                                                   cfg["dou2018_repeats"], cfg["dou2018_repeats"])
 
     results["duration_s"] = time.perf_counter() - started
     return results
