@@ -166,6 +166,51 @@ def attention(
     return out, weights if need_weights else None
 
 
+def check_token_ids(name: str, ids: torch.Tensor | None, vocab_size: int, check_values: bool = True,
+                    allow_ignore_index: bool = False) -> None:
+    """One clear sentence for bad token ids (docs/training.md, "Bad input"): not an integer tensor, not 2-D, empty,
+    or an id outside [0, vocab_size) (labels may also be -100). ``check_values=False`` skips the value scan (it
+    synchronises a GPU), e.g. for the ids `generate` itself feeds back."""
+    if ids is None:
+        return
+    if not isinstance(ids, torch.Tensor):
+        raise ValueError(f"`{name}` must be a torch.LongTensor of token ids (batch, length), got {type(ids).__name__}.")
+    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+        raise ValueError(f"`{name}` has dtype {ids.dtype}; token ids must be integers (torch.long).")
+    if ids.dim() != 2:
+        raise ValueError(f"`{name}` has shape {tuple(ids.shape)}; it must be 2-D (batch, length): for one sentence use "
+                         "`ids.unsqueeze(0)`, or the tokenizer with return_tensors='pt'.")
+    if ids.size(0) == 0 or ids.size(1) == 0:
+        raise ValueError(f"`{name}` has shape {tuple(ids.shape)}: an empty batch or a zero-length sequence has nothing "
+                         "to translate (every tokenized sentence holds at least its </s>).")
+    if check_values:
+        bad = (ids >= vocab_size) | ((ids < 0) & ~(ids == -100) if allow_ignore_index else ids < 0)
+        if bool(bad.any()):
+            value = int(ids[bad][0])
+            allowed = f"[0, vocab_size={vocab_size})" + (" or -100 (ignored)" if allow_ignore_index else "")
+            raise ValueError(f"`{name}` holds the id {value}, which is not allowed; ids must lie in {allowed} (a "
+                             "tokenizer that does not match the model?).")
+
+
+def check_attention_mask(name: str, mask: torch.Tensor | None, ids_name: str, shape: tuple[int, ...]) -> None:
+    """A 2-D padding mask must have the shape of its ids (4-D masks are taken as given)."""
+    if mask is None or not isinstance(mask, torch.Tensor) or mask.dim() == 4:
+        return
+    if tuple(mask.shape) != tuple(shape):
+        raise ValueError(f"`{name}` has shape {tuple(mask.shape)} but `{ids_name}` has shape {tuple(shape)}; the mask "
+                         "needs one 1/0 entry per token.")
+
+
+def check_generation_arguments(kwargs: dict[str, Any]) -> None:
+    """``num_beams``, ``num_return_sequences``, ``max_new_tokens`` and ``max_length`` (given directly or through
+    ``generation_config``) must be integers ≥ 1."""
+    config = kwargs.get("generation_config")
+    for name in ("num_beams", "num_return_sequences", "max_new_tokens", "max_length"):
+        value = kwargs.get(name, getattr(config, name, None) if config is not None else None)
+        if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+            raise ValueError(f"generate: `{name}` = {value!r} is not allowed; it must be an integer ≥ 1.")
+
+
 def multi_layer_cache_slot(layer_idx: int, source: int, num_layers: int) -> int:
     """Self-attention cache slot of dou2018 multi-layer attention to H^{l−source} in decoder layer ``layer_idx``:
     slots 0 … L−1 are the layers' own self-attention, then one block of L slots per extra source (j = 2 … k)."""
@@ -547,9 +592,12 @@ class _DeepTransformerStack(nn.Module):
             run.add(number, call(layer, run.layer_input(number), lower))
         return self._finish(run.output()), run.outputs
 
-    def _embed(self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, past_length: int):
+    def _embed(self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, past_length: int,
+               name: str = "input_ids"):
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError(f"{type(self).__name__}: pass exactly one of `input_ids` and `inputs_embeds`.")
+        # the value scan runs on every full pass; incremental steps feed back ids generate itself chose
+        check_token_ids(name, input_ids, self.config.vocab_size, check_values=past_length == 0)
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)  # (B, T, d), scaled by `ScaledEmbedding`
         length = inputs_embeds.size(1)
@@ -597,6 +645,7 @@ class DeepTransformerEncoder(_DeepTransformerStack):
             output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
         )
         hidden_states = self._embed(input_ids, inputs_embeds, past_length=0)
+        check_attention_mask("attention_mask", attention_mask, "input_ids", tuple(hidden_states.shape[:2]))
         mask = additive_mask(padding_mask(attention_mask), hidden_states.dtype)  # (B, 1, 1, S)
         all_attentions: list[torch.Tensor] = []
 
@@ -713,7 +762,11 @@ class DeepTransformerDecoder(_DeepTransformerStack):
             _ensure_cache_slots(cache.self_attention_cache, self.config.multi_layer_attention_k * len(self.layers))
         past_length = cache.get_seq_length() if cache is not None else 0
 
-        hidden_states = self._embed(input_ids, inputs_embeds, past_length)
+        hidden_states = self._embed(input_ids, inputs_embeds, past_length, name="decoder_input_ids")
+        if attention_mask is not None and attention_mask.dim() == 2 and attention_mask.shape != (
+                hidden_states.size(0), past_length + hidden_states.size(1)):
+            raise ValueError(f"`decoder_attention_mask` has shape {tuple(attention_mask.shape)}; it needs one 1/0 entry "
+                             f"per target token so far, {(hidden_states.size(0), past_length + hidden_states.size(1))}.")
         self_mask, is_causal = self._self_attention_mask(attention_mask, hidden_states.size(1), past_length,
                                                           hidden_states.device)
         self_mask = additive_mask(self_mask, hidden_states.dtype)  # (B or 1, 1, T, past+T)
@@ -992,7 +1045,8 @@ class DeepTransformerForConditionalGeneration(DeepTransformerPreTrainedModel, Ge
 
     def generate(self, *args: Any, **kwargs: Any) -> Any:
         """`GenerationMixin.generate`; an explicit ``max_length`` replaces the default ``max_new_tokens`` instead
-        of being overridden by it."""
+        of being overridden by it, and bad lengths or beam counts get one clear sentence."""
+        check_generation_arguments(kwargs)
         if kwargs.get("max_length") is not None and "max_new_tokens" not in kwargs:
             kwargs["max_new_tokens"] = None
         return super().generate(*args, **kwargs)
@@ -1032,6 +1086,7 @@ class DeepTransformerForConditionalGeneration(DeepTransformerPreTrainedModel, Ge
         ``(B, T, V)``.
         """
         if labels is not None:
+            check_token_ids("labels", labels, self.config.vocab_size, allow_ignore_index=True)
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
