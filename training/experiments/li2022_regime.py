@@ -104,8 +104,14 @@ def main() -> None:
     parser.add_argument("--results", default=str(RESULTS))
     parser.add_argument("--name", default="li2022_regime", help="Base name of the result files.")
     parser.add_argument("--render_only", action="store_true")
+    parser.add_argument("--from_logs", default=None, help="Build the report from a folder of run logs (the "
+                        "stdout of each `deepnmt train`, named <row>-seed<N>-<time>.log) instead of training, e.g. "
+                        "for runs a time limit cut short.")
     args = parser.parse_args()
     results = Path(args.results)
+    if args.from_logs:
+        report_from_logs(Path(args.from_logs), args, results)
+        return
     if args.render_only:
         report = json.loads((results / f"{args.name}.json").read_text())
         write_markdown(report, results / f"{args.name}.md")
@@ -130,11 +136,17 @@ def main() -> None:
             running[(row, seed)] = (folder, subprocess.Popen(train_command(row, folder, args, seed), env=env,
                                                              stdout=log, stderr=log), time.time())
         time.sleep(3)
-        for key in [key for key, (_, process, _) in running.items() if process.poll() is not None]:
+        done = [key for key, (_, process, _) in running.items() if process.poll() is not None]
+        for key in done:
             folder, process, begun = running.pop(key)
             finished[key] = {"exit_code": process.returncode, "folder": str(folder),
                              "minutes": round((time.time() - begun) / 60, 1)}
             print(f"{key}: exit {process.returncode} after {finished[key]['minutes']} min", file=sys.stderr, flush=True)
+        if done:  # results so far: a run cut short by a time limit still leaves the finished rows
+            write_report(finished, args, started, results)
+
+
+def write_report(finished: dict, args: argparse.Namespace, started: float, results: Path) -> None:
     report = {"command": " ".join([sys.executable, "-m", "training.experiments.li2022_regime", *sys.argv[1:]]),
               "setup": vars(args), "wall_minutes": round((time.time() - started) / 60, 1), "runs": {}}
     for (row, seed), entry in finished.items():
@@ -153,6 +165,39 @@ def main() -> None:
         report["runs"][f"{row}/seed{seed}"] = entry
     (results / f"{args.name}.json").write_text(json.dumps(report, indent=2) + "\n")
     write_markdown(report, results / f"{args.name}.md")
+    plot(report, results / f"{args.name}.png")
+
+
+def report_from_logs(folder: Path, args: argparse.Namespace, results: Path) -> None:
+    """The report of runs known only from their logs: every logged training and evaluation entry, and whether the
+    run reached its end. A cut-short run has no test score."""
+    import ast
+
+    report = {"command": " ".join([sys.executable, "-m", "training.experiments.li2022_regime", *sys.argv[1:]]),
+              "setup": vars(args), "wall_minutes": None, "runs": {}}
+    for log in sorted(folder.glob("*.log")):
+        name, seed = log.stem.rsplit("-seed", 1)
+        row, seed = name.replace("_", "+"), int(seed.split("-")[0])
+        entries = []
+        for line in log.read_text(errors="replace").splitlines():
+            if line.startswith("{'"):
+                entries.append({key: float(value) for key, value in ast.literal_eval(line).items()})
+        steps = [entry for entry in entries if "loss" in entry]
+        for number, entry in enumerate(steps, start=1):
+            entry["step"] = number * 25  # logging_steps 25
+        evaluations = [entry for entry in entries if "eval_loss" in entry]
+        for number, entry in enumerate(evaluations, start=1):
+            entry["step"] = number * args.eval_steps
+        _, _, description = row_spec(row)
+        finished = any("train_runtime" in entry for entry in entries)
+        report["runs"][f"{row}/seed{seed}"] = {
+            "row": row, "seed": seed, "description": description, "exit_code": 0 if finished else None,
+            "status": "finished" if finished else f"cut short at step {steps[-1]['step'] if steps else 0}",
+            "nll": series(steps, "nll"), "ald": series(steps, "ald"), "ddr": series(steps, "ddr"),
+            "eval_loss": series(evaluations, "eval_loss"), "eval_bleu": series(evaluations, "eval_bleu"),
+            "eval_source_reliance": series(evaluations, "eval_source_reliance"),
+        }
+    (results / f"{args.name}.json").write_text(json.dumps(report, indent=2) + "\n")
     plot(report, results / f"{args.name}.png")
 
 
