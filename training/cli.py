@@ -3,6 +3,7 @@
     deepnmt quickstart            train + evaluate a deep Transformer on the embedded corpus (the main job)
     deepnmt train ...             train any model (run_translation arguments, --recipe, --max_tokens, ...)
     deepnmt evaluate ...          BLEU / chrF / TER of a saved model on a test file, with beam search
+    deepnmt diagnose ...          does a saved model use its source? (li2022 collapse monitor, per-layer attention)
     deepnmt translate ...         translate a file or stdin, batched, to stdout
     deepnmt push DIR --repo_id    upload model + tokenizer + code + pipeline + card to the Hub
     deepnmt average-checkpoints   average the weights of a run's last N checkpoints (liu2020: last 10)
@@ -22,7 +23,7 @@ from pathlib import Path
 
 from .trainer import NonFiniteLossError
 
-COMMANDS = ("quickstart", "train", "evaluate", "translate", "push", "average-checkpoints")
+COMMANDS = ("quickstart", "train", "evaluate", "diagnose", "translate", "push", "average-checkpoints")
 
 
 def _top_level_help() -> str:
@@ -73,6 +74,41 @@ def _evaluate(argv: Sequence[str]) -> int:
         Path(args.output_json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     if args.hypotheses:
         Path(args.hypotheses).write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
+    return 0
+
+
+def _diagnose(argv: Sequence[str]) -> int:
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    import hf_deepnmt  # noqa: F401
+
+    from .data import read_parallel_file
+    from .diagnose import diagnose
+    from .recipes import resolve_path
+
+    parser = argparse.ArgumentParser(prog="deepnmt diagnose", description="Tell a collapsed or stalled model from a "
+                                     "healthy one: source reliance (li2022's collapse monitor), and per decoder layer "
+                                     "the cross-attention share ‖CrossAttn(h)‖/‖h‖ and its attention entropy.")
+    parser.add_argument("--model", required=True, help="Saved model folder (or Hub id).")
+    parser.add_argument("--test_file", default="corpus:web-sparv/test.jsonl.gz", help="Sentence pairs to measure on "
+                        "(default: the embedded corpus' test books; any format `deepnmt evaluate` reads).")
+    parser.add_argument("--source_lang", default="en", help="Source language code (default: en).")
+    parser.add_argument("--target_lang", default="es", help="Target language code (default: es).")
+    parser.add_argument("--pairs", type=int, default=64, help="Sentence pairs to use (default: 64).")
+    parser.add_argument("--output_json", default=None, help="Also write the measurements to this file.")
+    args = parser.parse_args(argv)
+    if args.pairs < 1:
+        parser.error(f"--pairs {args.pairs} is not allowed; use 1 or more.")
+    model = AutoModelForSeq2SeqLM.from_pretrained(args.model)
+    if not hasattr(model.get_decoder(), "layers"):
+        raise ValueError(f"deepnmt diagnose: {args.model} is a {model.config.model_type} model; the per-layer "
+                         "cross-attention measurements need a Transformer of this package.")
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    corpus = read_parallel_file(resolve_path(args.test_file), args.source_lang, args.target_lang, args.pairs)
+    result = diagnose(model, tokenizer, corpus.sources, corpus.targets, args.pairs)
+    print(result.report())
+    if args.output_json:
+        Path(args.output_json).write_text(json.dumps(result.as_dict(), indent=2) + "\n", encoding="utf-8")
     return 0
 
 
@@ -184,7 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             train(rest)
             code = 0
         else:
-            code = {"evaluate": _evaluate, "translate": _translate, "push": _push, "quickstart": _quickstart,
+            code = {"evaluate": _evaluate, "diagnose": _diagnose, "translate": _translate, "push": _push, "quickstart": _quickstart,
                     "average-checkpoints": _average}[command](rest)
     except (ValueError, FileNotFoundError) as error:  # user mistakes: one sentence, no traceback
         if os.environ.get("DEEPNMT_DEBUG"):
