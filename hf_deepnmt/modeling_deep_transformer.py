@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn import init
 from transformers import GenerationMixin, PreTrainedModel
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.activations import ACT2FN
 from transformers.cache_utils import DynamicCache, DynamicLayer, EncoderDecoderCache
 from transformers.utils import logging
@@ -138,6 +139,7 @@ def attention(
     is_causal: bool,
     dropout_p: float,
     need_weights: bool,
+    eager: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """softmax(Q Kᵀ / sqrt(d_h) + M) V (Vaswani et al. Eq. 1) on ``(B, H, T, d_h)`` tensors.
 
@@ -145,7 +147,7 @@ def attention(
     ``is_causal`` is only used with Tq == Tk. Uses `torch.nn.functional.scaled_dot_product_attention`
     (docs/transformer.md), except in two cases that take the explicit product below:
 
-    * the weights are requested (``output_attentions=True``);
+    * the weights are requested (``output_attentions=True``) or ``eager`` (``attn_implementation="eager"``);
     * one incremental decoding step (a single query) of many (batch, head) rows on CPU, where the CPU flash kernel's
       per-row overhead makes SDPA up to 2x slower than two batched matmuls (with few rows SDPA is the faster one;
       `EXPLICIT_SINGLE_QUERY_MIN_ROWS`, benchmarks/RESULTS.md "Profile and fixes").
@@ -153,7 +155,7 @@ def attention(
     batch_heads = query.size(0) * query.size(1)
     explicit_decoding_step = (query.size(-2) == 1 and batch_heads >= EXPLICIT_SINGLE_QUERY_MIN_ROWS
                               and query.device.type == "cpu")
-    if not need_weights and not explicit_decoding_step:
+    if not need_weights and not explicit_decoding_step and not eager:
         out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
         return out, None
     scores = torch.matmul(query, key.transpose(-1, -2)) * query.size(-1) ** -0.5  # (B, H, Tq, Tk)
@@ -238,8 +240,10 @@ class DeepTransformerAttention(nn.Module):
     `multi_layer_cache_slot`).
     """
 
-    def __init__(self, embed_dim: int, num_heads: int, dropout: float, layer_idx: int, is_cross_attention: bool):
+    def __init__(self, embed_dim: int, num_heads: int, dropout: float, layer_idx: int, is_cross_attention: bool,
+                 config: DeepTransformerConfig | None = None):
         super().__init__()
+        self.config = config  # read at call time: `set_attn_implementation` takes effect at once
         self.embed_dim = embed_dim
         self.num_heads = num_heads
         self.head_dim = embed_dim // num_heads
@@ -282,16 +286,19 @@ class DeepTransformerAttention(nn.Module):
             value = self._heads(self.v_proj(source))
             if cache is not None:
                 key, value = cache.self_attention_cache.update(key, value, self.layer_idx)  # (B, H, past+Tq, d_h)
-        out, weights = attention(
-            query,
-            key,
-            value,
-            attention_mask,
-            is_causal,
-            self.dropout if self.training else 0.0,
-            output_attentions,
-        )
-        out = out.transpose(1, 2).reshape(batch, length, self.embed_dim)  # (B, Tq, d)
+        implementation = getattr(self.config, "_attn_implementation", None) or "sdpa"
+        dropout = self.dropout if self.training else 0.0
+        if implementation in ("sdpa", "eager") or output_attentions:
+            out, weights = attention(query, key, value, attention_mask, is_causal, dropout, output_attentions,
+                                     eager=implementation == "eager")
+            out = out.transpose(1, 2)  # (B, Tq, H, d_h)
+        else:  # a kernel registered with transformers' AttentionInterface (docs/transformer.md, "Attention")
+            kernel = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, None)
+            if is_causal and attention_mask is None:
+                attention_mask = additive_mask(causal_mask(query.size(-2), key.size(-2), query.device), query.dtype)
+            out, weights = kernel(self, query, key, value, attention_mask, dropout=dropout,
+                                  scaling=self.head_dim ** -0.5, is_causal=False)  # (B, Tq, H, d_h)
+        out = out.reshape(batch, length, self.embed_dim)  # (B, Tq, d)
         return self.out_proj(out), weights
 
 
@@ -347,7 +354,7 @@ class DeepTransformerSublayerMixin:
             self.multi_layer_attns = nn.ModuleList(
                 DeepTransformerAttention(config.d_model, heads, config.attention_dropout,
                                          multi_layer_cache_slot(self.layer_idx, j, num_layers),
-                                         is_cross_attention=False)
+                                         is_cross_attention=False, config=config)
                 for j in range(2, k + 1)
             )
             self.multi_layer_agg = AggregationFunction(k, config.d_model, ffn_dim, config.aggregation_activation,
@@ -421,7 +428,7 @@ class DeepTransformerEncoderLayer(DeepTransformerSublayerMixin, nn.Module):
         self.dropout = config.dropout
         self.activation_dropout = config.activation_dropout
         self.self_attn = DeepTransformerAttention(d, config.encoder_attention_heads, config.attention_dropout,
-                                                  layer_idx, is_cross_attention=False)
+                                                  layer_idx, is_cross_attention=False, config=config)
         self.self_attn_layer_norm = nn.LayerNorm(d, eps=config.layer_norm_eps)
         self.activation_fn = ACT2FN[config.activation_function]
         self.fc1 = nn.Linear(d, config.encoder_ffn_dim)
@@ -466,13 +473,13 @@ class DeepTransformerDecoderLayer(DeepTransformerSublayerMixin, nn.Module):
         self.activation_dropout = config.activation_dropout
         self.cross_attention_keep = cross_attention_keep
         self.self_attn = DeepTransformerAttention(d, config.decoder_attention_heads, config.attention_dropout,
-                                                  layer_idx, is_cross_attention=False)
+                                                  layer_idx, is_cross_attention=False, config=config)
         self.self_attn_layer_norm = nn.LayerNorm(d, eps=config.layer_norm_eps)
         self.encoder_attn: DeepTransformerAttention | None = None
         self.encoder_attn_layer_norm: nn.LayerNorm | None = None
         if cross_attention_keep > 0.0:
             self.encoder_attn = DeepTransformerAttention(d, config.decoder_attention_heads, config.attention_dropout,
-                                                         layer_idx, is_cross_attention=True)
+                                                         layer_idx, is_cross_attention=True, config=config)
         if cross_attention_keep > 0.0 or not self.pre_layer_norm:
             self.encoder_attn_layer_norm = nn.LayerNorm(d, eps=config.layer_norm_eps)
         self.activation_fn = ACT2FN[config.activation_function]

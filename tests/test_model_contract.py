@@ -372,3 +372,43 @@ def test_bad_config_value_raises_one_sentence_naming_the_field(field, value):
     assert f"`{field}`" in message or f"`{field}" in message, message
     assert repr(value) in message, message
     assert "\n" not in message and message.count(". ") == 0 and message.endswith("."), message
+
+
+# ------------------------------------------------------------------------------------------------ attention interface
+@pytest.mark.parametrize("switches", [dict(), dict(layer_norm_position="pre", cross_attention_drop_depth=1,
+                                                    cross_attention_drop_ratio=0.5),
+                                      dict(encoder_layers=3, decoder_layers=3, multi_layer_attention_k=2)])
+def test_attention_implementation_is_honoured_at_call_time(switches, tmp_path):
+    """eager == sdpa on padded batches; set_attn_implementation takes effect at once; a kernel registered with
+    transformers' AttentionInterface is called for every attention; from_pretrained(attn_implementation=...) works."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    model = tiny_model(**switches)
+    input_ids = torch.tensor([[5, 6, 7, 8, 2], [9, 10, 2, 0, 0]])
+    kwargs = dict(input_ids=input_ids, attention_mask=(input_ids != 0).long(),
+                  labels=torch.tensor([[11, 12, 2], [13, 2, -100]]))
+    with torch.no_grad():
+        sdpa = model(**kwargs).logits
+        model.set_attn_implementation("eager")
+        assert model.config._attn_implementation == "eager"
+        eager = model(**kwargs).logits
+        calls = []
+
+        def counting(module, query, key, value, mask, **options):
+            calls.append(module)
+            return sdpa_attention_forward(module, query, key, value, mask, **options)
+
+        AttentionInterface.register("counting_test_kernel", counting)
+        model.set_attn_implementation("counting_test_kernel")
+        registered = model(**kwargs).logits
+    torch.testing.assert_close(eager, sdpa, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(registered, sdpa, atol=1e-5, rtol=1e-5)
+    attentions = [m for m in model.modules() if isinstance(m, type(model.model.encoder.layers[0].self_attn))]
+    assert set(map(id, calls)) == set(map(id, attentions))  # every attention module went through the kernel
+    model.set_attn_implementation("sdpa")
+    model.save_pretrained(tmp_path)
+    loaded = DeepTransformerForConditionalGeneration.from_pretrained(tmp_path, attn_implementation="eager")
+    assert loaded.config._attn_implementation == "eager"
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(**kwargs).logits, sdpa, atol=1e-5, rtol=1e-5)
