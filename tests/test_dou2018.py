@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import TINY, tiny_config, tiny_model
+from test_trainer import data, make_trainer  # noqa: F401  (the `data` fixture)
 from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
 from hf_deepnmt import (
@@ -380,8 +381,6 @@ def test_marian_export_and_admin_folding_refuse_deep_representations():
 
 
 def test_admin_cad_crt_hierarchical_and_diversity_train_together(tmp_path, data, tiny_tokenizer):
-    from test_trainer import make_trainer
-
     trainer = make_trainer(tmp_path, data, tiny_tokenizer, max_steps=3, dropout=0.1, model_overrides=dict(
         encoder_layers=3, decoder_layers=4, residual_scaling="admin", cross_attention_drop_depth=2,
         cross_attention_drop_ratio=0.5, ddr_weight=1.0, ald_weight=1.0, encoder_layer_aggregation="hierarchical",
@@ -394,16 +393,6 @@ def test_admin_cad_crt_hierarchical_and_diversity_train_together(tmp_path, data,
     for entry in logs:
         assert {"nll", "ddr", "ald", "div_encoder", "div_decoder"} <= set(entry)
         assert all(torch.isfinite(torch.tensor(entry[key])) for key in ("loss", "ddr", "ald", "div_encoder"))
-
-
-@pytest.fixture(scope="module")
-def data(small_corpus, tiny_tokenizer):
-    from training.data import read_parallel_file, tokenize_corpus
-
-    train = tokenize_corpus(read_parallel_file(small_corpus / "train.jsonl", "en", "es"), tiny_tokenizer, 48, 48)
-    valid = tokenize_corpus(read_parallel_file(small_corpus / "valid.jsonl", "en", "es", max_samples=8),
-                            tiny_tokenizer, 48, 48)
-    return train, valid
 
 
 def test_gradient_reaches_every_new_parameter(batch):
