@@ -185,7 +185,7 @@ def check_token_ids(name: str, ids: torch.Tensor | None, vocab_size: int, check_
     if ids.size(0) == 0 or ids.size(1) == 0:
         raise ValueError(f"`{name}` has shape {tuple(ids.shape)}: an empty batch or a zero-length sequence has nothing "
                          "to translate (every tokenized sentence holds at least its </s>).")
-    if check_values:
+    if check_values and not torch.compiler.is_compiling():  # a data-dependent branch would break the graph
         bad = (ids >= vocab_size) | ((ids < 0) & ~(ids == -100) if allow_ignore_index else ids < 0)
         if bool(bad.any()):
             value = int(ids[bad][0])

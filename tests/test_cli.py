@@ -158,8 +158,8 @@ def test_push_uploads_exactly_the_model_files(trained):
     uploaded = sorted(op.path_in_repo for op in commit["operations"])
     assert kind == "create_commit" and uploaded == files
     assert uploaded == sorted([
-        "README.md", "all_results.json", "config.json", "configuration_deep_transformer.py", "deepnmt_card.json",
-        "generation_config.json", "loss_components.png", "losses.py", "metrics.json", "model.safetensors",
+        "README.md", "aggregation.py", "all_results.json", "config.json", "configuration_deep_transformer.py",
+        "deepnmt_card.json", "generation_config.json", "loss_components.png", "losses.py", "metrics.json", "model.safetensors",
         "modeling_deep_transformer.py", "pipeline_translation.py", "test_translations.txt", "tokenizer.json",
         "tokenizer_config.json", "train_results.json", "training_args.bin", "validation.png",
     ])
