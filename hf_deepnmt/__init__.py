@@ -11,7 +11,9 @@ from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
 from . import losses
 from .admin import admin_omega_closed_form, admin_profile, export_marian, fold_admin, omega_values
+from .cache_dtmt import DTMTCache
 from .configuration_deep_transformer import AdminTransformerConfig, DeepDecoderTransformerConfig, DeepTransformerConfig
+from .configuration_dtmt import DTMTConfig
 from .modeling_deep_transformer import (
     AdminTransformerForConditionalGeneration,
     AdminTransformerModel,
@@ -22,6 +24,7 @@ from .modeling_deep_transformer import (
     DeepTransformerPreTrainedModel,
     shift_tokens_right,
 )
+from .modeling_dtmt import DTMTForConditionalGeneration, DTMTModel, DTMTPreTrainedModel
 from .pipeline_translation import TranslationPipeline, register_translation_pipeline
 
 __version__ = "0.1.0"
@@ -43,6 +46,11 @@ __all__ = [
     "DeepTransformerForConditionalGeneration",
     "DeepTransformerModel",
     "DeepTransformerPreTrainedModel",
+    "DTMTCache",
+    "DTMTConfig",
+    "DTMTForConditionalGeneration",
+    "DTMTModel",
+    "DTMTPreTrainedModel",
     "TranslationPipeline",
     "register_translation_pipeline",
     "shift_tokens_right",
@@ -54,6 +62,7 @@ def _register() -> None:
         (DeepTransformerConfig, DeepTransformerModel, DeepTransformerForConditionalGeneration),
         (AdminTransformerConfig, AdminTransformerModel, AdminTransformerForConditionalGeneration),
         (DeepDecoderTransformerConfig, DeepDecoderTransformerModel, DeepDecoderTransformerForConditionalGeneration),
+        (DTMTConfig, DTMTModel, DTMTForConditionalGeneration),
     ):
         AutoConfig.register(config_class.model_type, config_class, exist_ok=True)
         AutoModel.register(config_class, base_class, exist_ok=True)
