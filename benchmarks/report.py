@@ -391,6 +391,63 @@ def _crt_cost(results: dict) -> list[str]:
     return lines
 
 
+DTMT_TARGETS = {"train": 0.33, "beam4": 0.5}  # the floors, as a fraction of the Transformer's throughput
+
+
+def _dtmt(results: dict) -> list[str]:
+    if "dtmt" not in results:
+        return []
+    r = results["dtmt"]
+    run = results.get("merged", {}).get("dtmt", {})
+    command, machine = run.get("command", results["command"]), run.get("machine", results["machine"])
+    train, params = r["train"], r["parameters"]
+    beam_key = next(k for k in r["decode"] if k.startswith("beam4"))
+    greedy_key = next(k for k in r["decode"] if k.startswith("greedy"))
+    beam, greedy = r["decode"][beam_key], r["decode"][greedy_key]
+    ref = "Transformer"
+    rows = []
+    for name in params:
+        rows.append([name, f"{params[name] / 1e6:.2f}M", _num(train["target_tokens_per_s"][name], 0),
+                     f"**{_ratio(train['target_tokens_per_s'][name], train['target_tokens_per_s'][ref])}**",
+                     _num(beam["sentences_per_s"][name], 2),
+                     f"**{_ratio(beam['sentences_per_s'][name], beam['sentences_per_s'][ref])}**",
+                     _num(greedy["sentences_per_s"][name], 2),
+                     _ratio(greedy["sentences_per_s"][name], greedy["sentences_per_s"][ref])])
+    lines = ["## meng2019 DTMT vs the Transformer of about equal size", "",
+             f"Our Transformer 6-6 at {r['size']} (FFN {4 * int(r['size'][1:])}, post-LN, tied 8k vocabulary) against "
+             f"DTMT#4, DTMT#1 and ShallowRNMT (GRU, no T-GRU) of the same width ({r['size'][1:]}; separate source and "
+             "target embeddings and an untied output layer, as the paper; dropouts 0.2 / 0.1 / 0.2). DTMT#4 is the "
+             "Transformer's size. Training: one step (forward with the model's cross-entropy, backward, AdamW) on "
+             f"{train['sentences']} synthetic sentences ({train['target_tokens']:,} target tokens), median of "
+             f"{len(train['seconds'][ref])} interleaved steps. Decoding: `generate` on {beam['batch']} sentences, "
+             f"exactly {beam['new_tokens']} new tokens each, median of {len(beam['seconds'][ref])} interleaved calls. "
+             f"1 thread; load average {', '.join(f'{x:.2f}' for x in machine.get('load_average_at_start') or [])} at "
+             f"the start; commit `{machine.get('commit', '?')}`. Measured by:", "", "```bash", command, "```", "",
+             *_table(["model", "parameters", "train target tok/s", "vs Transformer", f"beam-4 sent/s (b{beam['batch']})",
+                      "vs Transformer", f"greedy sent/s (b{greedy['batch']})", "vs Transformer"], rows), ""]
+    t_ratio = train["target_tokens_per_s"]["DTMT#4"] / train["target_tokens_per_s"][ref]
+    b_ratio = beam["sentences_per_s"]["DTMT#4"] / beam["sentences_per_s"][ref]
+    verdict = lambda ratio, floor: "met" if ratio >= floor else "**not met**"  # noqa: E731
+    lines += [f"Targets (DTMT#4 vs the Transformer): training ≥ {DTMT_TARGETS['train']}× — {t_ratio:.2f}×, "
+              f"{verdict(t_ratio, DTMT_TARGETS['train'])}; beam-4 decoding ≥ {DTMT_TARGETS['beam4']}× — "
+              f"{b_ratio:.2f}×, {verdict(b_ratio, DTMT_TARGETS['beam4'])}.", ""]
+    compiled = r.get("compiled")
+    if compiled:
+        ct = compiled["train"]
+        cb = compiled[beam_key]
+        name = "DTMT#4 compiled"
+        lines += ["`torch.compile(dynamic=True)` of the transition-block step function (the L-GRU and its T-GRUs, "
+                  "called once per timestep and direction), interleaved with the Transformer once more:", "",
+                  *_table(["model", "train target tok/s", "vs Transformer", "beam-4 sent/s", "vs Transformer",
+                           "first (compiling) step (s)"],
+                          [[name, _num(ct["target_tokens_per_s"][name], 0),
+                            _ratio(ct["target_tokens_per_s"][name], ct["target_tokens_per_s"][ref]),
+                            _num(cb["sentences_per_s"][name], 2),
+                            _ratio(cb["sentences_per_s"][name], cb["sentences_per_s"][ref]),
+                            f"{ct['first_step_s']:.0f}"]]), ""]
+    return lines
+
+
 def _compile(results: dict) -> list[str]:
     if "compile" not in results:
         return []
@@ -489,6 +546,7 @@ def render(results: dict) -> str:
     lines += _compile(results)
     lines += _deep_memory(results)
     lines += _crt_cost(results)
+    lines += _dtmt(results)
     lines += _profile(results)
     lines += ["## Adding rows for later features", "",
               "ADMIN, CAD+CRT, layer aggregation and DTMT join these tables by adding an entry to "
