@@ -445,6 +445,16 @@ def _dtmt(results: dict) -> list[str]:
                             _num(cb["sentences_per_s"][name], 2),
                             _ratio(cb["sentences_per_s"][name], cb["sentences_per_s"][ref]),
                             f"{ct['first_step_s']:.0f}"]]), ""]
+        eager_train = t_ratio
+        compiled_train = ct["target_tokens_per_s"][name] / ct["target_tokens_per_s"][ref]
+        lines += [f"Compiled vs eager, each against the Transformer of its own interleaved run: training "
+                  f"{compiled_train:.2f}× vs {eager_train:.2f}×, beam-4 {_ratio(cb['sentences_per_s'][name], cb['sentences_per_s'][ref])} "
+                  f"vs {b_ratio:.2f}×. "
+                  + ("The compiled step is no faster: inductor fuses the element-wise work of a unit, but the per-step "
+                     "matmuls stay the same aten calls and each compiled call adds its own guard and autograd "
+                     "overhead; leave it off. " if compiled_train <= eager_train * 1.05 else "")
+                  + "TorchScript is not measured: `torch.jit.script` is deprecated in torch 2.13 (its warning points to "
+                  "`torch.compile`).", ""]
     return lines
 
 
@@ -549,11 +559,13 @@ def render(results: dict) -> str:
     lines += _dtmt(results)
     lines += _profile(results)
     lines += ["## Adding rows for later features", "",
-              "ADMIN, CAD+CRT, layer aggregation and DTMT join these tables by adding an entry to "
+              "ADMIN, CAD+CRT and layer aggregation join these tables by adding an entry to "
               "`benchmarks.common.VARIANTS` (row name → `DeepTransformerConfig` overrides) and running with "
               "`--variants name,...`; the training, decoding and per-step tables then carry one more row each. "
               "(Those rows train with the model's own cross-entropy; li2022's DDR/ALD losses live in "
-              "`hf_deepnmt.losses.compute_losses`, whose step cost is the `crt_cost` section.)", ""]
+              "`hf_deepnmt.losses.compute_losses`, whose step cost is the `crt_cost` section.) DTMT, a family of its own "
+              "that shares no weights with the Transformer, has its own section (`dtmt`, "
+              "`benchmarks.common.DTMT_ROWS`).", ""]
     return "\n".join(lines)
 
 
