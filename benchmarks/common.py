@@ -291,3 +291,22 @@ def machine_info(before_ref: str = BEFORE_REF) -> dict[str, object]:
         "commit": commit + ("+uncommitted" if dirty else ""),
         "before_ref": before_ref,
     }
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# meng2019 DTMT (its own family: compared with the Transformer of about equal size, never weight-copied)
+# ----------------------------------------------------------------------------------------------------------------
+# Rows of the `dtmt` section: (rnn_cell, transition_depth). DTMT#4 at d256 has about the parameters of the 6-6 d256
+# Transformer (12.9M vs 13.1M with the 8k vocabulary).
+DTMT_ROWS: dict[str, tuple[str, int]] = {"DTMT#4": ("lgru", 4), "DTMT#1": ("lgru", 1), "ShallowRNMT": ("gru", 0)}
+
+
+def build_dtmt(d_model: int, rnn_cell: str, transition_depth: int, heads: int, seed: int = 0) -> torch.nn.Module:
+    """A DTMT with the benchmark vocabulary and token ids; the dropouts of the miniature recipe (0.2 / 0.1 / 0.2)."""
+    from hf_deepnmt import DTMTConfig, DTMTForConditionalGeneration
+
+    torch.manual_seed(seed)
+    return DTMTForConditionalGeneration(DTMTConfig(
+        vocab_size=VOCAB, d_model=d_model, transition_depth=transition_depth, attention_heads=heads,
+        rnn_cell=rnn_cell, dropout=0.2, rnn_dropout=0.1, readout_dropout=0.2, max_position_embeddings=512,
+        pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS, unk_token_id=UNK, decoder_start_token_id=BOS))

@@ -506,3 +506,43 @@ def dou2018_speed(dims: dict[str, int], train_batch: Batch, source: Batch, new_t
             "paper_decode_ratio": paper_decode / DOU2018_TABLE_1["vanilla"][1],
         }
     return {"dims": dims, "train": train, "decode": decode, "variants": variants}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# meng2019 DTMT vs the Transformer of about equal size
+# ----------------------------------------------------------------------------------------------------------------
+def dtmt_speed(size: str, batch: Batch, source: Batch, repeats: int, decode_repeats: int, new_tokens: int,
+               compile_rows: bool) -> dict[str, object]:
+    """Training target tokens/s and beam-4 / greedy sentences/s of DTMT#4, DTMT#1 and ShallowRNMT at the width of
+    ``size`` against our Transformer 6-6 of that size, all interleaved in one process. With ``compile_rows``, DTMT#4
+    once more with its transition-block step function compiled (``torch.compile(dynamic=True)``), interleaved with
+    the Transformer again."""
+    from hf_deepnmt import modeling_dtmt
+
+    from .common import DTMT_ROWS, SIZES, build_dtmt, build_ours, model_dims
+
+    d, heads = SIZES[size]["d_model"], SIZES[size]["encoder_attention_heads"]
+    models = {"Transformer": build_ours(model_dims(size))}
+    for name, (cell, depth) in DTMT_ROWS.items():
+        models[name] = build_dtmt(d, cell, depth, heads)
+    parameters = {name: sum(p.numel() for p in model.parameters()) for name, model in models.items()}
+    train = training_throughput(models, batch, repeats)
+    decode = {f"beam4_b{source.input_ids.size(0)}": decoding_throughput(models, source, 4, new_tokens, decode_repeats),
+              f"greedy_b{source.input_ids.size(0)}": decoding_throughput(models, source, 1, new_tokens, decode_repeats)}
+    result: dict[str, object] = {"size": size, "parameters": parameters, "train": train, "decode": decode}
+    if compile_rows:
+        original = modeling_dtmt._block_step
+        modeling_dtmt._block_step = torch.compile(original, dynamic=True)
+        try:
+            pair = {"Transformer": models["Transformer"], "DTMT#4 compiled": build_dtmt(d, *DTMT_ROWS["DTMT#4"], heads)}
+            step = training_step(pair["DTMT#4 compiled"], batch)
+            start = time.perf_counter()
+            step()  # compiles (every block shape of the model)
+            first = time.perf_counter() - start
+            compiled_train = training_throughput(pair, batch, repeats)
+            compiled_train["first_step_s"] = first
+            compiled_decode = decoding_throughput(pair, source, 4, new_tokens, decode_repeats)
+        finally:
+            modeling_dtmt._block_step = original
+        result["compiled"] = {"train": compiled_train, f"beam4_b{source.input_ids.size(0)}": compiled_decode}
+    return result

@@ -418,6 +418,73 @@ def _crt_cost(results: dict) -> list[str]:
     return lines
 
 
+DTMT_TARGETS = {"train": 0.33, "beam4": 0.5}  # the issue's floors, as a fraction of the Transformer's throughput
+
+
+def _dtmt(results: dict) -> list[str]:
+    if "dtmt" not in results:
+        return []
+    r = results["dtmt"]
+    run = results.get("merged", {}).get("dtmt", {})
+    command, machine = run.get("command", results["command"]), run.get("machine", results["machine"])
+    train, params = r["train"], r["parameters"]
+    beam_key = next(k for k in r["decode"] if k.startswith("beam4"))
+    greedy_key = next(k for k in r["decode"] if k.startswith("greedy"))
+    beam, greedy = r["decode"][beam_key], r["decode"][greedy_key]
+    ref = "Transformer"
+    rows = []
+    for name in params:
+        rows.append([name, f"{params[name] / 1e6:.2f}M", _num(train["target_tokens_per_s"][name], 0),
+                     f"**{_ratio(train['target_tokens_per_s'][name], train['target_tokens_per_s'][ref])}**",
+                     _num(beam["sentences_per_s"][name], 2),
+                     f"**{_ratio(beam['sentences_per_s'][name], beam['sentences_per_s'][ref])}**",
+                     _num(greedy["sentences_per_s"][name], 2),
+                     _ratio(greedy["sentences_per_s"][name], greedy["sentences_per_s"][ref])])
+    lines = ["## meng2019 DTMT vs the Transformer of about equal size", "",
+             f"Our Transformer 6-6 at {r['size']} (FFN {4 * int(r['size'][1:])}, post-LN, tied 8k vocabulary) against "
+             f"DTMT#4, DTMT#1 and ShallowRNMT (GRU, no T-GRU) of the same width ({r['size'][1:]}; separate source and "
+             "target embeddings and an untied output layer, as the paper; dropouts 0.2 / 0.1 / 0.2). DTMT#4 is the "
+             "Transformer's size. Training: one step (forward with the model's cross-entropy, backward, AdamW) on "
+             f"{train['sentences']} synthetic sentences ({train['target_tokens']:,} target tokens), median of "
+             f"{len(train['seconds'][ref])} interleaved steps. Decoding: `generate` on {beam['batch']} sentences, "
+             f"exactly {beam['new_tokens']} new tokens each, median of {len(beam['seconds'][ref])} interleaved calls. "
+             f"1 thread; load average {', '.join(f'{x:.2f}' for x in machine.get('load_average_at_start') or [])} at "
+             f"the start; commit `{machine.get('commit', '?')}`. Measured by:", "", "```bash", command, "```", "",
+             *_table(["model", "parameters", "train target tok/s", "vs Transformer", f"beam-4 sent/s (b{beam['batch']})",
+                      "vs Transformer", f"greedy sent/s (b{greedy['batch']})", "vs Transformer"], rows), ""]
+    t_ratio = train["target_tokens_per_s"]["DTMT#4"] / train["target_tokens_per_s"][ref]
+    b_ratio = beam["sentences_per_s"]["DTMT#4"] / beam["sentences_per_s"][ref]
+    verdict = lambda ratio, floor: "met" if ratio >= floor else "**not met**"  # noqa: E731
+    lines += [f"Targets (DTMT#4 vs the Transformer): training ≥ {DTMT_TARGETS['train']}× — {t_ratio:.2f}×, "
+              f"{verdict(t_ratio, DTMT_TARGETS['train'])}; beam-4 decoding ≥ {DTMT_TARGETS['beam4']}× — "
+              f"{b_ratio:.2f}×, {verdict(b_ratio, DTMT_TARGETS['beam4'])}.", ""]
+    compiled = r.get("compiled")
+    if compiled:
+        ct = compiled["train"]
+        cb = compiled[beam_key]
+        name = "DTMT#4 compiled"
+        lines += ["`torch.compile(dynamic=True)` of the transition-block step function (the L-GRU and its T-GRUs, "
+                  "called once per timestep and direction), interleaved with the Transformer once more:", "",
+                  *_table(["model", "train target tok/s", "vs Transformer", "beam-4 sent/s", "vs Transformer",
+                           "first (compiling) step (s)"],
+                          [[name, _num(ct["target_tokens_per_s"][name], 0),
+                            _ratio(ct["target_tokens_per_s"][name], ct["target_tokens_per_s"][ref]),
+                            _num(cb["sentences_per_s"][name], 2),
+                            _ratio(cb["sentences_per_s"][name], cb["sentences_per_s"][ref]),
+                            f"{ct['first_step_s']:.0f}"]]), ""]
+        eager_train = t_ratio
+        compiled_train = ct["target_tokens_per_s"][name] / ct["target_tokens_per_s"][ref]
+        lines += [f"Compiled vs eager, each against the Transformer of its own interleaved run: training "
+                  f"{compiled_train:.2f}× vs {eager_train:.2f}×, beam-4 {_ratio(cb['sentences_per_s'][name], cb['sentences_per_s'][ref])} "
+                  f"vs {b_ratio:.2f}×. "
+                  + ("The compiled step is no faster: inductor fuses the element-wise work of a unit, but the per-step "
+                     "matmuls stay the same aten calls and each compiled call adds its own guard and autograd "
+                     "overhead; leave it off. " if compiled_train <= eager_train * 1.05 else "")
+                  + "TorchScript is not measured: `torch.jit.script` is deprecated in torch 2.13 (its warning points to "
+                  "`torch.compile`).", ""]
+    return lines
+
+
 def _compile(results: dict) -> list[str]:
     if "compile" not in results:
         return []
@@ -517,13 +584,15 @@ def render(results: dict) -> str:
     lines += _deep_memory(results)
     lines += _crt_cost(results)
     lines += _dou2018(results)
+    lines += _dtmt(results)
     lines += _profile(results)
     lines += ["## Adding rows for later features", "",
-              "ADMIN, CAD+CRT, layer aggregation and DTMT join these tables by adding an entry to "
+              "ADMIN, CAD+CRT and layer aggregation join these tables by adding an entry to "
               "`benchmarks.common.VARIANTS` (row name → `DeepTransformerConfig` overrides) and running with "
               "`--variants name,...`; the training, decoding and per-step tables then carry one more row each. "
               "(Those rows train with the model's own objective; the step cost of li2022's DDR/ALD is the "
-              "`crt_cost` section, dou2018's mechanisms the `dou2018` section.)", ""]
+              "`crt_cost` section, dou2018's mechanisms the `dou2018` section.) DTMT, a family of its own that shares "
+              "no weights with the Transformer, has its own section (`dtmt`, `benchmarks.common.DTMT_ROWS`).", ""]
     return "\n".join(lines)
 
 

@@ -46,7 +46,7 @@ from .common import (  # noqa: E402
 from .probe import run_probe  # noqa: E402
 
 SECTIONS = ("equivalence", "train", "decode", "flat", "memory", "scaling", "profile", "flops", "compile", "deep_memory",
-            "crt_cost", "dou2018")
+            "crt_cost", "dou2018", "dtmt")
 QUICK_SECTIONS = ("equivalence", "train", "decode", "flat", "memory", "scaling", "profile", "flops")
 
 
@@ -57,13 +57,14 @@ def settings(quick: bool) -> dict[str, object]:
                     decode_repeats={1: 3, 32: 2}, flat_steps=40, flat_repeats=1, flat_batch=8,
                     memory_workloads=["beam4_b32"], depths=[6, 12], scaling_tokens=512,
                     lengths=[32], length_tokens=512, profile_size="d256", flops_size="d256",
-                    compile_repeats=2, crt_tokens=256, crt_repeats=1, dou2018_size="d256", dou2018_repeats=1)
+                    compile_repeats=2, crt_tokens=256, crt_repeats=1, dou2018_size="d256", dou2018_repeats=1,
+                    dtmt_size="d256", dtmt_repeats=2, dtmt_decode_repeats=1, dtmt_compile=False)
     return dict(sizes=list(SIZES), train_tokens=4096, train_repeats={"d256": 5, "d512": 5}, new_tokens=32,
                 decode_repeats={1: 7, 32: 3}, flat_steps=200, flat_repeats=2, flat_batch=32,
                 memory_workloads=["train", "greedy_b32", "beam4_b32"], depths=[6, 12, 24, 48],
                 scaling_tokens=2048, lengths=[16, 32, 64, 128, 256], length_tokens=2048, profile_size="d256",
                 flops_size="d512", compile_repeats=3, crt_tokens=2048, crt_repeats=3, dou2018_size="d512",
-                dou2018_repeats=3)
+                dou2018_repeats=3, dtmt_size="d256", dtmt_repeats=5, dtmt_decode_repeats=3, dtmt_compile=True)
 
 
 def log(message: str) -> None:
@@ -189,6 +190,12 @@ def run(args: argparse.Namespace) -> dict[str, object]:
             f"training step and beam-4 decoding (batch 32), {cfg['dou2018_repeats']} interleaved repeats")
         results["dou2018"] = measure.dou2018_speed(model_dims(size), train_batch, sources[32], cfg["new_tokens"],
                                                    cfg["dou2018_repeats"], cfg["dou2018_repeats"])
+    if "dtmt" in args.sections:
+        # meng2019: DTMT#4 / DTMT#1 / ShallowRNMT vs the Transformer 6-6 of the same width (about DTMT#4's size).
+        log(f"dtmt: {cfg['dtmt_size']} training step and decoding vs the Transformer"
+            f"{', plus torch.compile rows' if cfg['dtmt_compile'] else ''}")
+        results["dtmt"] = measure.dtmt_speed(cfg["dtmt_size"], train_batch, sources[32], cfg["dtmt_repeats"],
+                                             cfg["dtmt_decode_repeats"], cfg["new_tokens"], cfg["dtmt_compile"])
 
     results["duration_s"] = time.perf_counter() - started
     return results

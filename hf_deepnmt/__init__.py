@@ -11,12 +11,14 @@ from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
 from . import losses
 from .admin import admin_omega_closed_form, admin_profile, export_marian, fold_admin, omega_values
+from .cache_dtmt import DTMTCache
 from .configuration_deep_transformer import (
     AdminTransformerConfig,
     DeepDecoderTransformerConfig,
     DeepRepresentationTransformerConfig,
     DeepTransformerConfig,
 )
+from .configuration_dtmt import DTMTConfig
 from .modeling_deep_transformer import (
     AdminTransformerForConditionalGeneration,
     AdminTransformerModel,
@@ -29,6 +31,7 @@ from .modeling_deep_transformer import (
     DeepTransformerPreTrainedModel,
     shift_tokens_right,
 )
+from .modeling_dtmt import DTMTForConditionalGeneration, DTMTModel, DTMTPreTrainedModel
 from .pipeline_translation import TranslationPipeline, register_translation_pipeline
 from .warm_start import warm_start
 
@@ -54,6 +57,11 @@ __all__ = [
     "DeepTransformerForConditionalGeneration",
     "DeepTransformerModel",
     "DeepTransformerPreTrainedModel",
+    "DTMTCache",
+    "DTMTConfig",
+    "DTMTForConditionalGeneration",
+    "DTMTModel",
+    "DTMTPreTrainedModel",
     "TranslationPipeline",
     "register_translation_pipeline",
     "shift_tokens_right",
@@ -68,6 +76,7 @@ def _register() -> None:
         (DeepDecoderTransformerConfig, DeepDecoderTransformerModel, DeepDecoderTransformerForConditionalGeneration),
         (DeepRepresentationTransformerConfig, DeepRepresentationTransformerModel,
          DeepRepresentationTransformerForConditionalGeneration),
+        (DTMTConfig, DTMTModel, DTMTForConditionalGeneration),
     ):
         AutoConfig.register(config_class.model_type, config_class, exist_ok=True)
         AutoModel.register(config_class, base_class, exist_ok=True)

@@ -149,6 +149,38 @@ def combine_terms(
     return loss, components, counts
 
 
+def translation_nll_objective(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    pad_token_id: int | None,
+    training: bool,
+    epsilon: float,
+    source_tokens: torch.Tensor,
+    num_items_in_batch: torch.Tensor | int | float | None = None,
+    loss_normalizers: LossNormalizers | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """``(loss, components, counts)`` of a model whose objective is the translation NLL alone (e.g. DTMT, or the
+    Transformer in evaluation mode).
+
+    Training: the label-smoothed NLL (ε = ``epsilon``) over the step's target tokens, with the unsmoothed ``nll``
+    logged beside it, normalised like every other term (`resolve_normalizers`). Evaluation: the unsmoothed NLL per
+    target token (per step target token when ``num_items_in_batch`` is given).
+    """
+    if not training:
+        _, nll_sum, count = label_smoothed_nll_loss(logits, labels, 0.0, pad_token_id)
+        normalizer = count.to(torch.float32)
+        if num_items_in_batch is not None:
+            normalizer = torch.as_tensor(num_items_in_batch, device=logits.device).to(torch.float32).sum()
+        return (nll_sum / normalizer.clamp(min=1), {"nll": nll_sum.detach() / count.clamp(min=1)},
+                {"nll": count.detach().to(torch.float32)})
+    smoothed_sum, nll_sum, count = label_smoothed_nll_loss(logits, labels, epsilon, pad_token_id)
+    terms = [LossTerm("smoothed_nll", smoothed_sum, count, "target_tokens", 1.0),
+             LossTerm("nll", nll_sum, count, "target_tokens", 0.0)]
+    local = {"target_tokens": count, "source_tokens": source_tokens,
+             "sentences": torch.tensor(labels.size(0), device=labels.device)}
+    return combine_terms(terms, resolve_normalizers(local, loss_normalizers, num_items_in_batch))
+
+
 # ------------------------------------------------------------------------------------------------ the terms
 def target_mask(labels: torch.Tensor, pad_token_id: int | None) -> torch.Tensor:
     """True at real target positions: labels that are neither -100 nor the pad id."""

@@ -69,6 +69,7 @@ from .losses import (
     mean_pool,
     resolve_normalizers,
     target_mask,
+    translation_nll_objective,
 )
 from .pipeline_translation import TRANSLATION_PIPELINE_SPEC
 
@@ -1130,13 +1131,9 @@ class DeepTransformerForConditionalGeneration(DeepTransformerPreTrainedModel, Ge
         logits = self.lm_head(outputs.last_hidden_state)  # (B, T, V)
         loss = components = counts = None
         if labels is not None:  # evaluation: the unsmoothed NLL per target token
-            _, nll_sum, count = label_smoothed_nll_loss(logits, labels, 0.0, self.config.pad_token_id)
-            normalizer = count.to(torch.float32)
-            if num_items_in_batch is not None:
-                normalizer = torch.as_tensor(num_items_in_batch, device=logits.device).to(torch.float32).sum()
-            loss = nll_sum / normalizer.clamp(min=1)
-            components = {"nll": nll_sum.detach() / count.clamp(min=1)}
-            counts = {"nll": count.detach().to(torch.float32)}
+            loss, components, counts = translation_nll_objective(
+                logits, labels, self.config.pad_token_id, training=False, epsilon=0.0,
+                source_tokens=torch.tensor(0), num_items_in_batch=num_items_in_batch)
         output = DeepTransformerSeq2SeqLMOutput(
             loss=loss,
             logits=logits,

@@ -25,6 +25,11 @@ ARCHITECTURE_FIELDS = (
     "decoder_ffn_dim", "vocab_size", "layer_norm_position", "activation_function", "dropout", "attention_dropout",
     "activation_dropout", "tie_word_embeddings", "max_position_embeddings",
 )
+DTMT_FIELDS = (
+    "model_type", "d_model", "transition_depth", "attention_heads", "rnn_cell", "encoder_transition",
+    "query_transition", "decoder_transition", "positional_encoding", "dropout", "rnn_dropout", "readout_dropout",
+    "init_range", "vocab_size", "share_encoder_decoder_embeddings", "tie_word_embeddings", "max_position_embeddings",
+)
 
 
 @dataclass
@@ -46,7 +51,32 @@ def template_for(model_type: str) -> Path:
     return path if path.exists() else TEMPLATES / "deep_transformer.md"
 
 
+def _dtmt_summary(config: dict[str, Any]) -> str:
+    """meng2019's name for the model: DTMT#k, or ShallowRNMT (GRU / L-GRU) at depth 0."""
+    depth, cell = config.get("transition_depth", 4), config.get("rnn_cell", "lgru")
+    name = f"DTMT#{depth}" if depth else "ShallowRNMT"
+    unit = "L-GRU" if cell == "lgru" else "GRU"
+    return (f"{name} deep transition RNN ({unit} + {depth} T-GRU{'s' if depth != 1 else ''} per transition block, "
+            f"d_model {config.get('d_model', '?')}, {config.get('attention_heads', '?')}-head additive attention)")
+
+
+def _dtmt_methods(config: dict[str, Any]) -> list[str]:
+    lines = []
+    off = [name for name in ("encoder", "query", "decoder") if not config.get(f"{name}_transition", True)]
+    if off and config.get("transition_depth", 4):
+        lines.append(f"ablation (meng2019 Table 4): the {', '.join(off)} transition(s) reduced to a single unit")
+    if not config.get("positional_encoding", True):
+        lines.append("no positional encoding (meng2019 Table 6, Non-PE)")
+    if config.get("share_encoder_decoder_embeddings"):
+        lines.append("one embedding matrix for source and target (not in the paper)")
+    if config.get("tie_word_embeddings"):
+        lines.append("output projection tied to the target embedding (not in the paper)")
+    return lines
+
+
 def _methods(config: dict[str, Any]) -> list[str]:
+    if config.get("model_type") == "dtmt":
+        return _dtmt_methods(config)
     lines = []
     if config.get("layer_norm_position") == "pre":
         lines.append("pre-LN residual blocks with a final LayerNorm per stack")
@@ -150,8 +180,9 @@ def render_model_card(
         model_name=name,
         eval_results=eval_results or None,
     )
-    architecture = {key: config[key] for key in ARCHITECTURE_FIELDS if key in config}
-    summary = (
+    fields = DTMT_FIELDS if model_type == "dtmt" else ARCHITECTURE_FIELDS
+    architecture = {key: config[key] for key in fields if key in config}
+    summary = _dtmt_summary(config) if model_type == "dtmt" else (
         f"{config.get('encoder_layers', '?')}-layer encoder / {config.get('decoder_layers', '?')}-layer decoder "
         f"{config.get('layer_norm_position', 'post')}-LN Transformer (d_model {config.get('d_model', '?')})"
     )

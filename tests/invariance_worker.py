@@ -18,7 +18,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import hf_deepnmt  # noqa: E402,F401
-from hf_deepnmt import DeepTransformerConfig, DeepTransformerForConditionalGeneration  # noqa: E402
+from hf_deepnmt import (  # noqa: E402
+    DeepTransformerConfig,
+    DeepTransformerForConditionalGeneration,
+    DTMTConfig,
+    DTMTForConditionalGeneration,
+)
 from hf_deepnmt import modeling_deep_transformer as modeling  # noqa: E402
 
 PAD, BOS, EOS, UNK = 0, 1, 2, 3
@@ -32,7 +37,11 @@ TERMS: dict[str, dict[str, float]] = {
     "ald": {"ald_weight": 1.0},
     "crt": {"ddr_weight": 1.0, "ald_weight": 1.0},
     "div": {"diversity_weight": 1.0},  # dou2018: encoder (per source token) and decoder (per target token) terms
+    "dtmt": {},  # meng2019's recurrent model (`DTMT`), whose objective is the label-smoothed NLL alone
 }
+# The DTMT of the "dtmt" term: DTMT#1, dropouts off (a step must be a function of the batch alone).
+DTMT = dict(vocab_size=99, d_model=16, transition_depth=1, attention_heads=4, max_position_embeddings=64,
+            dropout=0.0, rnn_dropout=0.0, readout_dropout=0.0)
 SOURCE_LENGTHS = (3, 9, 4, 7, 2, 8)  # uneven on purpose: micro-batches hold different shares of tokens and sentences
 TARGET_LENGTHS = (8, 2, 6, 3, 7, 4)
 
@@ -96,8 +105,10 @@ class Deterministic:
 
 
 # ------------------------------------------------------------------------------------------------ one step
-def build_model(term: str, label_smoothing: float = 0.0) -> DeepTransformerForConditionalGeneration:
+def build_model(term: str, label_smoothing: float = 0.0) -> torch.nn.Module:
     torch.manual_seed(0)
+    if term == "dtmt":
+        return DTMTForConditionalGeneration(DTMTConfig(**DTMT, label_smoothing=label_smoothing))
     config = DeepTransformerConfig(**MODEL, **TERMS[term], label_smoothing=label_smoothing)
     return DeepTransformerForConditionalGeneration(config)
 

@@ -57,7 +57,7 @@ def test_the_model_forward_returns_the_full_objective_in_training_mode(batch):
     torch.testing.assert_close(unsmoothed.loss, unsmoothed.loss_components["nll"])
 
 
-@pytest.mark.parametrize("term, accumulation", [("crt", 1), ("ddr", 2)])
+@pytest.mark.parametrize("term, accumulation", [("crt", 1), ("ddr", 2), ("dtmt", 2)])
 def test_a_stock_seq2seq_trainer_trains_the_same_weights_as_ours(term, accumulation, tmp_path):
     """Three steps each. Exact with one micro-batch per step; with accumulation the stock Trainer passes only the
     target-token count, which is exact for token-level terms (NLL, DDR) — ALD needs DeepNMTTrainer's sentence count."""

@@ -35,6 +35,7 @@ from .hub import push_folder
 from .metrics import TranslationMetrics, TranslationScores, score_translations
 from .plots import plot_history
 from .recipes import load_model_config_dict, load_recipe, parse_overrides, recipe_to_argv, resolve_path
+from .schedules import SCHEDULES, rnnplus_scheduler_factory
 from .tokenizer import train_and_save
 from .trainer import DeepNMTTrainer, last_checkpoint
 
@@ -54,6 +55,7 @@ class ModelArguments:
 
     recipe: str | None = field(default=None, metadata={"help": "A recipe YAML (path or shipped name, e.g. quickstart); its values are defaults that the command line overrides."})
     model_name_or_path: str | None = field(default=None, metadata={"help": "Fine-tune a saved model (folder or Hub id) instead of training from scratch."})
+    model_type: str | None = field(default=None, metadata={"help": "Model family of a model trained from scratch: deep_transformer (default), admin_transformer, deep_decoder_transformer or dtmt (meng2019's deep transition RNN); overrides the model_type of --config_name / the recipe."})
     config_name: str | None = field(default=None, metadata={"help": "Model config: a preset name (training/presets, e.g. transformer-base), a config.json or a model folder."})
     config_overrides: str | None = field(default=None, metadata={"help": "Override config fields: 'd_model=256,encoder_layers=12'."})
     warm_start_from: str | None = field(default=None, metadata={"help": "Initialise a new model from a trained one (folder or Hub id): its weights are copied, the mechanisms it lacks (e.g. dou2018 aggregation, multi-layer attention) start from their initialisation, as dou2018 trains its models. The model comes from --recipe/--config_name/--config_overrides as usual; the tokenizer is the trained model's."})
@@ -63,6 +65,10 @@ class ModelArguments:
     eval_num_beams: int = field(default=4, metadata={"help": "Beam size of the final test evaluation and of the saved generation config."})
     optimizer: str | None = field(default=None, metadata={"help": "'radam' trains with torch.optim.RAdam (liu2020's optimizer, not among transformers' --optim choices) using --learning_rate, --adam_beta1/2, --adam_epsilon, --weight_decay; default: --optim."})
     admin_profile_tokens: int = field(default=4096, metadata={"help": "ADMIN profiling batch size in target tokens (liu2020, docs/liu2020.md: ≥ 4k); used once, before the first step, when the model has residual_scaling=admin and is not profiled yet."})
+    lr_schedule: str | None = field(default=None, metadata={"help": "'rnnplus_warmup_decay': meng2019's eq. (17) schedule (training/schedules.py) with lr0 = --learning_rate, warm-up --warmup_steps, decay from --lr_decay_start to --lr_decay_end; replaces --lr_scheduler_type. Default: --lr_scheduler_type."})
+    lr_decay_start: int = field(default=8000, metadata={"help": "rnnplus_warmup_decay: s, the step where the exponential decay starts (meng2019 Zh-En: 8000)."})
+    lr_decay_end: int = field(default=64000, metadata={"help": "rnnplus_warmup_decay: e, the step where the learning rate has halved from lr0 (meng2019 Zh-En: 64000)."})
+    lr_replicas: int | None = field(default=None, metadata={"help": "rnnplus_warmup_decay: n, the number of concurrent model replicas (peak lr = n · lr0); default: processes × gradient accumulation steps."})
     license: str = field(default="apache-2.0", metadata={"help": "License written into the model card."})
     dataset_label: str | None = field(default=None, metadata={"help": "Dataset name for the model card (default: the file or Hub name)."})
 
@@ -136,6 +142,16 @@ def _load_or_train_tokenizer(model_args: ModelArguments, data_args: DataArgument
                               and not training_args.disable_tqdm)
 
 
+def _model_fields(model_args: ModelArguments, recipe_model: dict) -> tuple[str, dict]:
+    """The model type and config fields of a model trained from scratch: preset / recipe, then --config_overrides,
+    --model_type on top."""
+    fields = load_model_config_dict(model_args.config_name, recipe_model)
+    fields.update(parse_overrides(model_args.config_overrides))
+    model_type = model_args.model_type or fields.pop("model_type", "deep_transformer")
+    fields.pop("model_type", None)
+    return model_type, fields
+
+
 def _build_model(model_args: ModelArguments, data_args: DataArguments, recipe_model: dict, tokenizer,
                  label_smoothing: float = 0.0):
     if model_args.model_name_or_path:
@@ -143,9 +159,7 @@ def _build_model(model_args: ModelArguments, data_args: DataArguments, recipe_mo
         if hasattr(model.config, "label_smoothing"):
             model.config.label_smoothing = label_smoothing
         return model
-    fields = load_model_config_dict(model_args.config_name, recipe_model)
-    fields.update(parse_overrides(model_args.config_overrides))
-    model_type = fields.pop("model_type", "deep_transformer")
+    model_type, fields = _model_fields(model_args, recipe_model)
     fields.update(
         vocab_size=len(tokenizer),
         pad_token_id=tokenizer.pad_token_id,
@@ -174,6 +188,17 @@ def _build_model(model_args: ModelArguments, data_args: DataArguments, recipe_mo
               file=sys.stderr)
         return model
     return AutoModelForSeq2SeqLM.from_config(config)
+
+
+def _lr_scheduler_factory(model_args: ModelArguments, training_args: Seq2SeqTrainingArguments):
+    if model_args.lr_schedule is None:
+        return None
+    if model_args.lr_schedule not in SCHEDULES:
+        raise ValueError(f"`--lr_schedule` = {model_args.lr_schedule!r} is not allowed; use one of {list(SCHEDULES)} "
+                         "or leave it unset (--lr_scheduler_type).")
+    replicas = model_args.lr_replicas or training_args.world_size * training_args.gradient_accumulation_steps
+    return rnnplus_scheduler_factory(int(training_args.warmup_steps), model_args.lr_decay_start,
+                                     model_args.lr_decay_end, replicas)
 
 
 def _resume_target(training_args: Seq2SeqTrainingArguments) -> str | None:
@@ -288,6 +313,10 @@ def train(argv: Sequence[str]) -> TrainOutcome:
     """`deepnmt train`: data -> tokenizer -> model -> DeepNMTTrainer -> saved model, card, plots, metrics."""
     started = time.time()
     model_args, data_args, training_args, recipe = parse_train_args(argv)
+    lr_scheduler_factory = _lr_scheduler_factory(model_args, training_args)
+    if not model_args.model_name_or_path:  # a bad model config fails now, not after the tokenizer is trained
+        model_type, fields = _model_fields(model_args, recipe["model"])
+        AutoConfig.for_model(model_type, **fields)
     push_repo = training_args.hub_model_id if training_args.push_to_hub else None
     if training_args.push_to_hub:
         training_args.push_to_hub = False  # we push once, at the end, with our card (training.hub)
@@ -333,6 +362,7 @@ def train(argv: Sequence[str]) -> TrainOutcome:
         model=model,
         args=training_args,
         optimizer_cls_and_kwargs=optimizer,
+        lr_scheduler_factory=lr_scheduler_factory,
         admin_profile_tokens=model_args.admin_profile_tokens,
         train_dataset=datasets["train"],
         eval_dataset=datasets.get("validation"),
@@ -414,7 +444,8 @@ def finish_run(outcome: TrainOutcome, metrics: TranslationMetrics | None) -> Non
         "batching": f"{data_args.max_tokens} tokens per batch and device" if data_args.max_tokens
         else f"{args.per_device_train_batch_size} sentences per batch and device",
         "gradient accumulation": args.gradient_accumulation_steps,
-        "optimizer": f"{args.optim} (lr {args.learning_rate}, {args.lr_scheduler_type}, warmup {args.warmup_steps})",
+        "optimizer": f"{args.optim} (lr {args.learning_rate}, {model_args.lr_schedule or args.lr_scheduler_type}, "
+                     f"warmup {args.warmup_steps})",
         "label smoothing": args.label_smoothing_factor,
         "auxiliary losses": ", ".join(f"{t.name} × {t.weight}" for t in trainer.auxiliary_losses) or "none",
         "parameters": f"{sum(p.numel() for p in unwrapped.parameters()) / 1e6:.1f} M",

@@ -30,7 +30,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -63,6 +63,9 @@ class DeepNMTTrainer(Seq2SeqTrainer):
         source_reliance_samples: validation pairs on which every evaluation measures source reliance (li2022's
             collapse monitor, docs/li2022.md); 0 switches it off.
         optimizer_cls_and_kwargs: an optimizer class and its arguments (e.g. ``torch.optim.RAdam``), as `Trainer`.
+        lr_scheduler_factory: ``factory(optimizer, num_training_steps) -> LRScheduler`` for a schedule that
+            ``lr_scheduler_type`` does not offer (e.g. meng2019's, `training.schedules`); ``None`` uses
+            ``args.lr_scheduler_type``.
         All other arguments are those of `Seq2SeqTrainer`. Label smoothing is ``args.label_smoothing_factor``.
     """
 
@@ -78,6 +81,7 @@ class DeepNMTTrainer(Seq2SeqTrainer):
         admin_profile_tokens: int = 4096,
         source_reliance_samples: int = 64,
         optimizer_cls_and_kwargs: tuple[type[torch.optim.Optimizer], dict[str, Any]] | None = None,
+        lr_scheduler_factory: Callable[[torch.optim.Optimizer, int], torch.optim.lr_scheduler.LRScheduler] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
@@ -87,6 +91,7 @@ class DeepNMTTrainer(Seq2SeqTrainer):
                 "model in nn.DataParallel, which cannot split li2022's multi-view batches or count the step's units; "
                 f"launch one process per GPU with `torchrun --nproc_per_node {self.args.n_gpu} -m training.cli "
                 "train ...` or `accelerate launch`, or make one GPU visible (CUDA_VISIBLE_DEVICES=0).")
+        self.lr_scheduler_factory = lr_scheduler_factory
         if optimizer_cls_and_kwargs is not None:  # Trainer takes it, Seq2SeqTrainer's signature does not
             self.optimizer_cls_and_kwargs = optimizer_cls_and_kwargs
         self.max_tokens = max_tokens
@@ -150,6 +155,16 @@ class DeepNMTTrainer(Seq2SeqTrainer):
         batch = self.data_collator(examples)
         device = self.accelerator.unwrap_model(self.model).device
         return {key: batch[key].to(device) for key in ("input_ids", "attention_mask", "labels")}, tokens
+
+    def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None
+                         ) -> torch.optim.lr_scheduler.LRScheduler:
+        """`Trainer.create_scheduler`, or the ``lr_scheduler_factory`` schedule when one was given."""
+        if self.lr_scheduler_factory is None or self.lr_scheduler is not None:
+            return super().create_scheduler(num_training_steps, optimizer)
+        self.lr_scheduler = self.lr_scheduler_factory(self.optimizer if optimizer is None else optimizer,
+                                                      num_training_steps)
+        self._created_lr_scheduler = True
+        return self.lr_scheduler
 
     # ------------------------------------------------------------------------------------------------ loss
     def get_batch_samples(self, epoch_iterator: Any, num_batches: int, device: torch.device) -> tuple[list, Any]:

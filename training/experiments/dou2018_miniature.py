@@ -136,6 +136,9 @@ def main() -> None:
     parser.add_argument("--diversity_pairs", type=int, default=100)
     parser.add_argument("--parallel", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--base_dir", default=None,
+                        help="Reuse a vanilla model this script trained before (its output folder) instead of "
+                             "training the base again.")
     parser.add_argument("--work_dir", default="runs/dou2018_miniature")
     parser.add_argument("--results", default=str(RESULTS))
     parser.add_argument("--render_only", action="store_true",
@@ -158,9 +161,18 @@ def main() -> None:
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "HF_HUB_OFFLINE": "1"}
     started = time.time()
 
-    base = work / f"base-{int(started)}"
-    base_run = run_queue([("base", train_command(base, model_overrides("vanilla", args), args.base_steps, args,
-                                                  seeds[0], None), base)], 1, env, work)["base"]
+    if args.base_dir:
+        base = Path(args.base_dir)
+        metrics = base / "metrics.json"
+        if not metrics.exists() or json.loads(metrics.read_text()).get("global_step") != args.base_steps:
+            parser.error(f"--base_dir {base} holds no finished {args.base_steps}-step run of this script (metrics.json "
+                         "with that global_step); leave --base_dir out to train the base.")
+        base_minutes = round(json.loads(metrics.read_text())["timings_seconds"]["total_seconds"] / 60, 1)
+        base_run = {"exit_code": 0, "folder": str(base), "minutes": base_minutes, "reused": True}
+    else:
+        base = work / f"base-{int(started)}"
+        base_run = run_queue([("base", train_command(base, model_overrides("vanilla", args), args.base_steps, args,
+                                                      seeds[0], None), base)], 1, env, work)["base"]
     if base_run["exit_code"] != 0:
         raise SystemExit(f"the vanilla base run failed; see {work}/{base.name}.log")
     jobs = []

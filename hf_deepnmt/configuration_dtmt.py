@@ -1,0 +1,250 @@
+"""Configuration of meng2019's DTMT, the deep transition RNN family of hf_deepnmt (``model_type="dtmt"``).
+
+DTMT (Meng & Zhang, AAAI 2019) is a bidirectional deep transition encoder and a deep transition decoder joined by
+multi-head additive attention. Each of its three transition modules (encoder, query, decoder; Fig. 2) is a
+*transition block*: a linear-transformation enhanced GRU (L-GRU, Eq. (14)-(16)) at the bottom and ``k`` transition
+GRUs (T-GRU, Eq. (10)-(13)) above it; DTMT#k has ``transition_depth=k``. Every choice the paper leaves open is
+explained in ``docs/meng2019-dtmt.md``.
+
+Every field is validated when the config is built (and again when a model is built from it): a bad value raises one
+``ValueError`` sentence that names the field, the value and what is allowed. The Transformer mechanisms of the other
+papers (li2022 CAD/CRT, liu2020 ADMIN, dou2018 layer aggregation) have no meaning for an RNN and are refused.
+
+This file is copied next to the weights by ``save_pretrained`` (trust_remote_code), so it imports only transformers
+and same-folder modules with ``from .module import Name``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import PreTrainedConfig
+
+from .configuration_deep_transformer import _fail, _is_int, _is_number
+
+ALLOWED_RNN_CELLS: tuple[str, ...] = ("lgru", "gru")
+
+# Fields of the Transformer family (its structure and the other papers' mechanisms). PreTrainedConfig would store
+# any of them silently as an unused attribute; on a DTMT config they are a mistake and are refused by name.
+TRANSFORMER_ONLY_FIELDS: dict[str, str] = {
+    **{name: "li2022's cross-attention drop (CAD) acts on Transformer decoder layers"
+       for name in ("cross_attention_drop_depth", "cross_attention_drop_ratio")},
+    **{name: "li2022's collapse-reducing training (DDR/ALD losses) is defined for the deep Transformer decoder"
+       for name in ("ddr_weight", "ald_weight", "ald_unk_ratio", "ald_temperature", "ald_protected_token_ids")},
+    **{name: "liu2020's ADMIN rescales Transformer residual sub-layers, which DTMT does not have"
+       for name in ("residual_scaling", "admin_init", "admin_omega_trainable", "admin_profiled")},
+    **{name: "dou2018's layer aggregation and multi-layer attention combine Transformer layers"
+       for name in ("encoder_layer_aggregation", "decoder_layer_aggregation", "aggregation_activation",
+                    "multi_layer_attention_k", "diversity_weight")},
+    **{name: "it is a Transformer field; DTMT's depth is `transition_depth` and its width `d_model`"
+       for name in ("encoder_layers", "decoder_layers", "encoder_attention_heads", "decoder_attention_heads",
+                    "encoder_ffn_dim", "decoder_ffn_dim", "activation_function", "attention_dropout",
+                    "activation_dropout", "scale_embedding", "layer_norm_position", "init_std")},
+}
+
+
+class DTMTConfig(PreTrainedConfig):
+    r"""Configuration of [`DTMTForConditionalGeneration`]: meng2019's deep transition RNN encoder-decoder.
+
+    Defaults give the paper's Zh-En DTMT#4 (Table 1, §Training Details): d 1024, four T-GRUs above the L-GRU of every
+    transition block, 16 attention heads, positional encoding, dropouts 0.5 / 0.3 / 0.5 and uniform ±0.08 init.
+    Use ``rnn_cell="gru", transition_depth=0`` for the paper's ShallowRNMT baseline.
+
+    Args:
+        vocab_size (`int`, defaults to 32000):
+            Size of the vocabulary (one id space for source and target, as the project's joint BPE tokenizer; the
+            embeddings themselves are separate unless `share_encoder_decoder_embeddings`).
+        d_model (`int`, defaults to 1024):
+            Embedding and hidden size d (the paper uses 1024 for both, §Training Details). Even (the positional
+            encoding pairs sin and cos) and divisible by `attention_heads`. Encoder annotations and the attention
+            context are 2·d wide (bidirectional concatenation).
+        transition_depth (`int`, defaults to 4):
+            k of DTMT#k: the number of T-GRUs above the bottom L-GRU/GRU in every transition block (§System
+            Description), ≥ 0. 0 gives a shallow RNMT (Table 3 rows "ShallowRNMT").
+        attention_heads (`int`, defaults to 16):
+            Heads of the multi-head additive attention (the authors' code uses 16); must divide `d_model`.
+        rnn_cell (`str`, defaults to `"lgru"`):
+            The bottom unit of every transition block: `"lgru"` (L-GRU, Eq. (14)-(16)) or `"gru"` (GRU with the
+            same per-gate LayerNorm, Eq. (6)-(9)); the L-GRU/GRU columns of Table 3.
+        encoder_transition (`bool`, defaults to `True`):
+            Table 4 ablation: with `False` the encoder blocks (both directions) keep only their bottom unit, no
+            T-GRUs — the encoder of a shallow RNMT (docs/meng2019-dtmt.md explains this reading).
+        query_transition (`bool`, defaults to `True`):
+            Table 4 ablation of the query transition (before the attention), as `encoder_transition`.
+        decoder_transition (`bool`, defaults to `True`):
+            Table 4 ablation of the decoder transition (after the attention), as `encoder_transition`.
+        positional_encoding (`bool`, defaults to `True`):
+            Add sinusoidal positions scaled by 1/sqrt(d) to the source and target embeddings (§Advanced Techniques,
+            Table 6 "PE" / "Non-PE").
+        dropout (`float`, defaults to 0.5):
+            Dropout on the source and target embeddings (the authors' `dropout`), in [0, 1). Paper: 0.5 Zh-En,
+            0.3 En-De, 0.2 En-Fr.
+        rnn_dropout (`float`, defaults to 0.3):
+            Dropout on the candidate activation h̃ of every L-GRU/GRU/T-GRU (the authors' `rnn_dropout`), in [0, 1).
+            Paper: 0.3 Zh-En, 0.1 En-De and En-Fr.
+        readout_dropout (`float`, defaults to 0.5):
+            Dropout on the readout layer before the output projection, in [0, 1). Paper: 0.5 Zh-En, 0.3 En-De,
+            0.2 En-Fr.
+        init_range (`float`, defaults to 0.08):
+            Every weight, embedding and bias starts uniform in [-init_range, init_range] (§Training Details);
+            LayerNorm gains start at 1 and offsets at 0. Positive.
+        label_smoothing (`float`, defaults to 0.0):
+            ε of the label-smoothed NLL the model's own training-mode loss uses when the caller passes none (a stock
+            `Seq2SeqTrainer` or a plain loop; `DeepNMTTrainer` passes its ``label_smoothing_factor``, and `deepnmt
+            train` records it here). meng2019 states no smoothing (Eq. (1) is the plain NLL); in [0, 1).
+        layer_norm_eps (`float`, defaults to 1e-6):
+            Epsilon of the per-gate LayerNorms (the authors' value), in (0, 1).
+        max_position_embeddings (`int`, defaults to 1024):
+            Longest source or target sequence, in tokens, the model accepts (a guard for the pipeline and the
+            tokenizer; positions are sinusoidal, not learned).
+        share_encoder_decoder_embeddings (`bool`, defaults to `False`):
+            Use one embedding matrix for source and target tokens (sensible with a joint BPE vocabulary). The paper's
+            models have separate ones (their parameter counts need them; docs/meng2019-dtmt.md).
+        tie_word_embeddings (`bool`, defaults to `False`):
+            Tie the output projection's weight to the target embedding (Press & Wolf 2017). Not in the paper.
+        pad_token_id (`int`, defaults to 0):
+            Id of `<pad>`.
+        bos_token_id (`int`, defaults to 1):
+            Id of `<s>`.
+        eos_token_id (`int`, defaults to 2):
+            Id of `</s>`, which ends every source and target sequence.
+        unk_token_id (`int`, defaults to 3):
+            Id of `<unk>` (the collapse monitor of `hf_deepnmt.losses.source_reliance` replaces source words by it).
+        decoder_start_token_id (`int`, defaults to 1):
+            First decoder input token (`<s>`); labels are shifted right behind it.
+        use_cache (`bool`, defaults to `True`):
+            Return a `DTMTCache` (decoder state s_{t-1}, projected attention keys, source mask) for incremental
+            decoding.
+        is_encoder_decoder (`bool`, defaults to `True`):
+            Always `True`; present because transformers reads it.
+
+    Example:
+
+    ```python
+    >>> from hf_deepnmt import DTMTConfig, DTMTForConditionalGeneration
+    >>> config = DTMTConfig(vocab_size=8000, d_model=256, transition_depth=4, attention_heads=4)  # DTMT#4
+    >>> shallow = DTMTConfig(vocab_size=8000, d_model=256, rnn_cell="gru", transition_depth=0)  # ShallowRNMT
+    >>> model = DTMTForConditionalGeneration(config)
+    ```
+    """
+
+    model_type = "dtmt"
+    keys_to_ignore_at_inference = ["past_key_values", "encoder_last_hidden_state"]
+    attribute_map = {"hidden_size": "d_model", "num_attention_heads": "attention_heads"}
+
+    def __init__(
+        self,
+        vocab_size: int = 32000,
+        d_model: int = 1024,
+        transition_depth: int = 4,
+        attention_heads: int = 16,
+        rnn_cell: str = "lgru",
+        encoder_transition: bool = True,
+        query_transition: bool = True,
+        decoder_transition: bool = True,
+        positional_encoding: bool = True,
+        dropout: float = 0.5,
+        rnn_dropout: float = 0.3,
+        readout_dropout: float = 0.5,
+        init_range: float = 0.08,
+        label_smoothing: float = 0.0,
+        layer_norm_eps: float = 1e-6,
+        max_position_embeddings: int = 1024,
+        share_encoder_decoder_embeddings: bool = False,
+        tie_word_embeddings: bool = False,
+        pad_token_id: int = 0,
+        bos_token_id: int = 1,
+        eos_token_id: int = 2,
+        unk_token_id: int = 3,
+        decoder_start_token_id: int = 1,
+        use_cache: bool = True,
+        is_encoder_decoder: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        for field in kwargs:
+            if field in TRANSFORMER_ONLY_FIELDS:
+                _fail(type(self).__name__, field, kwargs[field],
+                      f"DTMT is a recurrent model and {TRANSFORMER_ONLY_FIELDS[field]}")
+        self.vocab_size = vocab_size
+        self.d_model = d_model
+        self.transition_depth = transition_depth
+        self.attention_heads = attention_heads
+        self.rnn_cell = rnn_cell
+        self.encoder_transition = encoder_transition
+        self.query_transition = query_transition
+        self.decoder_transition = decoder_transition
+        self.positional_encoding = positional_encoding
+        self.dropout = dropout
+        self.rnn_dropout = rnn_dropout
+        self.readout_dropout = readout_dropout
+        self.init_range = init_range
+        self.label_smoothing = label_smoothing
+        self.layer_norm_eps = layer_norm_eps
+        self.max_position_embeddings = max_position_embeddings
+        self.share_encoder_decoder_embeddings = share_encoder_decoder_embeddings
+        self.unk_token_id = unk_token_id
+        self.use_cache = use_cache
+        self.tie_word_embeddings = tie_word_embeddings
+        super().__init__(
+            pad_token_id=pad_token_id,
+            bos_token_id=bos_token_id,
+            eos_token_id=eos_token_id,
+            decoder_start_token_id=decoder_start_token_id,
+            is_encoder_decoder=is_encoder_decoder,
+            tie_word_embeddings=tie_word_embeddings,
+            **kwargs,
+        )
+        self.check_fields()
+
+    def check_fields(self) -> None:
+        """Validate every field; raise one `ValueError` sentence naming the field, the value and what is allowed."""
+        name = type(self).__name__
+        for field in ("vocab_size", "d_model", "attention_heads", "max_position_embeddings"):
+            value = getattr(self, field)
+            if not (_is_int(value) and value >= 1):
+                _fail(name, field, value, "it must be a positive integer")
+        if self.d_model % 2 != 0:
+            _fail(name, "d_model", self.d_model, "it must be even (sinusoidal positions pair sin and cos)")
+        if self.d_model % self.attention_heads != 0:
+            _fail(name, "attention_heads", self.attention_heads, f"it must divide d_model ({self.d_model})")
+        if not (_is_int(self.transition_depth) and self.transition_depth >= 0):
+            _fail(name, "transition_depth", self.transition_depth,
+                  "it must be an integer ≥ 0 (the number of T-GRUs per transition block, k of DTMT#k)")
+        if self.rnn_cell not in ALLOWED_RNN_CELLS:
+            _fail(name, "rnn_cell", self.rnn_cell, f"use one of {list(ALLOWED_RNN_CELLS)}")
+        for field in ("encoder_transition", "query_transition", "decoder_transition", "positional_encoding",
+                      "share_encoder_decoder_embeddings", "tie_word_embeddings", "use_cache", "is_encoder_decoder"):
+            value = getattr(self, field)
+            if not isinstance(value, bool):
+                _fail(name, field, value, "it must be True or False")
+        if self.is_encoder_decoder is not True:
+            _fail(name, "is_encoder_decoder", self.is_encoder_decoder, "this model is always an encoder-decoder (True)")
+        for field in ("dropout", "rnn_dropout", "readout_dropout"):
+            value = getattr(self, field)
+            if not (_is_number(value) and 0.0 <= value < 1.0):
+                _fail(name, field, value, "it must be a probability in [0, 1)")
+        if not (_is_number(self.init_range) and self.init_range > 0.0):
+            _fail(name, "init_range", self.init_range, "it must be a positive number (the paper uses 0.08)")
+        if not (_is_number(self.label_smoothing) and 0.0 <= self.label_smoothing < 1.0):
+            _fail(name, "label_smoothing", self.label_smoothing, "it must be a number in [0, 1)")
+        if not (_is_number(self.layer_norm_eps) and 0.0 < self.layer_norm_eps < 1.0):
+            _fail(name, "layer_norm_eps", self.layer_norm_eps, "it must be a number in (0, 1)")
+        for field in ("pad_token_id", "bos_token_id", "eos_token_id", "unk_token_id", "decoder_start_token_id"):
+            value = getattr(self, field, None)
+            if not (_is_int(value) and 0 <= value < self.vocab_size):
+                _fail(name, field, value, f"it must be a token id in [0, vocab_size={self.vocab_size})")
+        if self.eos_token_id == self.pad_token_id:
+            _fail(name, "eos_token_id", self.eos_token_id, "it must differ from pad_token_id, which is masked out")
+        if self.decoder_start_token_id == self.pad_token_id:
+            _fail(name, "decoder_start_token_id", self.decoder_start_token_id,
+                  "it must differ from pad_token_id (padding is never a decoder input)")
+
+    def block_depths(self) -> dict[str, int]:
+        """T-GRUs above the bottom unit of each transition module (Fig. 2): ``transition_depth`` where the module's
+        transition is on, 0 where Table 4's ablation replaces it by the shallow RNMT's single unit."""
+        depth = self.transition_depth
+        return {
+            "encoder": depth if self.encoder_transition else 0,
+            "query": depth if self.query_transition else 0,
+            "decoder": depth if self.decoder_transition else 0,
+        }
