@@ -146,17 +146,23 @@ def vocabulary_tokens(tokenizer: Any, vocab_size: int) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------------ CTranslate2
+def _copy(tensor: torch.Tensor) -> torch.Tensor:
+    """A float32 copy: CTranslate2's quantization scales the arrays it is given in place, which must never be the
+    model's own parameters."""
+    return tensor.detach().to(torch.float32, copy=True).contiguous()
+
+
 def _ct2_linear(spec: Any, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-    spec.weight = weight.detach().float().contiguous()
+    spec.weight = _copy(weight)
     if bias is not None:
-        spec.bias = bias.detach().float().contiguous()
+        spec.bias = _copy(bias)
 
 
 def _ct2_norm(spec: Any, norm: nn.LayerNorm | None, d_model: int) -> None:
     """A LayerNorm, or the identity LN (γ = 1, β = 0) for a pre-LN CAD layer's absent one (it only feeds a zero
     branch, see the module docstring)."""
-    spec.gamma = norm.weight.detach().float() if norm is not None else torch.ones(d_model)
-    spec.beta = norm.bias.detach().float() if norm is not None else torch.zeros(d_model)
+    spec.gamma = _copy(norm.weight) if norm is not None else torch.ones(d_model)
+    spec.beta = _copy(norm.bias) if norm is not None else torch.zeros(d_model)
 
 
 def _ct2_attention(spec: Any, attention: nn.Module, self_attention: bool) -> None:
@@ -203,7 +209,7 @@ def ctranslate2_spec(model: nn.Module, tokenizer: Any) -> Any:
     spec = transformer_spec.TransformerSpec(encoder_spec, decoder_spec)
     base, d_model = model.model, config.d_model
     positions = _positions(model)
-    shared = base.shared.weight.detach().float()
+    shared = _copy(base.shared.weight)
     _ct2_stack(spec.encoder, base.encoder, positions, shared)
     _ct2_stack(spec.decoder, base.decoder, positions, shared)
     for layer_spec, layer in zip(spec.encoder.layer, base.encoder.layers):
@@ -508,8 +514,10 @@ def _log_softmax(logits: Any) -> Any:
     return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
 
-def greedy_search(decoder: Any, batch_size: int, max_new_tokens: int, start_id: int, eos_id: int) -> list[list[int]]:
-    """Argmax decoding until ``</s>`` or ``max_new_tokens`` (what `generate` does with one beam).
+def greedy_search(decoder: Any, batch_size: int, max_new_tokens: int, start_id: int, eos_id: int,
+                  min_new_tokens: int = 0) -> list[list[int]]:
+    """Argmax decoding until ``</s>`` or ``max_new_tokens`` (what `generate` does with one beam); ``</s>`` is
+    suppressed for the first ``min_new_tokens`` tokens.
 
     ``decoder`` is a step function object: ``step(tokens (A, K), position) -> logits (A, K, V)`` and
     ``select(keep (A',), origins (A', K))``, which keeps sentences ``keep`` of the current ones and, for each, the
@@ -521,7 +529,10 @@ def greedy_search(decoder: Any, batch_size: int, max_new_tokens: int, start_id: 
     active = np.arange(batch_size)
     tokens = np.full((batch_size, 1), start_id, dtype=np.int64)
     for position in range(max_new_tokens):
-        best = decoder.step(tokens, position).argmax(axis=-1)  # (A, 1)
+        logits = decoder.step(tokens, position)
+        if position < min_new_tokens:
+            logits[..., eos_id] = -np.inf
+        best = logits.argmax(axis=-1)  # (A, 1)
         for row, sentence in enumerate(active):
             outputs[sentence].append(int(best[row, 0]))
         keep = np.flatnonzero(best[:, 0] != eos_id)
@@ -533,7 +544,7 @@ def greedy_search(decoder: Any, batch_size: int, max_new_tokens: int, start_id: 
 
 
 def beam_search(decoder: Any, batch_size: int, num_beams: int, max_new_tokens: int, start_id: int, eos_id: int,
-                length_penalty: float = 1.0, early_stopping: bool = False) -> list[list[int]]:
+                length_penalty: float = 1.0, early_stopping: bool = False, min_new_tokens: int = 0) -> list[list[int]]:
     """`transformers`' beam search (``GenerationMixin._beam_search``, transformers 5), decision for decision, over
     a step function (see `greedy_search` for ``decoder``); returns the best hypothesis of each sentence.
 
@@ -544,11 +555,12 @@ def beam_search(decoder: Any, batch_size: int, num_beams: int, max_new_tokens: i
     finished slots are full and the best running hypothesis, scored at its current length, cannot beat the
     worst finished one (``early_stopping=False``; ``True``: as soon as the K slots are full). Done sentences leave
     the batch (``decoder.select``); `generate` keeps computing them without changing their result.
+    ``min_new_tokens``: ``</s>`` gets log-probability -inf before that many tokens (transformers' processor).
     """
     import numpy as np
 
     if num_beams == 1:
-        return greedy_search(decoder, batch_size, max_new_tokens, start_id, eos_id)
+        return greedy_search(decoder, batch_size, max_new_tokens, start_id, eos_id, min_new_tokens)
     k = num_beams
     finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(batch_size)]
     active = np.arange(batch_size)
@@ -558,6 +570,8 @@ def beam_search(decoder: Any, batch_size: int, num_beams: int, max_new_tokens: i
     tokens = np.full((batch_size, k), start_id, dtype=np.int64)
     for position in range(max_new_tokens):
         log_probs = _log_softmax(decoder.step(tokens, position).astype(np.float32))  # (A, K, V)
+        if position < min_new_tokens:
+            log_probs[..., eos_id] = -np.inf
         vocab = log_probs.shape[-1]
         scores = (log_probs + running[:, :, None]).reshape(len(active), k * vocab)  # (A, K·V)
         top = np.argpartition(-scores, 2 * k, axis=-1)[:, : 2 * k]
@@ -635,14 +649,15 @@ class OnnxEngine:
         return self.manifest["max_position_embeddings"]
 
     def generate(self, sources: Sequence[Sequence[int]], num_beams: int = 4, max_new_tokens: int = 256,
-                 length_penalty: float | None = None, early_stopping: bool | None = None) -> list[list[int]]:
+                 length_penalty: float | None = None, early_stopping: bool | None = None,
+                 min_new_tokens: int = 0) -> list[list[int]]:
         """Token ids of the best hypothesis per source (``</s>`` included when produced, no start token);
         ``length_penalty`` / ``early_stopping`` default to the exported model's generation config."""
         input_ids, attention_mask = pad_batch(sources, self.manifest["pad_token_id"])
         length_penalty, early_stopping = _search_settings(self.manifest, length_penalty, early_stopping)
         return beam_search(self.stepper(input_ids, attention_mask, num_beams), len(sources), num_beams,
                            min(max_new_tokens, self.max_positions), self.manifest["decoder_start_token_id"],
-                           self.manifest["eos_token_id"], length_penalty, early_stopping)
+                           self.manifest["eos_token_id"], length_penalty, early_stopping, min_new_tokens)
 
 
 class _OnnxSteps:
@@ -703,7 +718,8 @@ def pad_batch(sources: Sequence[Sequence[int]], pad_token_id: int) -> tuple[Any,
 class CTranslate2Engine:
     """Runs a ``ctranslate2`` export with `ctranslate2.Translator` on the CPU.
 
-    Search settings follow `generate`: ``min_decoding_length=0`` (``</s>`` may come first), the ``</s>`` counted
+    Search settings follow `generate`: ``min_decoding_length=min_new_tokens`` (0: ``</s>`` may come first; CTranslate2's
+    default is 1), the ``</s>`` counted
     in the length that the length penalty divides by (``return_end_token=True``), no input truncation beyond the
     model's positions. CTranslate2's beam search stops a sentence once K hypotheses have finished and then ranks
     them; `generate` goes on while a running hypothesis could still beat the worst finished one, which can
@@ -729,13 +745,14 @@ class CTranslate2Engine:
         return self.manifest["max_position_embeddings"]
 
     def generate(self, sources: Sequence[Sequence[int]], num_beams: int = 4, max_new_tokens: int = 256,
-                 length_penalty: float | None = None, early_stopping: bool | None = None) -> list[list[int]]:
+                 length_penalty: float | None = None, early_stopping: bool | None = None,
+                 min_new_tokens: int = 0) -> list[list[int]]:
         """As `OnnxEngine.generate` (``early_stopping`` has no CTranslate2 counterpart and is ignored)."""
         length_penalty, _ = _search_settings(self.manifest, length_penalty, early_stopping)
         results = self.translator.translate_batch(
             [[self.tokens[i] for i in ids] for ids in sources], beam_size=num_beams, length_penalty=length_penalty,
             max_decoding_length=min(max_new_tokens, self.max_positions), patience=self.patience,
-            min_decoding_length=0, return_end_token=True, max_input_length=0)
+            min_decoding_length=min_new_tokens, return_end_token=True, max_input_length=0)
         return [[self.ids[token] for token in result.hypotheses[0]] for result in results]
 
     def score(self, sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]]) -> list[list[float]]:
@@ -762,7 +779,8 @@ class TorchEngine:
 
     @torch.no_grad()
     def generate(self, sources: Sequence[Sequence[int]], num_beams: int = 4, max_new_tokens: int = 256,
-                 length_penalty: float | None = None, early_stopping: bool | None = None) -> list[list[int]]:
+                 length_penalty: float | None = None, early_stopping: bool | None = None,
+                 min_new_tokens: int = 0) -> list[list[int]]:
         """As `OnnxEngine.generate`; unset search settings come from the model's generation config."""
         input_ids, attention_mask = (torch.from_numpy(array) for array in
                                      pad_batch(sources, self.model.config.pad_token_id))
@@ -772,7 +790,7 @@ class TorchEngine:
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.bf16):
             output = self.model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
                                          num_beams=num_beams, max_new_tokens=max_new_tokens, do_sample=False,
-                                         num_return_sequences=1, **settings)
+                                         num_return_sequences=1, min_new_tokens=min_new_tokens or None, **settings)
         pad, eos = self.model.config.pad_token_id, self.model.config.eos_token_id
         results = []
         for row in output[:, 1:].tolist():  # drop the decoder start token

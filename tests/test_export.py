@@ -130,8 +130,9 @@ def test_ctranslate2_export_gives_generates_beams_and_scores(variant, tiny_token
             np.testing.assert_allclose(scores, teacher_forced_log_probs(model, source, target), atol=1e-4, rtol=0)
 
 
-def test_ctranslate2_int8_and_bfloat16_store_quantized_weights(tiny_tokenizer, sources, tmp_path):
+def test_ctranslate2_int8_and_bfloat16_store_quantized_weights_and_leave_the_model_alone(tiny_tokenizer, sources, tmp_path):
     model = variant_model("cad_p1_post_ln", len(tiny_tokenizer))
+    weights = {name: tensor.clone() for name, tensor in model.state_dict().items()}
     sizes = {}
     for quantization in (None, "int8", "bfloat16"):
         folder = tmp_path / str(quantization)
@@ -142,6 +143,8 @@ def test_ctranslate2_int8_and_bfloat16_store_quantized_weights(tiny_tokenizer, s
         outputs = CTranslate2Engine(folder, intra_threads=1).generate(sources, num_beams=4, max_new_tokens=8)
         assert all(len(ids) > 0 and max(ids) < len(tiny_tokenizer) for ids in outputs)
     assert sizes["int8"] < sizes["bfloat16"] < sizes[None]
+    for name, tensor in model.state_dict().items():  # CTranslate2 quantizes its arrays in place: copies, not ours
+        assert torch.equal(tensor, weights[name]), name
 
 
 # ------------------------------------------------------------------------------------------------ ONNX
