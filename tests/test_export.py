@@ -91,7 +91,7 @@ def sources(tiny_tokenizer) -> list[list[int]]:
     texts = [text for pair in PARALLEL for text in pair]
     encoded = tiny_tokenizer(texts)["input_ids"]
     generator = torch.Generator().manual_seed(0)
-    lengths = torch.randint(2, 14, (12,), generator=generator).tolist()
+    lengths = torch.randint(2, 14, (6,), generator=generator).tolist()
     encoded += [torch.randint(4, len(tiny_tokenizer), (n,), generator=generator).tolist() + [2] for n in lengths]
     return encoded
 
