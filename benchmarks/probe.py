@@ -24,6 +24,11 @@ from .common import REPO
 def _workload(spec: dict[str, object]):
     import torch
 
+    if spec["workload"] == "engine":
+        from .engines import probe_workload
+
+        return probe_workload(spec)
+
     from .common import build_marian, build_ours, fixed_generation_config, model_dims, synthetic_batch
     from .measure import training_step
 
@@ -55,6 +60,12 @@ def main(spec: dict[str, object]) -> dict[str, object]:
 
     import hf_deepnmt  # noqa: F401  (imports everything the workload needs before the baseline is read)
     import transformers  # noqa: F401
+
+    if spec["workload"] == "engine":  # every engine's library is in the baseline of every engine probe
+        import ctranslate2  # noqa: F401
+        import onnxruntime  # noqa: F401
+
+        import hf_deepnmt.export  # noqa: F401
 
     from .common import reset_peak_rss, rss_kib
 

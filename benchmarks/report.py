@@ -547,6 +547,90 @@ def _profile(results: dict) -> list[str]:
     return lines
 
 
+ENGINE_LABELS = {
+    "marian": "MarianMTModel.generate (fp32)",
+    "ours": "ours: generate (fp32)",
+    "ours_bf16": "ours: generate, bf16 autocast",
+    "ours_early_stopping": "ours: generate, early_stopping=True (fp32)",
+    "ct2_fp32": "ours → CTranslate2 fp32",
+    "ct2_int8": "ours → CTranslate2 int8",
+    "onnx_fp32": "ours → ONNX Runtime fp32",
+    "onnx_int8": "ours → ONNX Runtime int8 (dynamic)",
+}
+
+
+def _engines(results: dict) -> list[str]:
+    if not {"engines", "engine_quality", "bf16_train"} & set(results):
+        return []
+    lines = ["## Fast inference: CTranslate2, ONNX Runtime, bf16 (section `engines`)", "",
+             "Every contender decodes the same source batch (synthetic, 20–40 tokens per sentence) with beam 4 and "
+             "exactly the same number of new tokens (`</s>` suppressed until then), at 2 threads each (torch "
+             "intra-op threads, CTranslate2 `intra_threads`, ONNX Runtime `intra_op_num_threads`). Weights: one "
+             "random initialisation of our model, copied into `MarianMTModel` and exported with "
+             "`hf_deepnmt.export` (`deepnmt export`). Peak memory: one child process per contender, RSS above the "
+             "baseline after importing torch, transformers, CTranslate2 and ONNX Runtime (weights + activations + "
+             "caches).", ""]
+    engines = results.get("engines")
+    if engines:
+        peaks = engines.get("gemm_peaks", {})
+        lines += [f"Physical limit on this CPU at {engines['threads']} threads (best n=2048 matmul): fp32 "
+                  f"{_num(peaks.get('fp32_gflops'), 0)} GFLOP/s, bf16 (AVX512-BF16) {_num(peaks.get('bf16_gflops'), 0)} "
+                  f"GFLOP/s, int8 (AVX512-VNNI, `torch._int_mm`) {_num(peaks.get('int8_gflops'), 0)} GOP/s.", ""]
+        for label, entry in engines["models"].items():
+            batches = list(entry["batches"])
+            header = ["contender"]
+            for batch in batches:
+                header += [f"batch {batch}: sentences/s", "× Marian", "peak MiB"]
+            rows = []
+            for name in engines["contenders"]:
+                row = [ENGINE_LABELS.get(name, name)]
+                for batch in batches:
+                    data = entry["batches"][batch]
+                    rate = data["sentences_per_s"][name]
+                    memory = data.get("memory", {}).get(name, {}).get("peak_mib")
+                    row += [_num(rate, 2), _ratio(rate, data["sentences_per_s"]["marian"]), _num(memory, 0)]
+                rows.append(row)
+            lines += [f"### {label} ({entry['parameters_m']:.1f} M parameters), beam 4, {engines['new_tokens']} new "
+                      f"tokens", ""] + _table(header, rows) + [""]
+    quality = results.get("engine_quality")
+    if quality:
+        reference = quality["engines"]["ours"]
+        lines += ["### Output quality through each engine (a trained model, the embedded test set)", "",
+                  f"`{quality['model_dir']}` on the first {quality['sentences']} sentences of "
+                  "`corpus:web-sparv/test.jsonl.gz` (en→es), beam 4, `deepnmt translate`'s batching "
+                  f"({quality['batch_size']} length-sorted sentences per batch), {quality['threads']} threads. "
+                  "Identical = the same output string. Time: the whole test set, one pass (not interleaved: "
+                  "read it as indicative).", ""]
+        rows = []
+        for name, entry in quality["engines"].items():
+            rows.append([ENGINE_LABELS.get(name, name), f"{entry['bleu']:.2f}", f"{entry['bleu'] - reference['bleu']:+.2f}",
+                         f"{entry['chrf']:.2f}", f"{100 * entry['identical_to_ours']:.1f} %",
+                         f"{100 * entry['identical_to_ours_early_stopping']:.1f} %", f"{entry['seconds']:.1f}",
+                         _ratio(reference["seconds"], entry["seconds"])])
+        lines += _table(["engine", "BLEU", "Δ BLEU vs ours fp32", "chrF", "identical to ours",
+                         "identical to ours with early_stopping=True", "seconds", "speed × ours"], rows) + [""]
+        lines += [f"CTranslate2's teacher-forced scores (`score_batch`) vs our log-softmax on {quality['score_pairs']} "
+                  f"test pairs: max |Δ log-probability| = {quality['ct2_fp32_max_abs_logprob_diff']:.1e}; ONNX "
+                  f"Runtime's decoder logits vs ours, teacher-forced, {quality.get('logit_pairs', 0)} pairs: max "
+                  f"|Δ logit| = {quality.get('onnx_fp32_max_abs_logit_diff', float('nan')):.1e}. "
+                  f"BLEU signature: `{reference['signature']}`.", ""]
+    bf16 = results.get("bf16_train")
+    if bf16:
+        median_s = bf16["median_s"]
+        lines += ["### bf16 training on this CPU", "",
+                  f"6-6 d512 training step (forward, backward, AdamW) on {bf16['target_tokens']} target tokens, "
+                  f"{bf16['threads']} threads, interleaved: fp32 {median_s['fp32']:.2f} s, bf16 autocast "
+                  f"{median_s['bf16']:.2f} s → **{median_s['fp32'] / median_s['bf16']:.2f}×**. Loss of one batch "
+                  f"(eval mode, random weights): fp32 {bf16['loss_fp32']:.4f}, bf16 {bf16['loss_bf16']:.4f} "
+                  f"(Δ {bf16['loss_bf16'] - bf16['loss_fp32']:+.4f}).", ""]
+    lines += ENGINE_NOTES
+    return lines
+
+
+# Written from the measurements above (see the engines section's command); kept next to the tables.
+ENGINE_NOTES: list[str] = []
+
+
 def render(results: dict) -> str:
     m = results["machine"]
     lines = ["# Benchmarks: hf_deepnmt DeepTransformer vs transformers.MarianMTModel", "",
@@ -585,6 +669,7 @@ def render(results: dict) -> str:
     lines += _crt_cost(results)
     lines += _dou2018(results)
     lines += _dtmt(results)
+    lines += _engines(results)
     lines += _profile(results)
     lines += ["## Adding rows for later features", "",
               "ADMIN, CAD+CRT and layer aggregation join these tables by adding an entry to "

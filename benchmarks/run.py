@@ -46,7 +46,7 @@ from .common import (  # noqa: E402
 from .probe import run_probe  # noqa: E402
 
 SECTIONS = ("equivalence", "train", "decode", "flat", "memory", "scaling", "profile", "flops", "compile", "deep_memory",
-            "crt_cost", "dou2018", "dtmt")
+            "crt_cost", "dou2018", "dtmt", "engines", "engine_quality", "bf16_train")
 QUICK_SECTIONS = ("equivalence", "train", "decode", "flat", "memory", "scaling", "profile", "flops")
 
 
@@ -58,13 +58,18 @@ def settings(quick: bool) -> dict[str, object]:
                     memory_workloads=["beam4_b32"], depths=[6, 12], scaling_tokens=512,
                     lengths=[32], length_tokens=512, profile_size="d256", flops_size="d256",
                     compile_repeats=2, crt_tokens=256, crt_repeats=1, dou2018_size="d256", dou2018_repeats=1,
-                    dtmt_size="d256", dtmt_repeats=2, dtmt_decode_repeats=1, dtmt_compile=False)
+                    dtmt_size="d256", dtmt_repeats=2, dtmt_decode_repeats=1, dtmt_compile=False,
+                    engine_models=["6-6 d256"], engine_new_tokens=8, engine_repeats={16: 1, 1: 2}, engine_memory=False,
+                    quality_samples=32, bf16_tokens=512, bf16_repeats=1)
     return dict(sizes=list(SIZES), train_tokens=4096, train_repeats={"d256": 5, "d512": 5}, new_tokens=32,
                 decode_repeats={1: 7, 32: 3}, flat_steps=200, flat_repeats=2, flat_batch=32,
                 memory_workloads=["train", "greedy_b32", "beam4_b32"], depths=[6, 12, 24, 48],
                 scaling_tokens=2048, lengths=[16, 32, 64, 128, 256], length_tokens=2048, profile_size="d256",
                 flops_size="d512", compile_repeats=3, crt_tokens=2048, crt_repeats=3, dou2018_size="d512",
-                dou2018_repeats=3, dtmt_size="d256", dtmt_repeats=5, dtmt_decode_repeats=3, dtmt_compile=True)
+                dou2018_repeats=3, dtmt_size="d256", dtmt_repeats=5, dtmt_decode_repeats=3, dtmt_compile=True,
+                engine_models=["6-6 d256", "6-6 d512", "24-6 d512"], engine_new_tokens=32,
+                engine_repeats={16: 3, 1: 5}, engine_memory=True, quality_samples=None, bf16_tokens=2048,
+                bf16_repeats=3)
 
 
 def log(message: str) -> None:
@@ -196,6 +201,25 @@ def run(args: argparse.Namespace) -> dict[str, object]:
             f"{', plus torch.compile rows' if cfg['dtmt_compile'] else ''}")
         results["dtmt"] = measure.dtmt_speed(cfg["dtmt_size"], train_batch, sources[32], cfg["dtmt_repeats"],
                                              cfg["dtmt_decode_repeats"], cfg["new_tokens"], cfg["dtmt_compile"])
+    if {"engines", "engine_quality", "bf16_train"} & set(args.sections):
+        from . import engines
+
+        # The engine comparison runs at --engine-threads (2: the setting), whatever --threads says.
+        engine_threads = args.engine_threads
+        if "engines" in args.sections:
+            results["engines"] = engines.engines_section(
+                engine_threads, cfg["engine_new_tokens"], cfg["engine_repeats"], cfg["engine_models"],
+                cfg["engine_memory"], log)
+        if "engine_quality" in args.sections:
+            if not args.model_dir:
+                raise SystemExit("--sections engine_quality needs --model-dir (a trained model folder).")
+            log(f"engine_quality: {args.model_dir} on the embedded test set, every engine")
+            results["engine_quality"] = engines.quality_section(args.model_dir, engine_threads, cfg["quality_samples"],
+                                                                log)
+        if "bf16_train" in args.sections:
+            log("bf16_train: 6-6 d512 training step, fp32 vs bf16 autocast")
+            results["bf16_train"] = engines.bf16_training(engine_threads, cfg["bf16_tokens"], cfg["bf16_repeats"])
+        torch.set_num_threads(threads)
 
     results["duration_s"] = time.perf_counter() - started
     return results
@@ -248,6 +272,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch intra-op threads (default 1: on a shared machine a second OpenMP thread stalls "
                              "whenever another process holds the other core, which makes timings meaningless)")
+    parser.add_argument("--engine-threads", type=int, default=2,
+                        help="threads of every contender in the engines / engine_quality / bf16_train sections "
+                             "(default 2, the issue's setting)")
+    parser.add_argument("--model-dir", default=None,
+                        help="a trained model folder for the engine_quality section (BLEU of every engine)")
     parser.add_argument("--no-before", action="store_true", help="skip the pre-optimisation contender")
     parser.add_argument("--before-ref", default=BEFORE_REF,
                         help=f"git commit whose model is the `before` contender (default {BEFORE_REF}, the code "

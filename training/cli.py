@@ -4,7 +4,8 @@
     deepnmt train ...             train any model (run_translation arguments, --recipe, --max_tokens, ...)
     deepnmt evaluate ...          BLEU / chrF / TER of a saved model on a test file, with beam search
     deepnmt diagnose ...          does a saved model use its source? (li2022 collapse monitor, per-layer attention)
-    deepnmt translate ...         translate a file or stdin, batched, to stdout
+    deepnmt translate ...         translate a file or stdin, batched, to stdout (torch, CTranslate2 or ONNX Runtime)
+    deepnmt export ...            export a model to CTranslate2, ONNX or a stock MarianMTModel (fast inference)
     deepnmt push DIR --repo_id    upload model + tokenizer + code + pipeline + card to the Hub
     deepnmt average-checkpoints   average the weights of a run's last N checkpoints (liu2020: last 10)
 
@@ -14,6 +15,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -23,7 +25,7 @@ from pathlib import Path
 
 from .trainer import NonFiniteLossError
 
-COMMANDS = ("quickstart", "train", "evaluate", "diagnose", "translate", "push", "average-checkpoints")
+COMMANDS = ("quickstart", "train", "evaluate", "diagnose", "translate", "export", "push", "average-checkpoints")
 
 
 def _top_level_help() -> str:
@@ -113,39 +115,87 @@ def _diagnose(argv: Sequence[str]) -> int:
 
 
 def _translate(argv: Sequence[str]) -> int:
-    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+    import torch
+    from transformers import AutoTokenizer
 
     import hf_deepnmt  # noqa: F401
+    from hf_deepnmt.export import ENGINES, load_engine
 
-    from .run import translate_sentences
+    from .run import translate_sentences, translate_stream
 
     parser = argparse.ArgumentParser(prog="deepnmt translate", description="Translate one sentence per line "
                                      "from a file or stdin to stdout (batched, beam search).")
-    parser.add_argument("--model", required=True, help="Saved model folder (or Hub id).")
+    parser.add_argument("--model", required=True, help="Saved model folder (or Hub id); with --engine ctranslate2 "
+                        "or onnx, a folder written by `deepnmt export --format ENGINE`.")
+    parser.add_argument("--engine", choices=ENGINES, default="torch", help="What runs the model: torch "
+                        "(`generate`, default), ctranslate2 or onnx (ONNX Runtime); same batching, same output.")
     parser.add_argument("--input", default="-", help="Input file, one sentence per line (default: stdin).")
     parser.add_argument("--output", default="-", help="Output file (default: stdout).")
     parser.add_argument("--num_beams", type=int, default=4, help="Beam size (default: 4).")
-    parser.add_argument("--batch_size", type=int, default=32, help="Sentences per generate() call (default: 32).")
+    parser.add_argument("--batch_size", type=int, default=32, help="Sentences per batch (default: 32).")
     parser.add_argument("--max_new_tokens", type=int, default=None,
                         help="Longest translation in tokens (default: 1.5 × source length + 10).")
+    parser.add_argument("--stream", action="store_true", help="Read --batch_size lines at a time and write each "
+                        "batch's translations as soon as they are done (pipes, interactive use); default: read "
+                        "everything first and sort all sentences by length into batches.")
+    parser.add_argument("--bf16", action="store_true", help="torch engine: run under bfloat16 autocast (CPU or "
+                        "GPU); see benchmarks/RESULTS.md for its speed and BLEU on this project's CPU.")
+    parser.add_argument("--threads", type=int, default=None, help="Intra-op threads of the engine (default: "
+                        "torch's default thread count).")
     args = parser.parse_args(argv)
-    if args.num_beams < 1 or args.batch_size < 1:
-        parser.error("--num_beams and --batch_size must be ≥ 1.")
-    if args.input == "-":
-        lines = sys.stdin.read().splitlines()
-    else:
-        if not Path(args.input).is_file():
-            parser.error(f"--input {args.input} does not exist.")
-        lines = Path(args.input).read_text(encoding="utf-8").splitlines()
+    if args.num_beams < 1 or args.batch_size < 1 or (args.threads is not None and args.threads < 1):
+        parser.error("--num_beams, --batch_size and --threads must be ≥ 1.")
+    if args.input != "-" and not Path(args.input).is_file():
+        parser.error(f"--input {args.input} does not exist.")
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    engine = load_engine(args.model, args.engine, intra_threads=args.threads or torch.get_num_threads(),
+                         bf16=args.bf16)
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    options = dict(num_beams=args.num_beams, max_new_tokens=args.max_new_tokens)
+    with contextlib.ExitStack() as files:
+        output = sys.stdout if args.output == "-" else files.enter_context(open(args.output, "w", encoding="utf-8"))
+        if args.stream:
+            source = sys.stdin if args.input == "-" else files.enter_context(open(args.input, encoding="utf-8"))
+            for translation in translate_stream(engine, tokenizer, source, batch_size=args.batch_size, **options):
+                output.write(translation + "\n")
+                output.flush()
+        else:
+            text = sys.stdin.read() if args.input == "-" else Path(args.input).read_text(encoding="utf-8")
+            translations = translate_sentences(engine, tokenizer, text.splitlines(), batch_size=args.batch_size,
+                                               progress=args.input != "-", **options)
+            output.write("\n".join(translations) + ("\n" if translations else ""))
+    return 0
+
+
+def _export(argv: Sequence[str]) -> int:
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    import hf_deepnmt  # noqa: F401
+    from hf_deepnmt.export import EXPORT_FORMATS, QUANTIZATIONS, export_model
+
+    quantizations = sorted({name for names in QUANTIZATIONS.values() for name in names})
+    parser = argparse.ArgumentParser(prog="deepnmt export", description="Export a saved model for fast inference: "
+                                     "ctranslate2 (CTranslate2 model + vocabulary), onnx (encoder.onnx + "
+                                     "decoder.onnx with the key/value cache, for ONNX Runtime) or marian (a stock "
+                                     "transformers MarianMTModel). ADMIN models are folded first; the tokenizer is "
+                                     "copied beside the export. Run the result with `deepnmt translate --engine`.")
+    parser.add_argument("model", help="Saved model folder (or Hub id).")
+    parser.add_argument("output", help="Folder to write (must not exist or be empty, unless --force).")
+    parser.add_argument("--format", required=True, choices=EXPORT_FORMATS, help="Export format.")
+    parser.add_argument("--quantization", choices=quantizations, default=None, help="Weight type: ctranslate2 "
+                        f"{'/'.join(QUANTIZATIONS['ctranslate2'])}, onnx {'/'.join(QUANTIZATIONS['onnx'])}, marian "
+                        f"{'/'.join(QUANTIZATIONS['marian'])} (default: float32).")
+    parser.add_argument("--force", action="store_true", help="Replace the output folder if it holds files.")
+    args = parser.parse_args(argv)
+    output = Path(args.output)
+    if output.exists() and any(output.iterdir()) and not args.force:
+        raise ValueError(f"the output folder {output} is not empty; choose a new one or pass --force.")
     model = AutoModelForSeq2SeqLM.from_pretrained(args.model)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
-    translations = translate_sentences(model, tokenizer, lines, num_beams=args.num_beams, batch_size=args.batch_size,
-                                       max_new_tokens=args.max_new_tokens, progress=args.input != "-")
-    text = "\n".join(translations) + ("\n" if translations else "")
-    if args.output == "-":
-        sys.stdout.write(text)
-    else:
-        Path(args.output).write_text(text, encoding="utf-8")
+    export_model(model, tokenizer, output, args.format, args.quantization)
+    print(f"wrote a {args.format} export ({args.quantization or 'float32'}) of {args.model} to {output}; try: "
+          f"deepnmt translate --engine {'torch' if args.format == 'marian' else args.format} --model {output}")
     return 0
 
 
@@ -220,8 +270,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             train(rest)
             code = 0
         else:
-            code = {"evaluate": _evaluate, "diagnose": _diagnose, "translate": _translate, "push": _push, "quickstart": _quickstart,
-                    "average-checkpoints": _average}[command](rest)
+            code = {"evaluate": _evaluate, "diagnose": _diagnose, "translate": _translate, "export": _export,
+                    "push": _push, "quickstart": _quickstart, "average-checkpoints": _average}[command](rest)
     except (ValueError, FileNotFoundError) as error:  # user mistakes: one sentence, no traceback
         if os.environ.get("DEEPNMT_DEBUG"):
             raise

@@ -11,7 +11,7 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -246,24 +246,42 @@ def translate_sentences(
     max_new_tokens: int | None = None,
     progress: bool = True,
     desc: str = "translating",
+    bf16: bool = False,
 ) -> list[str]:
-    """Translate in length-sorted batches (original order restored); an empty line translates to ""."""
+    """Translate in length-sorted batches (original order restored); an empty line translates to "".
+
+    ``model`` is a PyTorch model (run with `generate`, under bf16 autocast with ``bf16``) or an engine of
+    `hf_deepnmt.export.load_engine` (CTranslate2, ONNX Runtime): the batching and the output are the same.
+    """
     from tqdm.auto import tqdm
 
-    model.eval()
-    limit = min(tokenizer.model_max_length, getattr(model.config, "max_position_embeddings", 1024))
+    from hf_deepnmt.export import TorchEngine
+
+    engine = TorchEngine(model, bf16=bf16) if isinstance(model, torch.nn.Module) else model
+    limit = min(tokenizer.model_max_length, engine.max_positions)
     order = sorted((i for i, s in enumerate(sentences) if s.strip()), key=lambda i: len(sentences[i]), reverse=True)
     results = [""] * len(sentences)
     batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
     for batch in tqdm(batches, desc=desc, disable=not progress, file=sys.stderr):
-        inputs = tokenizer([sentences[i] for i in batch], padding=True, truncation=True, max_length=limit,
-                           return_tensors="pt").to(model.device)
-        new_tokens = max_new_tokens or min(limit - 1, int(1.5 * inputs["input_ids"].shape[1]) + 10)
-        output = model.generate(**inputs, num_beams=num_beams, max_new_tokens=new_tokens,
-                                num_return_sequences=1, do_sample=False)
+        encoded = tokenizer([sentences[i] for i in batch], truncation=True, max_length=limit)["input_ids"]
+        new_tokens = max_new_tokens or min(limit - 1, int(1.5 * max(map(len, encoded))) + 10)
+        output = engine.generate(encoded, num_beams=num_beams, max_new_tokens=new_tokens)
         for i, text in zip(batch, tokenizer.batch_decode(output, skip_special_tokens=True)):
             results[i] = text.strip()
     return results
+
+
+def translate_stream(model, tokenizer, lines: Iterable[str], batch_size: int = 32, **options: Any) -> Iterator[str]:
+    """`translate_sentences` over a stream: reads ``batch_size`` lines, translates them as one batch and yields
+    their translations in order before reading on (for pipes and interactive use)."""
+    chunk: list[str] = []
+    for line in lines:
+        chunk.append(line.rstrip("\n"))
+        if len(chunk) == batch_size:
+            yield from translate_sentences(model, tokenizer, chunk, batch_size=batch_size, progress=False, **options)
+            chunk = []
+    if chunk:
+        yield from translate_sentences(model, tokenizer, chunk, batch_size=batch_size, progress=False, **options)
 
 
 def evaluate_model(

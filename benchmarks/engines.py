@@ -1,0 +1,297 @@
+"""Section ``engines``: beam-4 decoding through every inference engine, one set of weights, side by side.
+
+Contenders (random weights of `common.build_ours`, copied into Marian; exported with `hf_deepnmt.export`):
+
+* ``marian``: `transformers.MarianMTModel.generate` (the peer every ratio is taken against);
+* ``ours``: our `generate`, float32; ``ours_bf16``: the same under ``torch.autocast("cpu", torch.bfloat16)``;
+* ``ct2_fp32`` / ``ct2_int8``: our CTranslate2 export (`hf_deepnmt.export.CTranslate2Engine`), float32 / int8;
+* ``onnx_fp32`` / ``onnx_int8``: our ONNX export through ONNX Runtime with `hf_deepnmt.export.beam_search`
+  (int8: ONNX Runtime's dynamic quantization of the MatMul weights).
+
+Equal work: every contender produces exactly ``new_tokens`` tokens per hypothesis (``</s>`` suppressed until then,
+as `common.fixed_generation_config` does for `generate`). Times are medians of interleaved rounds; peak memory comes
+from one child process per contender (`benchmarks.probe`), RSS above the baseline after importing every library.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .common import (
+    BOS,
+    EOS,
+    PAD,
+    UNK,
+    Batch,
+    build_marian,
+    build_ours,
+    copy_weights,
+    fixed_generation_config,
+    interleaved,
+    median,
+    model_dims,
+    synthetic_batch,
+)
+
+CONTENDERS = ("marian", "ours", "ours_bf16", "ct2_fp32", "ct2_int8", "onnx_fp32", "onnx_int8")
+# name -> (size of `common.SIZES`, encoder layers, decoder layers)
+MODELS: dict[str, tuple[str, int, int]] = {"6-6 d256": ("d256", 6, 6), "6-6 d512": ("d512", 6, 6),
+                                           "24-6 d512": ("d512", 24, 6)}
+BATCHES = (16, 1)
+
+
+class SyntheticTokenizer:
+    """What the exporters need from a tokenizer for a model without one: a unique string per id."""
+
+    def __init__(self, vocab_size: int):
+        self.vocab_size = vocab_size
+
+    def __len__(self) -> int:
+        return self.vocab_size
+
+    def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
+        specials = {PAD: "<pad>", BOS: "<s>", EOS: "</s>", UNK: "<unk>"}
+        return [specials.get(i, f"w{i}") for i in ids]
+
+    def save_pretrained(self, folder: str | Path) -> None:
+        """Nothing to save: the benchmark feeds token ids."""
+
+
+def export_all(model: torch.nn.Module, folder: Path) -> dict[str, Path]:
+    """CTranslate2 fp32/int8 and ONNX fp32/int8 exports of ``model`` under ``folder``."""
+    from hf_deepnmt.export import export_model
+
+    tokenizer = SyntheticTokenizer(model.config.vocab_size)
+    paths = {}
+    for name, (export_format, quantization) in {"ct2_fp32": ("ctranslate2", None), "ct2_int8": ("ctranslate2", "int8"),
+                                                "onnx_fp32": ("onnx", None), "onnx_int8": ("onnx", "int8")}.items():
+        paths[name] = folder / name
+        export_model(model, tokenizer, paths[name], export_format, quantization)
+    return paths
+
+
+def source_ids(source: Batch) -> list[list[int]]:
+    return [row[mask.bool()].tolist() for row, mask in zip(source.input_ids, source.attention_mask)]
+
+
+def contender_call(name: str, source: Batch, new_tokens: int, threads: int, models: dict[str, torch.nn.Module],
+                   exports: dict[str, Path]) -> Callable[[], object]:
+    """A zero-argument function that decodes ``source`` with beam 4 and exactly ``new_tokens`` tokens."""
+    from hf_deepnmt.export import load_engine
+
+    if name in ("marian", "ours", "ours_bf16"):
+        model = models["marian" if name == "marian" else "ours"].eval()
+        fixed_generation_config(model, 4, new_tokens)
+
+        def generate() -> object:
+            with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=name == "ours_bf16"):
+                return model.generate(input_ids=source.input_ids, attention_mask=source.attention_mask)
+
+        return generate
+    engine = load_engine(exports[name], "ctranslate2" if name.startswith("ct2") else "onnx", intra_threads=threads)
+    ids = source_ids(source)
+    return lambda: engine.generate(ids, num_beams=4, max_new_tokens=new_tokens, min_new_tokens=new_tokens)
+
+
+def gemm_peaks(threads: int, n: int = 2048, repeats: int = 5) -> dict[str, float]:
+    """Best GFLOP/s (GOP/s for int8) of an n×n×n matmul at ``threads`` threads: fp32, bf16 (AVX512-BF16) and int8
+    (`torch._int_mm`, AVX512-VNNI) — the ceiling any engine's GEMMs can reach on this CPU."""
+    torch.set_num_threads(threads)
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    cases = {"fp32": lambda: torch.mm(a, b)}
+    a16, b16 = a.bfloat16(), b.bfloat16()
+    cases["bf16"] = lambda: torch.mm(a16, b16)
+    a8, b8 = (torch.randint(-100, 100, (n, n), dtype=torch.int8) for _ in range(2))
+    try:
+        torch._int_mm(a8, b8)
+        cases["int8"] = lambda: torch._int_mm(a8, b8)
+    except RuntimeError:
+        pass
+    peaks = {}
+    for name, function in cases.items():
+        function()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            function()
+            times.append(time.perf_counter() - start)
+        peaks[f"{name}_gflops"] = 2 * n ** 3 / min(times) / 1e9
+    return peaks
+
+
+def engines_section(threads: int, new_tokens: int, repeats: dict[int, int], models_to_run: list[str],
+                    memory: bool, log: Callable[[str], None]) -> dict[str, object]:
+    from .probe import run_probe
+
+    torch.set_num_threads(threads)
+    results: dict[str, object] = {"threads": threads, "new_tokens": new_tokens, "num_beams": 4,
+                                  "contenders": list(CONTENDERS), "gemm_peaks": gemm_peaks(threads), "models": {}}
+    sources = {batch: synthetic_batch(sentences=batch, seed=2) for batch in BATCHES}
+    for label in models_to_run:
+        size, encoder_layers, decoder_layers = MODELS[label]
+        dims = model_dims(size, encoder_layers=encoder_layers, decoder_layers=decoder_layers)
+        ours = build_ours(dims)
+        marian = build_marian(dims)
+        copy_weights(ours, marian)
+        entry: dict[str, object] = {"size": size, "encoder_layers": encoder_layers, "decoder_layers": decoder_layers,
+                                    "parameters_m": sum(p.numel() for p in ours.parameters()) / 1e6, "batches": {}}
+        with tempfile.TemporaryDirectory(prefix="deepnmt_engines_") as scratch:
+            log(f"engines: {label}: exporting (CTranslate2 fp32/int8, ONNX fp32/int8)")
+            exports = export_all(ours, Path(scratch))
+            for batch in BATCHES:
+                source = sources[batch]
+                calls = {name: contender_call(name, source, new_tokens, threads, {"ours": ours, "marian": marian},
+                                              exports) for name in CONTENDERS}
+                log(f"engines: {label}: beam 4, batch {batch}, {new_tokens} tokens, {repeats[batch]} rounds")
+                times = interleaved(calls, repeats=repeats[batch], warmup=1)
+                row: dict[str, object] = {
+                    "seconds": times,
+                    "median_s": {name: median(values) for name, values in times.items()},
+                    "sentences_per_s": {name: batch / median(values) for name, values in times.items()},
+                }
+                if memory:
+                    row["memory"] = {}
+                    for name in CONTENDERS:
+                        log(f"engines: {label}: peak memory, {name}, batch {batch} (child process)")
+                        row["memory"][name] = run_probe(dict(
+                            model=name, size=size, encoder_layers=encoder_layers, decoder_layers=decoder_layers,
+                            workload="engine", batch=batch, new_tokens=new_tokens, threads=threads,
+                            export=str(exports.get(name, "")), timed=0))
+                entry["batches"][str(batch)] = row
+                del calls
+        results["models"][label] = entry
+    return results
+
+
+def probe_workload(spec: dict[str, object]) -> tuple[Callable[[], object], int]:
+    """`benchmarks.probe` hook: the decode call of one contender (the model built or the export loaded here)."""
+    name = spec["model"]
+    dims = model_dims(spec["size"], encoder_layers=spec["encoder_layers"], decoder_layers=spec["decoder_layers"])
+    models = {}
+    if name in ("ours", "ours_bf16"):
+        models["ours"] = build_ours(dims)
+    elif name == "marian":
+        models["marian"] = build_marian(dims)
+    source = synthetic_batch(sentences=spec["batch"], seed=2)
+    exports = {name: Path(spec["export"])} if spec.get("export") else {}
+    return contender_call(name, source, spec["new_tokens"], spec["threads"], models, exports), spec["batch"]
+
+
+
+class _WithSettings:
+    """An engine whose `generate` always uses some fixed search settings (e.g. ``early_stopping=True``)."""
+
+    def __init__(self, engine: object, **settings: object):
+        self.engine, self.settings = engine, settings
+        self.max_positions = engine.max_positions
+
+    def generate(self, sources: list[list[int]], **options: object) -> list[list[int]]:
+        return self.engine.generate(sources, **{**options, **self.settings})
+
+
+def quality_section(model_dir: str, threads: int, samples: int | None, log: Callable[[str], None],
+                    batch_size: int = 16) -> dict[str, object]:
+    """BLEU / chrF of a trained model on the embedded test set through every engine (beam 4, `deepnmt translate`'s
+    batching), the share of outputs identical to our float32 `generate`, and the largest score difference."""
+    import numpy as np
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    from hf_deepnmt.export import TorchEngine, export_model, load_engine
+    from training.data import read_parallel_file
+    from training.metrics import score_translations
+    from training.recipes import resolve_path
+    from training.run import translate_sentences
+
+    torch.set_num_threads(threads)
+    model = AutoModelForSeq2SeqLM.from_pretrained(model_dir).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    corpus = read_parallel_file(resolve_path("corpus:web-sparv/test.jsonl.gz"), "en", "es", samples)
+    result: dict[str, object] = {"model_dir": str(model_dir), "sentences": len(corpus.sources), "num_beams": 4,
+                                 "batch_size": batch_size, "threads": threads, "engines": {}}
+    with tempfile.TemporaryDirectory(prefix="deepnmt_quality_") as scratch:
+        folders = {}
+        for name, (export_format, quantization) in {"ct2_fp32": ("ctranslate2", None),
+                                                    "ct2_int8": ("ctranslate2", "int8"),
+                                                    "onnx_fp32": ("onnx", None), "onnx_int8": ("onnx", "int8")}.items():
+            folders[name] = Path(scratch) / name
+            export_model(model, tokenizer, folders[name], export_format, quantization)
+        engines = {"ours": TorchEngine(model), "ours_early_stopping": _WithSettings(TorchEngine(model),
+                                                                                     early_stopping=True),
+                   "ours_bf16": TorchEngine(model, bf16=True)}
+        for name, folder in folders.items():
+            engines[name] = load_engine(folder, "ctranslate2" if name.startswith("ct2") else "onnx",
+                                        intra_threads=threads)
+        outputs = {}
+        for name, engine in engines.items():
+            log(f"engine_quality: translating {len(corpus.sources)} sentences with {name}")
+            start = time.perf_counter()
+            outputs[name] = translate_sentences(engine, tokenizer, corpus.sources, num_beams=4, batch_size=batch_size,
+                                                progress=False)
+            seconds = time.perf_counter() - start
+            scores = score_translations(outputs[name], corpus.targets)
+            result["engines"][name] = {"bleu": scores.bleu, "chrf": scores.chrf, "seconds": seconds,
+                                       "signature": scores.signatures["bleu"]}
+        for name in engines:
+            entry = result["engines"][name]
+            for reference in ("ours", "ours_early_stopping"):
+                same = sum(a == b for a, b in zip(outputs[name], outputs[reference]))
+                entry[f"identical_to_{reference}"] = same / len(corpus.sources)
+        # the scores CTranslate2 exposes (teacher-forced log-probabilities of the references) vs our log-softmax
+        pairs = [(s, t) for s, t in zip(corpus.sources, corpus.targets) if s.strip() and t.strip()][:64]
+        sources = tokenizer([s for s, _ in pairs])["input_ids"]
+        targets = tokenizer(text_target=[t for _, t in pairs])["input_ids"]
+        differences = []
+        for source, target, scores in zip(sources, targets, engines["ct2_fp32"].score(sources, targets)):
+            with torch.no_grad():
+                logits = model(input_ids=torch.tensor([source]), decoder_input_ids=torch.tensor(
+                    [[model.config.decoder_start_token_id, *target[:-1]]])).logits
+            ours = logits.log_softmax(-1)[0, torch.arange(len(target)), torch.tensor(target)].numpy()
+            differences.append(float(np.abs(np.array(scores) - ours).max()))
+        result["ct2_fp32_max_abs_logprob_diff"] = max(differences)
+        result["score_pairs"] = len(pairs)
+        # ONNX Runtime's decoder logits, teacher-forced step by step, vs ours
+        differences = []
+        for source, target in list(zip(sources, targets))[:16]:
+            steps = engines["onnx_fp32"].stepper(np.array([source]), np.ones((1, len(source)), dtype=np.int64), 1)
+            tokens = [model.config.decoder_start_token_id, *target[:-1]]
+            logits = np.stack([steps.step(np.array([[token]]), t)[0, 0] for t, token in enumerate(tokens)])
+            with torch.no_grad():
+                ours = model(input_ids=torch.tensor([source]), decoder_input_ids=torch.tensor([tokens])).logits[0]
+            differences.append(float(np.abs(logits - ours.numpy()).max()))
+        result["onnx_fp32_max_abs_logit_diff"] = max(differences)
+        result["logit_pairs"] = len(differences)
+    return result
+
+
+def bf16_training(threads: int, tokens: int, repeats: int) -> dict[str, object]:
+    """A 6-6 d512 training step (forward, backward, AdamW) in float32 vs under bf16 autocast, interleaved, and the
+    loss of one batch (eval mode) in both precisions."""
+    from .measure import training_step
+
+    torch.set_num_threads(threads)
+    batch = synthetic_batch(tokens=tokens, seed=0)
+    fp32 = build_ours(model_dims("d512"))
+    bf16 = build_ours(model_dims("d512"))
+    bf16.load_state_dict(fp32.state_dict())
+    steps = {"fp32": training_step(fp32, batch)}
+    bf16_step = training_step(bf16, batch)
+
+    def autocast_step() -> None:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            bf16_step()
+
+    steps["bf16"] = autocast_step
+    times = interleaved(steps, repeats=repeats, warmup=1)
+    reference = build_ours(model_dims("d512")).eval()
+    with torch.no_grad():
+        loss_fp32 = float(reference(**batch.as_kwargs()).loss)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss_bf16 = float(reference(**batch.as_kwargs()).loss)
+    return {"target_tokens": batch.target_tokens, "threads": threads, "seconds": times,
+            "median_s": {name: median(values) for name, values in times.items()},
+            "loss_fp32": loss_fp32, "loss_bf16": loss_bf16}
