@@ -34,6 +34,12 @@ TRANSLATION_PIPELINE_SPEC: dict[str, Any] = {
 }
 
 
+def _preview(value: Any, limit: int = 60) -> str:
+    """``repr(value)``, cut to ``limit`` characters, for error messages."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 class TranslationPipeline(Pipeline):
     """Translate text with any encoder-decoder model that has a tokenizer (``AutoModelForSeq2SeqLM``).
 
@@ -73,9 +79,14 @@ class TranslationPipeline(Pipeline):
     def __call__(self, inputs: str | list[str], **kwargs: Any) -> list:
         """Translate one string or a list of strings; see the class docstring for the output format."""
         single = isinstance(inputs, str)
+        if not single and not isinstance(inputs, (list, tuple)):
+            raise ValueError(f"TranslationPipeline: `inputs` = {_preview(inputs)} ({type(inputs).__name__}) is not "
+                             "allowed; pass a string or a list of strings.")
         texts = [inputs] if single else list(inputs)
-        if not all(isinstance(text, str) for text in texts):
-            raise TypeError("TranslationPipeline: `inputs` must be a string or a list of strings.")
+        for index, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise ValueError(f"TranslationPipeline: `inputs[{index}]` = {_preview(text)} "
+                                 f"({type(text).__name__}) is not allowed; every item must be a string.")
         n_return = int(kwargs.get("num_return_sequences", 1) or 1)
         filled = [i for i, text in enumerate(texts) if text.strip()]
         results: list = [[{"translation_text": ""} for _ in range(n_return)] for _ in texts]

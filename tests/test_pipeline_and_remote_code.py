@@ -157,3 +157,25 @@ def test_saved_config_names_the_pipeline(tiny_folder):
         "translation": {"impl": "pipeline_translation.TranslationPipeline", "pt": ["AutoModelForSeq2SeqLM"],
                         "type": "text"}
     }
+
+
+@pytest.mark.parametrize("inputs, words", [
+    (None, "`inputs` = None (NoneType)"),
+    (3, "`inputs` = 3 (int)"),
+    ({"text": "hi"}, "`inputs` = {'text': 'hi'} (dict)"),
+    (["In the beginning.", 5], "`inputs[1]` = 5 (int)"),
+    (["In the beginning.", None], "`inputs[1]` = None (NoneType)"),
+])
+def test_pipeline_refuses_non_strings_naming_the_item(loaded, inputs, words):
+    model, tokenizer = loaded
+    translate = pipeline("translation", model=model, tokenizer=tokenizer, max_new_tokens=3)
+    with pytest.raises(ValueError, match="not allowed") as error:
+        translate(inputs)
+    assert words in str(error.value)
+
+
+def test_pipeline_gives_empty_translations_for_blank_strings(loaded):
+    model, tokenizer = loaded
+    translate = pipeline("translation", model=model, tokenizer=tokenizer, max_new_tokens=3)
+    out = translate(["", "   ", SENTENCES[0]])
+    assert [r["translation_text"] for r in out[:2]] == ["", ""] and out[2]["translation_text"] != ""
