@@ -96,14 +96,21 @@ def _compare_with_single(single: Path, multi: Path) -> None:
     assert all(torch.allclose(a[name], b[name], atol=2e-4) for name in a)
 
 
+@pytest.mark.parametrize("use_cpu_given", [True, False])
 def test_torchrun_two_processes_match_one_process_with_the_doubled_batch(small_corpus, tmp_path,
-                                                                         single_process_double_batch):
+                                                                         single_process_double_batch, use_cpu_given):
+    """Without --use_cpu transformers forms no process group on a machine without GPUs (each process would train
+    alone on the same data); `deepnmt train` notices the launcher and trains over gloo instead."""
     folder = tmp_path / "torchrun"
+    argv = train_argv(small_corpus, folder, *DDP_ARGS, "--per_device_train_batch_size", "4")
+    if not use_cpu_given:
+        index = argv.index("--use_cpu")
+        del argv[index:index + 2]
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-               str(_free_port()), "-m", "training.cli", "train",
-               *train_argv(small_corpus, folder, *DDP_ARGS, "--per_device_train_batch_size", "4")]
+               str(_free_port()), "-m", "training.cli", "train", *argv]
     result = _run(command)
     assert "parallel_mode" not in result.stderr or "DISTRIBUTED" in result.stderr
+    assert use_cpu_given or "training on CPU processes over gloo" in result.stderr
     _compare_with_single(single_process_double_batch, folder)
 
 

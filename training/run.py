@@ -118,6 +118,19 @@ def parse_train_args(argv: Sequence[str]) -> tuple[ModelArguments, DataArguments
         recipe = load_recipe(argv[index + 1])
     parser = train_argument_parser()
     model_args, data_args, training_args = parser.parse_args_into_dataclasses(recipe_to_argv(recipe) + argv)
+    launched = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if launched > 1 and not training_args.use_cpu and not torch.cuda.is_available():
+        # transformers forms no process group on a machine without GPUs unless told to use the CPU: every process
+        # would train alone on the same data and write the same folder. Use the CPU processes (gloo), as launched.
+        if int(os.environ.get("RANK", "0") or 0) == 0:
+            print(f"[deepnmt] {launched} processes were launched on a machine without GPUs: training on CPU "
+                  "processes over gloo (--use_cpu true)", file=sys.stderr)
+        model_args, data_args, training_args = parser.parse_args_into_dataclasses(
+            recipe_to_argv(recipe) + argv + ["--use_cpu", "true"])
+    if launched > 1 and training_args.world_size != launched:
+        raise ValueError(f"the launcher started {launched} processes (WORLD_SIZE={launched}) but they formed a process "
+                         f"group of {training_args.world_size}; each would train alone and write the same "
+                         "--output_dir. Launch with torchrun/accelerate on matching devices, or run one process.")
     for name in ("train_file", "validation_file", "test_file"):
         setattr(data_args, name, resolve_path(getattr(data_args, name)))
     return model_args, data_args, training_args, recipe
