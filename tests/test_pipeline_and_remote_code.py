@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 import warnings
 
 import pytest
@@ -179,3 +180,64 @@ def test_pipeline_gives_empty_translations_for_blank_strings(loaded):
     translate = pipeline("translation", model=model, tokenizer=tokenizer, max_new_tokens=3)
     out = translate(["", "   ", SENTENCES[0]])
     assert [r["translation_text"] for r in out[:2]] == ["", ""] and out[2]["translation_text"] != ""
+
+
+LOAD_QUIETLY = textwrap.dedent(
+    """
+    import importlib.abc, sys
+
+    folder, mode = sys.argv[1], sys.argv[2]
+    if mode == "remote":
+        class BlockOurPackages(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path, target=None):
+                if name.split(".")[0] in ("hf_deepnmt", "training", "model_cards"):
+                    raise ImportError(f"{name} is blocked in this process")
+
+        sys.meta_path.insert(0, BlockOurPackages())
+    else:
+        import hf_deepnmt  # noqa: F401
+    from transformers import AutoModelForSeq2SeqLM, pipeline
+
+    model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True)
+    translate = pipeline("translation", model=folder, trust_remote_code=True)
+    print(type(model).__module__, translate("In the beginning.", max_new_tokens=3))
+    """
+)
+
+
+@pytest.mark.parametrize("family", ["admin_transformer", "deep_representation_transformer", "dtmt"])
+@pytest.mark.parametrize("mode", ["installed", "remote"])
+def test_loading_a_saved_model_prints_no_warning(family, mode, tiny_tokenizer, tmp_path):
+    """Issue: loading our models used to print a model-type mismatch warning. Every family, with the package
+    imported and through remote code in a fresh process, loads and translates with nothing on stderr but the
+    weight-loading progress bar."""
+    import hf_deepnmt
+
+    small = dict(vocab_size=len(tiny_tokenizer), d_model=16)
+    if family == "dtmt":
+        model = hf_deepnmt.DTMTForConditionalGeneration(
+            hf_deepnmt.DTMTConfig(**small, attention_heads=2, transition_depth=1))
+    else:
+        config_class = {"admin_transformer": hf_deepnmt.AdminTransformerConfig,
+                        "deep_representation_transformer": hf_deepnmt.DeepRepresentationTransformerConfig}[family]
+        model_class = {"admin_transformer": hf_deepnmt.AdminTransformerForConditionalGeneration,
+                       "deep_representation_transformer":
+                           hf_deepnmt.DeepRepresentationTransformerForConditionalGeneration}[family]
+        model = model_class(config_class(**small, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
+                                         decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32))
+    folder = tmp_path / family
+    model.save_pretrained(folder)
+    tiny_tokenizer.save_pretrained(folder)
+    script = tmp_path / "load.py"
+    script.write_text(LOAD_QUIETLY)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf_home"),
+           "TRANSFORMERS_VERBOSITY": "warning", "PYTHONWARNINGS": "default",
+           "PYTHONPATH": "" if mode == "remote" else str(Path(__file__).resolve().parents[1])}
+    result = subprocess.run([sys.executable, str(script), str(folder), mode], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    module = result.stdout.split()[0]
+    assert module.startswith("transformers_modules." if mode == "remote" else "hf_deepnmt.")
+    noise = [line for line in result.stderr.replace("\r", "\n").splitlines()
+             if line.strip() and not line.lstrip().startswith("Loading weights")]
+    assert noise == [], noise
