@@ -274,3 +274,24 @@ def test_quickstart_end_to_end_in_miniature(tmp_path, capsys):
     card = ModelCard.load(folder / "README.md")
     assert card.data.datasets == ["hf_deepnmt/bible-web-rv1909"] and "public domain" in card.text
     assert len((folder / "sample_translations.md").read_text().splitlines()) == 2 + 5
+
+
+@pytest.mark.parametrize("command, make, words", [
+    (["translate", "--model", "{tmp}/missing-model"], None, "`--model` = '{tmp}/missing-model' does not exist"),
+    (["evaluate", "--model", "./not-here", "--test_file", "x"], None, "`--model` = './not-here' does not exist"),
+    (["diagnose", "--model={tmp}/empty"], "dir", "is a folder without a saved model"),
+    (["train", "--model_name_or_path", "{tmp}/weights.bin"], "file", "is a file; it must be a saved model folder"),
+    (["train", "--warm_start_from", "{tmp}/missing/run"], None, "`--warm_start_from` = '{tmp}/missing/run' does not"),
+    (["train", "--recipe", "quickstart", "--output_dir", "{tmp}/weights.bin"], "file", "is an existing file"),
+    (["train", "--recipe", "quickstart", "--output_dir", "{tmp}/run", "--eval_num_beams", "0"], None,
+     "`--eval_num_beams` = 0 is not allowed"),
+])
+def test_bad_model_references_and_output_folders_get_one_line_and_exit_2(command, make, words, tmp_path, capsys):
+    if make == "dir":
+        (tmp_path / "empty").mkdir()
+    elif make == "file":
+        (tmp_path / "weights.bin").write_bytes(b"\0")
+    argv = [part.replace("{tmp}", str(tmp_path)) for part in command]
+    assert main(argv) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and words.replace("{tmp}", str(tmp_path)) in error[0], error

@@ -252,6 +252,35 @@ def _quickstart(argv: Sequence[str]) -> int:
     return run_quickstart(args.output_dir, rest)
 
 
+# Options that name a saved model or tokenizer: a local folder, or a Hub id ("owner/name").
+MODEL_REFERENCE_FLAGS = ("--model", "--model_name_or_path", "--warm_start_from", "--tokenizer_name")
+SAVED_MARKERS = ("config.json", "tokenizer.json", "deepnmt_export.json")
+
+
+def check_references(argv: Sequence[str]) -> None:
+    """Refuse, before anything loads, a model/tokenizer option that names a local path that does not exist, a file,
+    or a folder holding no saved model — which the Hub client would otherwise report as an invalid repository id —
+    and an ``--output_dir`` that is an existing file."""
+    for index, token in enumerate(argv):
+        flag, has_value, value = token.partition("=")
+        if not has_value:
+            value = argv[index + 1] if index + 1 < len(argv) else ""
+        if flag in MODEL_REFERENCE_FLAGS and value:
+            path = Path(value).expanduser()
+            if path.is_file():
+                raise ValueError(f"`{flag}` = {value!r} is a file; it must be a saved model folder or a Hub id.")
+            if path.is_dir() and not any((path / marker).exists() for marker in SAVED_MARKERS):
+                raise ValueError(f"`{flag}` = {value!r} is a folder without a saved model (no "
+                                 f"{', '.join(SAVED_MARKERS)}); pass the folder that `deepnmt train` or "
+                                 "`save_pretrained` wrote.")
+            looks_local = value.startswith(("/", "./", "../", "~", ".")) or value.count("/") > 1
+            if not path.exists() and looks_local:
+                raise ValueError(f"`{flag}` = {value!r} does not exist; pass a saved model folder or a Hub id "
+                                 "(owner/name).")
+        if flag == "--output_dir" and value and Path(value).expanduser().is_file():
+            raise ValueError(f"`--output_dir` = {value!r} is an existing file; pass a folder (it is created).")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -264,6 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     started = time.time()
     try:
+        check_references(rest)
         if command == "train":
             from .run import train
 

@@ -131,6 +131,10 @@ def parse_train_args(argv: Sequence[str]) -> tuple[ModelArguments, DataArguments
         raise ValueError(f"the launcher started {launched} processes (WORLD_SIZE={launched}) but they formed a process "
                          f"group of {training_args.world_size}; each would train alone and write the same "
                          "--output_dir. Launch with torchrun/accelerate on matching devices, or run one process.")
+    for name in ("eval_num_beams", "vocab_size", "bpe_min_frequency", "admin_profile_tokens"):
+        value = getattr(model_args, name)
+        if not (isinstance(value, int) and value >= 1):
+            raise ValueError(f"`--{name}` = {value!r} is not allowed; use a positive integer.")
     for name in ("train_file", "validation_file", "test_file"):
         setattr(data_args, name, resolve_path(getattr(data_args, name)))
     return model_args, data_args, training_args, recipe
