@@ -295,3 +295,28 @@ def test_bad_model_references_and_output_folders_get_one_line_and_exit_2(command
     assert main(argv) == 2
     error = capsys.readouterr().err.strip().splitlines()
     assert len(error) == 1 and words.replace("{tmp}", str(tmp_path)) in error[0], error
+
+
+@pytest.mark.parametrize("damage, words", [
+    ("truncate", "model.safetensors is truncated or corrupted"),
+    ("no_weights", "holds a config but no weights"),
+    ("model_type", "names model_type 'no_such_model', which neither transformers nor hf_deepnmt knows"),
+    ("config_json", "config.json is not a readable JSON config"),
+])
+def test_a_damaged_saved_model_is_named_with_its_file(damage, words, tiny_folder, tmp_path, capsys):
+    import shutil
+
+    folder = tmp_path / "damaged"
+    shutil.copytree(tiny_folder, folder)
+    weights, config = folder / "model.safetensors", folder / "config.json"
+    if damage == "truncate":
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    elif damage == "no_weights":
+        weights.unlink()
+    elif damage == "model_type":
+        config.write_text(config.read_text().replace('"deep_transformer"', '"no_such_model"'))
+    else:
+        config.write_text("{ not json")
+    assert main(["translate", "--model", str(folder), "--input", str(config)]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and words in error[0] and str(folder) in error[0], error

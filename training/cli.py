@@ -277,8 +277,45 @@ def check_references(argv: Sequence[str]) -> None:
             if not path.exists() and looks_local:
                 raise ValueError(f"`{flag}` = {value!r} does not exist; pass a saved model folder or a Hub id "
                                  "(owner/name).")
+            if flag != "--tokenizer_name" and (path / "config.json").is_file():
+                check_saved_model(path, flag)
         if flag == "--output_dir" and value and Path(value).expanduser().is_file():
             raise ValueError(f"`--output_dir` = {value!r} is an existing file; pass a folder (it is created).")
+
+
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+
+
+def check_saved_model(folder: Path, flag: str = "--model") -> None:
+    """One sentence naming the file when a saved model folder cannot load: unreadable ``config.json``, a
+    ``model_type`` nobody registered, no weights, or a truncated/corrupted ``model.safetensors``."""
+    from transformers import CONFIG_MAPPING
+
+    import hf_deepnmt  # noqa: F401  (registers this package's model types)
+
+    config_file = folder / "config.json"
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"`{flag}`: {config_file} is not a readable JSON config ({error}).") from None
+    model_type = config.get("model_type") if isinstance(config, dict) else None
+    if model_type not in CONFIG_MAPPING:
+        raise ValueError(f"`{flag}`: {config_file} names model_type {model_type!r}, which neither transformers nor "
+                         "hf_deepnmt knows (hf_deepnmt's: deep_transformer, admin_transformer, "
+                         "deep_decoder_transformer, deep_representation_transformer, dtmt).")
+    weights = [folder / name for name in WEIGHT_FILES if (folder / name).is_file()]
+    if not weights:
+        raise ValueError(f"`{flag}`: {folder} holds a config but no weights ({', '.join(WEIGHT_FILES)}); a run "
+                         "killed before its final save keeps its weights in checkpoint-N/ folders.")
+    if weights[0].name == "model.safetensors":
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(weights[0]), framework="pt") as handle:
+                handle.keys()
+        except Exception as error:  # the Rust reader raises its own error type
+            raise ValueError(f"`{flag}`: {weights[0]} is truncated or corrupted ({error}); use an earlier "
+                             "checkpoint-N/ or re-download it.") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
