@@ -141,6 +141,9 @@ def main() -> None:
                              "training the base again.")
     parser.add_argument("--work_dir", default="runs/dou2018_miniature")
     parser.add_argument("--results", default=str(RESULTS))
+    parser.add_argument("--append", action="store_true",
+                        help="Keep the runs already in the results' JSON (e.g. add seeds with --seeds 2,3 and the "
+                             "same --base_dir) and add these.")
     parser.add_argument("--render_only", action="store_true",
                         help="Measure nothing: rewrite the markdown and the plot from the results' JSON.")
     args = parser.parse_args()
@@ -202,6 +205,16 @@ def main() -> None:
         entry["diversity"] = measured_diversity(folder, args.diversity_pairs)
         entry["parameters"] = entry["diversity"]["parameters"] if entry["diversity"] else None
         report["runs"][name] = entry
+    previous_path = results / "dou2018_miniature.json"
+    if args.append and previous_path.exists():
+        previous = json.loads(previous_path.read_text())
+        seeds_all = sorted({int(seed) for seed in previous["setup"]["seeds"].split(",")} | set(seeds))
+        report = {**previous, "command": f"{previous['command']} && {report['command']}",
+                  "setup": {**previous["setup"], "seeds": ",".join(str(seed) for seed in seeds_all)},
+                  "wall_minutes": round(previous["wall_minutes"] + report["wall_minutes"], 1),
+                  "runs": {**previous["runs"], **report["runs"]}}
+        report["runs"] = dict(sorted(report["runs"].items(),
+                                     key=lambda item: (ROWS.index(item[0].split("/")[0]), item[0])))
     (results / "dou2018_miniature.json").write_text(json.dumps(report, indent=2) + "\n")
     write_markdown(report, results / "dou2018_miniature.md")
     plot(report, results / "dou2018_miniature.png")
