@@ -364,7 +364,6 @@ def _crt_cost(results: dict) -> list[str]:
     extra = crt["formula_flops_total"] - cad["formula_flops_total"]
     saved = deep["formula_flops_total"] - cad["formula_flops_total"]
     cpu = {name: e["phase_median_s"]["cpu"] for name, e in v.items()}
-    spreads = [x for e in v.values() for x in e["cpu_round_ratios_vs_deep"]]
     noise = max(max(e["cpu_round_ratios_vs_deep"]) / e["cpu_ratio_vs_deep"] - 1 for e in v.values())
     lines += ["", "Reading:", "",
               f"- **CAD** removes {saved / deep['formula_flops_total']:.0%} of DEEP's FLOPs (cross-attention is "

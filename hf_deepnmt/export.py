@@ -36,7 +36,6 @@ optional (``pip install hf_deepnmt[export]``) and imported inside the functions 
 from __future__ import annotations
 
 import json
-import math
 import os
 import tempfile
 from collections.abc import Sequence
@@ -44,7 +43,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .admin import fold_admin, non_standard_features

@@ -807,7 +807,58 @@ class DeepTransformerDecoder(_DeepTransformerStack):
         return output if return_dict is not False else output.to_tuple()
 
 
-class DeepTransformerPreTrainedModel(PreTrainedModel):
+# ----------------------------------------------------------------------------------------------------------------
+# Shared by every model family of the package (the Transformer here, DTMT in modeling_dtmt)
+# ----------------------------------------------------------------------------------------------------------------
+class HubReadyMixin:
+    """`save_pretrained` that makes the folder self-sufficient on the Hub: the `translation` pipeline
+    (``custom_pipelines``) and ``auto_map`` entries for both Auto classes. Put before `PreTrainedModel`."""
+
+    base_model_class_name: str
+    seq2seq_class_name: str
+
+    def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> None:
+        if self._auto_class is not None:
+            module = type(self).__module__.rsplit(".", 1)[-1]
+            self.config.custom_pipelines = {"translation": dict(TRANSLATION_PIPELINE_SPEC)}
+            self.config.auto_map = {
+                **(getattr(self.config, "auto_map", None) or {}),
+                "AutoModel": f"{module}.{self.base_model_class_name}",
+                "AutoModelForSeq2SeqLM": f"{module}.{self.seq2seq_class_name}",
+            }
+        super().save_pretrained(save_directory, *args, **kwargs)
+
+
+class TranslationGenerationMixin:
+    """What every seq2seq class of the package shares on top of its base model ``self.model`` and ``lm_head``:
+    the output embedding accessors, the encoder/decoder, labels → decoder inputs, and `generate` with checked
+    arguments. Put before the `PreTrainedModel` subclass."""
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
+        self.lm_head = new_embeddings
+
+    def get_encoder(self, modality: str | None = None) -> nn.Module:
+        return self.model.encoder
+
+    def get_decoder(self) -> nn.Module:
+        return self.model.decoder
+
+    def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        """`GenerationMixin.generate`; an explicit ``max_length`` replaces the default ``max_new_tokens`` instead
+        of being overridden by it, and bad lengths or beam counts get one clear sentence."""
+        check_generation_arguments(kwargs)
+        if kwargs.get("max_length") is not None and "max_new_tokens" not in kwargs:
+            kwargs["max_new_tokens"] = None
+        return super().generate(*args, **kwargs)
+
+
+class DeepTransformerPreTrainedModel(HubReadyMixin, PreTrainedModel):
     """Weight init, attention capabilities and Hub plumbing shared by the DeepTransformer models."""
 
     config_class = DeepTransformerConfig
@@ -860,19 +911,6 @@ class DeepTransformerPreTrainedModel(PreTrainedModel):
         for name in layer.omega_names.values():
             if name is not None:
                 init.constant_(getattr(layer, name), value)
-
-    def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> None:
-        """`PreTrainedModel.save_pretrained`, plus what makes the folder self-sufficient on the Hub: the
-        `translation` pipeline (``custom_pipelines``) and ``auto_map`` entries for both Auto classes."""
-        if self._auto_class is not None:
-            module = type(self).__module__.rsplit(".", 1)[-1]
-            self.config.custom_pipelines = {"translation": dict(TRANSLATION_PIPELINE_SPEC)}
-            self.config.auto_map = {
-                **(getattr(self.config, "auto_map", None) or {}),
-                "AutoModel": f"{module}.{self.base_model_class_name}",
-                "AutoModelForSeq2SeqLM": f"{module}.{self.seq2seq_class_name}",
-            }
-        super().save_pretrained(save_directory, *args, **kwargs)
 
     base_model_class_name = "DeepTransformerModel"
     seq2seq_class_name = "DeepTransformerForConditionalGeneration"
@@ -995,7 +1033,7 @@ class DeepTransformerSeq2SeqLMOutput(Seq2SeqLMOutput):
     loss_component_counts: dict[str, torch.Tensor] | None = None
 
 
-class DeepTransformerForConditionalGeneration(DeepTransformerPreTrainedModel, GenerationMixin):
+class DeepTransformerForConditionalGeneration(TranslationGenerationMixin, DeepTransformerPreTrainedModel, GenerationMixin):
     """`DeepTransformerModel` + output projection (tied to the shared embedding by default); generates with
     greedy search, beam search and sampling through `GenerationMixin` and `EncoderDecoderCache`.
 
@@ -1021,21 +1059,6 @@ class DeepTransformerForConditionalGeneration(DeepTransformerPreTrainedModel, Ge
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.model.set_input_embeddings(value)
 
-    def get_output_embeddings(self) -> nn.Linear:
-        return self.lm_head
-
-    def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
-        self.lm_head = new_embeddings
-
-    def get_encoder(self, modality: str | None = None) -> DeepTransformerEncoder:
-        return self.model.encoder
-
-    def get_decoder(self) -> DeepTransformerDecoder:
-        return self.model.decoder
-
-    def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
-        return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
-
     def _reorder_cache(self, past_key_values: EncoderDecoderCache, beam_idx: torch.LongTensor) -> EncoderDecoderCache:
         """Beam search (called by `GenerationMixin` after every step): make the self-attention keys/values follow
         the surviving hypotheses.
@@ -1050,14 +1073,6 @@ class DeepTransformerForConditionalGeneration(DeepTransformerPreTrainedModel, Ge
         else:
             past_key_values.reorder_cache(beam_idx)
         return past_key_values
-
-    def generate(self, *args: Any, **kwargs: Any) -> Any:
-        """`GenerationMixin.generate`; an explicit ``max_length`` replaces the default ``max_new_tokens`` instead
-        of being overridden by it, and bad lengths or beam counts get one clear sentence."""
-        check_generation_arguments(kwargs)
-        if kwargs.get("max_length") is not None and "max_new_tokens" not in kwargs:
-            kwargs["max_new_tokens"] = None
-        return super().generate(*args, **kwargs)
 
     def forward(
         self,

@@ -25,7 +25,6 @@ transformers and same-folder modules with ``from .module import Name``.
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -40,8 +39,14 @@ from transformers.modeling_outputs import BaseModelOutput, Seq2SeqModelOutput
 from .cache_dtmt import DTMTCache
 from .configuration_dtmt import DTMTConfig
 from .losses import LossNormalizers, translation_nll_objective
-from .modeling_deep_transformer import DeepTransformerSeq2SeqLMOutput, shift_tokens_right, sinusoidal_positions
-from .pipeline_translation import TRANSLATION_PIPELINE_SPEC
+from .modeling_deep_transformer import (
+    DeepTransformerSeq2SeqLMOutput,
+    HubReadyMixin,
+    TranslationGenerationMixin,
+    check_attention_mask,
+    check_token_ids,
+    sinusoidal_positions,
+)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -288,8 +293,10 @@ class DTMTEncoder(_DTMTStack):
         return_dict: bool | None = None,
         **kwargs: Any,
     ) -> BaseModelOutput | tuple:
+        check_token_ids("input_ids", input_ids, self.config.vocab_size)  # docs/training.md, "Bad input"
         x = self._embed(input_ids, inputs_embeds, start=0)  # (B, S, d)
         batch, length, d = x.shape
+        check_attention_mask("attention_mask", attention_mask, "input_ids", (batch, length))
         if attention_mask is None:
             lengths = torch.full((batch,), length, dtype=torch.long, device=x.device)
         else:
@@ -460,7 +467,7 @@ class DTMTDecoder(_DTMTStack):
 # ----------------------------------------------------------------------------------------------------------------
 # 5. Models
 # ----------------------------------------------------------------------------------------------------------------
-class DTMTPreTrainedModel(PreTrainedModel):
+class DTMTPreTrainedModel(HubReadyMixin, PreTrainedModel):
     """Weight init and Hub plumbing shared by the DTMT models."""
 
     config_class = DTMTConfig
@@ -499,19 +506,6 @@ class DTMTPreTrainedModel(PreTrainedModel):
             init.uniform_(module.score, -r, r)
         if isinstance(module, _DTMTStack):
             init.uniform_(module.embed_bias, -r, r)
-
-    def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> None:
-        """`PreTrainedModel.save_pretrained`, plus what makes the folder self-sufficient on the Hub: the
-        `translation` pipeline (``custom_pipelines``) and ``auto_map`` entries for both Auto classes."""
-        if self._auto_class is not None:
-            module = type(self).__module__.rsplit(".", 1)[-1]
-            self.config.custom_pipelines = {"translation": dict(TRANSLATION_PIPELINE_SPEC)}
-            self.config.auto_map = {
-                **(getattr(self.config, "auto_map", None) or {}),
-                "AutoModel": f"{module}.{self.base_model_class_name}",
-                "AutoModelForSeq2SeqLM": f"{module}.{self.seq2seq_class_name}",
-            }
-        super().save_pretrained(save_directory, *args, **kwargs)
 
 
 class DTMTModel(DTMTPreTrainedModel):
@@ -590,7 +584,7 @@ class DTMTModel(DTMTPreTrainedModel):
         return output if return_dict is not False else output.to_tuple()
 
 
-class DTMTForConditionalGeneration(DTMTPreTrainedModel, GenerationMixin):
+class DTMTForConditionalGeneration(TranslationGenerationMixin, DTMTPreTrainedModel, GenerationMixin):
     """meng2019 DTMT for translation: `DTMTModel` + the output projection (softmax layer, with bias); generates with
     greedy search, beam search and sampling through `GenerationMixin` and `DTMTCache`.
 
@@ -624,18 +618,6 @@ class DTMTForConditionalGeneration(DTMTPreTrainedModel, GenerationMixin):
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.model.set_input_embeddings(value)
 
-    def get_output_embeddings(self) -> nn.Linear:
-        return self.lm_head
-
-    def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
-        self.lm_head = new_embeddings
-
-    def get_encoder(self, modality: str | None = None) -> DTMTEncoder:
-        return self.model.encoder
-
-    def get_decoder(self) -> DTMTDecoder:
-        return self.model.decoder
-
     def _resize_token_embeddings(self, new_num_tokens: int | None, pad_to_multiple_of: int | None = None,
                                  mean_resizing: bool = True) -> nn.Embedding:
         """transformers resizes the input (source) embedding and the output projection; a separate target
@@ -648,9 +630,6 @@ class DTMTForConditionalGeneration(DTMTPreTrainedModel, GenerationMixin):
                                                                 mean_resizing=mean_resizing)
         return embeddings
 
-    def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
-        return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
-
     def _reorder_cache(self, past_key_values: DTMTCache | None, beam_idx: torch.LongTensor) -> DTMTCache | None:
         """Beam search (called by `GenerationMixin` after every step): make the decoder state follow the surviving
         hypotheses. Keys, values and mask are not copied: beam search moves hypotheses only within a sentence's
@@ -660,13 +639,6 @@ class DTMTForConditionalGeneration(DTMTPreTrainedModel, GenerationMixin):
         elif past_key_values is not None:
             past_key_values.reorder_cache(beam_idx)
         return past_key_values
-
-    def generate(self, *args: Any, **kwargs: Any) -> Any:
-        """`GenerationMixin.generate`; an explicit ``max_length`` replaces the default ``max_new_tokens`` instead
-        of being overridden by it."""
-        if kwargs.get("max_length") is not None and "max_new_tokens" not in kwargs:
-            kwargs["max_new_tokens"] = None
-        return super().generate(*args, **kwargs)
 
     def forward(
         self,
@@ -694,6 +666,10 @@ class DTMTForConditionalGeneration(DTMTPreTrainedModel, GenerationMixin):
         ``loss_components`` / ``loss_component_counts`` hold each term. ``num_items_in_batch`` (transformers'
         Trainer) and ``loss_normalizers`` (``DeepNMTTrainer``) make the loss this micro-batch's share of the
         optimizer step's, so gradient accumulation and DDP give the gradient of one large batch."""
+        vocab = self.config.vocab_size  # input_ids and attention_mask are checked by the encoder
+        # the ids `generate` feeds back after the first step are its own: not scanned (that would sync a GPU)
+        check_token_ids("decoder_input_ids", decoder_input_ids, vocab, check_values=past_key_values is None)
+        check_token_ids("labels", labels, vocab, allow_ignore_index=True)
         if labels is not None:
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:

@@ -6,11 +6,20 @@ import pytest
 import torch
 from conftest import tiny_model
 
-from hf_deepnmt import DeepDecoderTransformerConfig, DeepTransformerConfig
+from hf_deepnmt import DeepDecoderTransformerConfig, DeepTransformerConfig, DTMTConfig, DTMTForConditionalGeneration
 
 IDS = torch.tensor([[5, 6, 2], [7, 2, 0]])
 MASK = (IDS != 0).long()
 LABELS = torch.tensor([[8, 2], [9, 2]])
+
+
+def family_model(family: str) -> torch.nn.Module:
+    """A tiny model of each family (vocabulary 99, like `tiny_model`)."""
+    if family == "dtmt":
+        torch.manual_seed(0)
+        return DTMTForConditionalGeneration(DTMTConfig(vocab_size=99, d_model=16, attention_heads=2,
+                                                       transition_depth=1, max_position_embeddings=64)).eval()
+    return tiny_model()
 
 
 @pytest.mark.parametrize("arguments, words", [
@@ -28,8 +37,11 @@ LABELS = torch.tensor([[8, 2], [9, 2]])
     (dict(input_ids=IDS, decoder_input_ids=torch.tensor([[1, 8], [1, 9]]), decoder_attention_mask=torch.ones(2, 3)),
      "`decoder_attention_mask` has shape (2, 3)"),
 ])
-def test_bad_model_inputs_raise_one_sentence(arguments, words):
-    model = tiny_model()
+@pytest.mark.parametrize("family", ["deep_transformer", "dtmt"])
+def test_bad_model_inputs_raise_one_sentence(arguments, words, family):
+    if family == "dtmt" and "decoder_attention_mask" in arguments:
+        pytest.skip("DTMT's decoder is recurrent and takes no decoder attention mask")
+    model = family_model(family)
     with pytest.raises(ValueError) as error:
         model(**arguments)
     assert words in str(error.value) and len(str(error.value).splitlines()) == 1
@@ -42,12 +54,13 @@ def test_bad_model_inputs_raise_one_sentence(arguments, words):
     (dict(max_length=-1), "`max_length` = -1"),
     (dict(input_ids=torch.tensor([[5, 700, 2]])), "`input_ids` holds the id 700"),
 ])
-def test_bad_generate_arguments_raise_one_sentence(arguments, words):
+@pytest.mark.parametrize("family", ["deep_transformer", "dtmt"])
+def test_bad_generate_arguments_raise_one_sentence(arguments, words, family):
     kwargs = {"input_ids": IDS, "attention_mask": MASK, **arguments}
     if "input_ids" in arguments:
         kwargs.pop("attention_mask")
     with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(")", r"\)")):
-        tiny_model().generate(**kwargs)
+        family_model(family).generate(**kwargs)
 
 
 def test_a_fully_padded_row_gives_finite_outputs():

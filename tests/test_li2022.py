@@ -15,7 +15,6 @@ from transformers import AutoConfig, AutoModelForSeq2SeqLM
 from hf_deepnmt import (
     DeepDecoderTransformerConfig,
     DeepDecoderTransformerForConditionalGeneration,
-    DeepTransformerConfig,
     export_marian,
     fold_admin,
 )

@@ -14,7 +14,6 @@ import sys
 import time
 from collections.abc import Sequence
 from datetime import datetime
-from pathlib import Path
 
 SAMPLES = 5
 
