@@ -320,3 +320,19 @@ def test_a_damaged_saved_model_is_named_with_its_file(damage, words, tiny_folder
     assert main(["translate", "--model", str(folder), "--input", str(config)]) == 2
     error = capsys.readouterr().err.strip().splitlines()
     assert len(error) == 1 and words in error[0] and str(folder) in error[0], error
+
+
+@pytest.mark.parametrize("recipe, overrides, words", [
+    ("quickstart", "decoder_layer=3", "`decoder_layer` is not a field of DeepTransformerConfig (deep_transformer); "
+                                      "did you mean decoder_layers"),
+    ("quickstart", "encoder_layer_agregation=dense", "did you mean encoder_layer_aggregation"),
+    ("meng2019-bible-dtmt4", "transition_dept=2", "`transition_dept` is not a field of DTMTConfig (dtmt); did you "
+                                                  "mean transition_depth"),
+    ("meng2019-bible-dtmt4", "ddr_weight=1.0", "DTMT is a recurrent model"),
+])
+def test_config_override_typos_are_refused_with_close_matches(recipe, overrides, words, tmp_path, capsys):
+    argv = ["train", "--recipe", recipe, "--output_dir", str(tmp_path / "run"), "--config_overrides", overrides]
+    assert main(argv) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and words in error[0], error
+    assert not (tmp_path / "run" / "config.json").exists()

@@ -163,10 +163,35 @@ def _model_fields(model_args: ModelArguments, recipe_model: dict) -> tuple[str, 
     """The model type and config fields of a model trained from scratch: preset / recipe, then --config_overrides,
     --model_type on top."""
     fields = load_model_config_dict(model_args.config_name, recipe_model)
-    fields.update(parse_overrides(model_args.config_overrides))
+    overrides = parse_overrides(model_args.config_overrides)
+    fields.update(overrides)
     model_type = model_args.model_type or fields.pop("model_type", "deep_transformer")
     fields.pop("model_type", None)
+    check_override_keys(model_type, overrides)
     return model_type, fields
+
+
+def check_override_keys(model_type: str, overrides: dict[str, Any]) -> None:
+    """A ``--config_overrides`` key that the model type's config does not have is a typo (transformers would store it
+    beside the real field and nothing would read it): one sentence with the close matches."""
+    import difflib
+    import inspect
+
+    from transformers import CONFIG_MAPPING
+
+    if model_type not in CONFIG_MAPPING:
+        raise ValueError(f"`model_type` = {model_type!r} is not allowed; use one of deep_transformer, "
+                         "admin_transformer, deep_decoder_transformer, deep_representation_transformer, dtmt.")
+    config_class = CONFIG_MAPPING[model_type]
+    known = set(inspect.signature(config_class.__init__).parameters) | set(config_class().to_dict())
+    known -= {"self", "kwargs"}
+    for key, value in overrides.items():
+        if key not in known:
+            config_class(**{key: value})  # a config that refuses the field by name says why (e.g. DTMT's refusals)
+            close = difflib.get_close_matches(key, sorted(known), n=3, cutoff=0.6)
+            hint = f"did you mean {', '.join(close)}?" if close else "see `deepnmt train --help` and the presets"
+            raise ValueError(f"--config_overrides: `{key}` is not a field of {config_class.__name__} "
+                             f"({model_type}); {hint}")
 
 
 def _build_model(model_args: ModelArguments, data_args: DataArguments, recipe_model: dict, tokenizer,
