@@ -336,3 +336,15 @@ def test_config_override_typos_are_refused_with_close_matches(recipe, overrides,
     error = capsys.readouterr().err.strip().splitlines()
     assert len(error) == 1 and words in error[0], error
     assert not (tmp_path / "run" / "config.json").exists()
+
+
+def test_ctrl_c_during_training_prints_how_to_resume(monkeypatch, capsys):
+    import training.run
+
+    def interrupted(argv):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(training.run, "train", interrupted)
+    assert main(["train", "--recipe", "quickstart"]) == 130
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and "interrupted" in error[0] and "--resume_from_checkpoint last" in error[0]

@@ -347,6 +347,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except NonFiniteLossError as error:
         print(f"deepnmt {command}: {error}", file=sys.stderr)
         return 3
+    except KeyboardInterrupt:
+        if os.environ.get("DEEPNMT_DEBUG"):
+            raise
+        hint = (" Continue it with the same command plus `--resume_from_checkpoint last` (it restarts from the newest "
+                "complete checkpoint-N in --output_dir)." if command in ("train", "quickstart") else "")
+        print(f"deepnmt {command}: interrupted.{hint}", file=sys.stderr)
+        return 130
     if command in ("train", "quickstart"):
         print(f"[deepnmt] {command} finished in {(time.time() - started) / 60:.1f} min", file=sys.stderr)
     return code
