@@ -84,6 +84,25 @@ def test_malformed_files_name_the_file_and_line(tmp_path, name, content, match):
         read_parallel_file(path, "en", "es")
 
 
+@pytest.mark.parametrize("name, data, match", [
+    ("fake.jsonl.gz", b"not gzip at all", r"fake\.jsonl\.gz is not a complete gzip file"),
+    ("cut.tsv.gz", gzip.compress(b"a\tb\n" * 50)[:-12], r"cut\.tsv\.gz is not a complete gzip file"),
+    ("latin1.jsonl", _jsonl(PAIRS[:2]).encode() + '{"translation": {"en": "caf\u00e9", "es": "x"}}\n'.encode("latin1"),
+     r"latin1\.jsonl line 3: not UTF-8 text \(byte 0xe9\)"),
+    ("binary.tsv", b"a\tb\n\xff\xfe\x00\x01", r"binary\.tsv line 2: not UTF-8 text \(byte 0xff\)"),
+])
+def test_undecodable_files_name_the_file_and_line(tmp_path, name, data, match):
+    path = tmp_path / name
+    path.write_bytes(data)
+    with pytest.raises(DataError, match=match):
+        read_parallel_file(path, "en", "es")
+
+
+def test_a_missing_data_file_is_not_taken_for_a_prefix(tmp_path):
+    with pytest.raises(DataError, match=r"train\.jsonl does not exist\.$"):
+        read_parallel_file(tmp_path / "train.jsonl", "en", "es")
+
+
 def test_misaligned_and_missing_text_files(tmp_path):
     (tmp_path / "t.en").write_text("a\nb\n", encoding="utf-8")
     (tmp_path / "t.es").write_text("a\n", encoding="utf-8")

@@ -18,7 +18,7 @@ a given seed and epoch.
 from __future__ import annotations
 
 import gzip
-import io
+import zlib
 import json
 import math
 import os
@@ -52,10 +52,18 @@ class ParallelCorpus:
 
 
 # ------------------------------------------------------------------------------------------------ reading
-def _open_text(path: Path) -> io.TextIOBase:
-    if path.suffix == ".gz":
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8")
-    return open(path, encoding="utf-8")
+def _read_text(path: Path) -> str:
+    """The whole file as text (``.gz`` decompressed); a file that is not gzip or not UTF-8 is named with the line."""
+    try:
+        data = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    except (gzip.BadGzipFile, EOFError, zlib.error) as error:
+        raise DataError(f"{path} is not a complete gzip file, though its name ends in .gz ({error}).") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        raise DataError(f"{path} line {line}: not UTF-8 text (byte 0x{data[error.start]:02x}); convert the file to "
+                        "UTF-8 (e.g. iconv -f latin1 -t utf-8).") from None
 
 
 def _base_suffix(path: Path) -> str:
@@ -76,8 +84,7 @@ def _record_pair(record: Any, where: str, source_lang: str, target_lang: str) ->
 
 
 def _read_json_records(path: Path, source_lang: str, target_lang: str) -> Iterator[tuple[str, str]]:
-    with _open_text(path) as handle:
-        text = handle.read()
+    text = _read_text(path)
     if not text.strip():
         raise DataError(f"{path} is empty.")
     if text.lstrip().startswith("["):  # one JSON list of records
@@ -99,17 +106,15 @@ def _read_json_records(path: Path, source_lang: str, target_lang: str) -> Iterat
 
 
 def _read_tsv(path: Path) -> Iterator[tuple[str, str]]:
-    with _open_text(path) as handle:
-        empty = True
-        for number, line in enumerate(handle, start=1):
-            line = line.rstrip("\n").rstrip("\r")
-            if not line:
-                continue
-            empty = False
-            columns = line.split("\t")
-            if len(columns) != 2:
-                raise DataError(f"{path} line {number}: expected 2 tab-separated columns, found {len(columns)}.")
-            yield columns[0], columns[1]
+    empty = True
+    for number, line in enumerate(_read_text(path).splitlines(), start=1):
+        if not line:
+            continue
+        empty = False
+        columns = line.split("\t")
+        if len(columns) != 2:
+            raise DataError(f"{path} line {number}: expected 2 tab-separated columns, found {len(columns)}.")
+        yield columns[0], columns[1]
     if empty:
         raise DataError(f"{path} is empty.")
 
@@ -117,8 +122,7 @@ def _read_tsv(path: Path) -> Iterator[tuple[str, str]]:
 def _read_aligned_text(prefix: Path, source_lang: str, target_lang: str) -> Iterator[tuple[str, str]]:
     source_path = _find_side(prefix, source_lang)
     target_path = _find_side(prefix, target_lang)
-    with _open_text(source_path) as src, _open_text(target_path) as tgt:
-        sources, targets = src.read().splitlines(), tgt.read().splitlines()
+    sources, targets = _read_text(source_path).splitlines(), _read_text(target_path).splitlines()
     if not sources:
         raise DataError(f"{source_path} is empty.")
     if len(sources) != len(targets):
@@ -127,6 +131,8 @@ def _read_aligned_text(prefix: Path, source_lang: str, target_lang: str) -> Iter
 
 
 def _find_side(prefix: Path, lang: str) -> Path:
+    if _base_suffix(prefix) in (".jsonl", ".json", ".tsv"):  # a data file's name, not a prefix
+        raise DataError(f"{prefix} does not exist.")
     for candidate in (Path(f"{prefix}.{lang}"), Path(f"{prefix}.{lang}.gz")):
         if candidate.exists():
             return candidate
