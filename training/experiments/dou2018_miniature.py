@@ -141,6 +141,12 @@ def main() -> None:
                              "training the base again.")
     parser.add_argument("--work_dir", default="runs/dou2018_miniature")
     parser.add_argument("--results", default=str(RESULTS))
+    parser.add_argument("--order", choices=("slow_first", "rows"), default="slow_first",
+                        help="Queue order: the slowest rows first (shortest wall time), or seed by seed in --rows order "
+                             "(a run cut short still has whole seeds; see --collect).")
+    parser.add_argument("--collect", action="store_true",
+                        help="Train nothing: build the results from the finished runs already in --work_dir for "
+                             "--rows and --seeds (with --base_dir), e.g. after a queue was stopped.")
     parser.add_argument("--append", action="store_true",
                         help="Keep the runs already in the results' JSON (e.g. add seeds with --seeds 2,3 and the "
                              "same --base_dir) and add these.")
@@ -184,8 +190,20 @@ def main() -> None:
             folder = work / f"{row}-seed{seed}-{int(started)}"
             jobs.append((f"{row}/seed{seed}", train_command(folder, model_overrides(row, args), args.max_steps, args,
                                                             seed, base), folder))
-    jobs.sort(key=lambda job: job[0].startswith(("vanilla", "dense", "linear")))  # the slow rows start first
-    finished = run_queue(jobs, args.parallel, env, work)
+    if args.order == "rows":  # every row once per seed, in --rows order, before the next seed starts
+        jobs.sort(key=lambda job: (int(job[0].split("seed")[1]), rows.index(job[0].split("/")[0])))
+    else:
+        jobs.sort(key=lambda job: job[0].startswith(("vanilla", "dense", "linear")))  # the slow rows start first
+    if args.collect:
+        finished = {}
+        for name, _, _ in jobs:
+            row, seed = name.split("/")
+            done = sorted(folder for folder in work.glob(f"{row}-{seed}-*")
+                          if folder.is_dir() and (folder / "metrics.json").exists())
+            if done:
+                finished[name] = {"exit_code": 0, "folder": str(done[-1]), "minutes": None, "collected": True}
+    else:
+        finished = run_queue(jobs, args.parallel, env, work)
 
     report = {"command": " ".join([sys.executable, "-m", "training.experiments.dou2018_miniature", *sys.argv[1:]]),
               "setup": vars(args), "wall_minutes": round((time.time() - started) / 60, 1),
