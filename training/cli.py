@@ -277,7 +277,8 @@ def check_references(argv: Sequence[str]) -> None:
             if not path.exists() and looks_local:
                 raise ValueError(f"`{flag}` = {value!r} does not exist; pass a saved model folder or a Hub id "
                                  "(owner/name).")
-            if flag != "--tokenizer_name" and (path / "config.json").is_file():
+            exported = (path / "deepnmt_export.json").is_file()  # a `deepnmt export` folder has its engine's config
+            if flag != "--tokenizer_name" and (path / "config.json").is_file() and not exported:
                 check_saved_model(path, flag)
         if flag == "--output_dir" and value and Path(value).expanduser().is_file():
             raise ValueError(f"`--output_dir` = {value!r} is an existing file; pass a folder (it is created).")
