@@ -65,7 +65,9 @@ def settings(quick: bool) -> dict[str, object]:
                 decode_repeats={1: 7, 32: 3}, flat_steps=200, flat_repeats=2, flat_batch=32,
                 memory_workloads=["train", "greedy_b32", "beam4_b32"], depths=[6, 12, 24, 48],
                 scaling_tokens=2048, lengths=[16, 32, 64, 128, 256], length_tokens=2048, profile_size="d256",
-                flops_size="d512", compile_repeats=3, crt_tokens=2048, crt_repeats=3, dou2018_size="d512",
+                # dou2018 at d256: its 8 models at d512, each with AdamW state, peaked above 20 GB RSS and were
+                # OOM-killed on this 24 GB machine (2026-11-23)
+                flops_size="d512", compile_repeats=3, crt_tokens=2048, crt_repeats=3, dou2018_size="d256",
                 dou2018_repeats=3, dtmt_size="d256", dtmt_repeats=5, dtmt_decode_repeats=3, dtmt_compile=True,
                 engine_models=["6-6 d256", "6-6 d512", "24-6 d512"], engine_new_tokens=32,
                 engine_repeats={16: 3, 1: 5}, engine_memory=True, quality_samples=None, bf16_tokens=2048,

@@ -292,7 +292,7 @@ def write_markdown(report: dict, path: Path) -> None:
         dec = [run["diversity"]["decoder"] for run in runs if run.get("diversity")]
         step = [run["seconds_per_step"] for run in runs if run.get("seconds_per_step")]
         mean = lambda values: sum(values) / len(values) if values else None  # noqa: E731
-        spread = (f" ({min(bleus):.2f}–{max(bleus):.2f})" if len(bleus) > 1 else "")
+        spread = (f" ({min(bleus):.2f}–{max(bleus):.2f}, {len(bleus)} seeds)" if len(bleus) > 1 else "")
         params = runs[0].get("parameters")
         paper_bleu = PAPER_BLEU[row]
         lines.append(
