@@ -137,13 +137,17 @@ def render_model_card(
     dataset_name: str = "custom",
     dataset_id: str | None = None,
     dataset_description: str = "",
+    eval_dataset_name: str | None = None,
+    eval_dataset_id: str | None = None,
     license: str = "apache-2.0",
     repo_id: str | None = None,
     model_name: str | None = None,
     example_source: str = "Hello, world!",
     limitations: str = "",
 ) -> ModelCard:
-    """Render the card of a saved model folder (see the module docstring)."""
+    """Render the card of a saved model folder (see the module docstring). ``dataset_*`` describe the training
+    data; ``eval_dataset_name`` / ``eval_dataset_id`` the data the ``results`` were scored on (default: the same);
+    ``repo_id`` is written into the usage snippet (`training.hub.push_folder` renders the card again with it)."""
     folder = Path(folder)
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     model_type = config.get("model_type", "deep_transformer")
@@ -159,8 +163,8 @@ def render_model_card(
                 EvalResult(
                     task_type="translation",
                     task_name=f"Translation {source_lang}-{target_lang}",
-                    dataset_type=dataset_id or dataset_name,
-                    dataset_name=dataset_name,
+                    dataset_type=eval_dataset_id or eval_dataset_name or dataset_id or dataset_name,
+                    dataset_name=eval_dataset_name or dataset_name,
                     dataset_split=row.split,
                     metric_type=metric,
                     metric_name=name,
@@ -200,6 +204,7 @@ def render_model_card(
         example_source=example_source,
         num_beams=generation.get("num_beams", 4),
         results=[row.__dict__ for row in results],
+        eval_dataset=eval_dataset_name or dataset_name,
         signatures=signatures,
         architecture=architecture,
         methods=_methods(config),

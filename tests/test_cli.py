@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import train_argv
+from conftest import TINY_TRAIN_ARGS, train_argv
 from huggingface_hub import ModelCard
 
 from training.cli import main
@@ -20,6 +20,7 @@ RUN_TRANSLATION_ARGS = ("--train_file", "--validation_file", "--test_file", "--s
                         "--output_dir", "--max_source_length", "--max_target_length", "--max_train_samples",
                         "--max_eval_samples", "--max_predict_samples", "--dataset_name", "--dataset_config_name",
                         "--predict_with_generate", "--per_device_train_batch_size", "--learning_rate")
+TINY_OVERRIDES = TINY_TRAIN_ARGS[TINY_TRAIN_ARGS.index("--config_overrides") + 1]
 OUR_ARGS = ("--recipe", "--config_name", "--config_overrides", "--max_tokens", "--tokenizer_name", "--vocab_size")
 
 
@@ -82,7 +83,8 @@ def test_train_writes_a_complete_model_folder(trained):
     assert card.data.language == ["en", "es"] and card.data.pipeline_tag == "translation"
     assert {"hf_deepnmt", "deep_transformer", "translation"} <= set(card.data.tags)
     bleu = next(r for r in card.data.eval_results if r.metric_type == "bleu")
-    assert bleu.metric_value == metrics["test"]["bleu"] and bleu.dataset_split == "test"
+    assert bleu.metric_value == metrics["test"]["bleu"] and bleu.dataset_split == "test[:10]"  # --max_predict_samples 10
+    assert bleu.dataset_name == "test.jsonl"  # the file scored, not the training data
     assert bleu.metric_config == metrics["test"]["signatures"]["bleu"]
     assert "@inproceedings{vaswani2017attention" in card.text
     assert "training" in card.text.lower() and "optimizer steps" in card.text
@@ -136,6 +138,56 @@ def test_translate_from_file_and_stdin(trained, tmp_path, monkeypatch, capsys):
     assert capsys.readouterr().out.split("\n")[:2] == [lines[0], lines[2]]
 
 
+def test_translate_reads_at_most_one_window_ahead_and_keeps_the_order(trained):
+    """Bounded memory on inputs of any length: a window of lines is read, sorted and translated before the next is
+    read; the output is in input order and equals translating everything at once."""
+    from training.run import translate_sentences, translate_windows
+
+    model, tokenizer = trained.trainer.model.eval(), trained.tokenizer
+    sentences = [("And God said " * (i % 4 + 1)).strip() if i % 5 else "" for i in range(11)]
+    read = []
+
+    def lines():
+        for sentence in sentences:
+            read.append(sentence)
+            yield sentence + "\n"
+
+    options = dict(num_beams=2, max_new_tokens=6)
+    got = []
+    for translation in translate_windows(model, tokenizer, lines(), window=4, batch_size=3, **options):
+        got.append(translation)
+        assert len(read) <= (len(got) - 1) // 4 * 4 + 4  # never more than the current window read
+    assert got == translate_sentences(model, tokenizer, sentences, batch_size=32, progress=False, **options)
+    assert got[0] == "" and got[5] == "" and got[1] != ""
+
+
+def test_translate_resumes_an_interrupted_output(trained, tmp_path, capsys, monkeypatch):
+    import training.run
+
+    source, full, partial = tmp_path / "in.txt", tmp_path / "full.txt", tmp_path / "partial.txt"
+    source.write_text("".join(f"{'In the beginning ' * (i % 3 + 1)}{i}.\n" for i in range(9)), encoding="utf-8")
+    argv = ["translate", "--model", str(trained.output_dir), "--input", str(source), "--num_beams", "2",
+            "--max_new_tokens", "6", "--window", "4", "--batch_size", "2"]
+    assert main([*argv, "--output", str(full)]) == 0
+    expected = full.read_text(encoding="utf-8").splitlines(keepends=True)
+    assert len(expected) == 9
+    partial.write_text("".join(expected[:3]) + "torn last li", encoding="utf-8")  # killed while writing line 4
+    translated = []
+    original = training.run.translate_sentences
+    monkeypatch.setattr(training.run, "translate_sentences",
+                        lambda model, tok, sentences, **kw: translated.extend(sentences) or original(model, tok,
+                                                                                                   sentences, **kw))
+    capsys.readouterr()
+    assert main([*argv, "--output", str(partial), "--resume"]) == 0
+    assert partial.read_text(encoding="utf-8") == "".join(expected)
+    assert len(translated) == 6  # only the lines after the 3 complete ones
+    assert "resuming: 3 lines" in capsys.readouterr().err
+    assert main([*argv, "--resume"]) == 2
+    assert "--resume needs --output FILE" in capsys.readouterr().err
+    assert main([*argv, "--window", "0", "--output", str(partial)]) == 2
+    assert "--window 0 is not allowed" in capsys.readouterr().err
+
+
 class RecordingHub:
     """Stands in for huggingface_hub.HfApi: records what would be sent, sends nothing."""
 
@@ -163,7 +215,25 @@ def test_push_uploads_exactly_the_model_files(trained):
         "modeling_deep_transformer.py", "pipeline_translation.py", "test_translations.txt", "tokenizer.json",
         "tokenizer_config.json", "train_results.json", "training_args.bin", "validation.png",
     ])
-    assert all(Path(op.path_or_fileobj).parent == trained.output_dir for op in commit["operations"])
+    card = next(op.path_or_fileobj for op in commit["operations"] if op.path_in_repo == "README.md")
+    assert isinstance(card, bytes) and b'model="someone/tiny-en-es"' in card  # rendered for the repository
+    assert b"path/to/this/folder" in (trained.output_dir / "README.md").read_bytes()  # the local card is unchanged
+    assert all(Path(op.path_or_fileobj).parent == trained.output_dir for op in commit["operations"]
+               if op.path_in_repo != "README.md")
+
+
+def test_push_leaves_out_subfolders_unless_asked(trained, tmp_path, capsys):
+    import shutil
+
+    folder = tmp_path / "run"
+    shutil.copytree(trained.output_dir, folder)
+    (folder / "averaged-last2").mkdir()
+    (folder / "averaged-last2" / "model.safetensors").write_bytes(b"x")
+    assert "averaged-last2/model.safetensors" not in files_to_upload(folder)
+    assert "averaged-last2/model.safetensors" in files_to_upload(folder, include_subfolders=True)
+    assert main(["push", str(folder), "--repo_id", "me/x", "--dry_run"]) == 0
+    captured = capsys.readouterr()
+    assert "averaged-last2" not in captured.out and "not uploading the subfolder(s) averaged-last2/" in captured.err
 
 
 def test_push_refuses_an_incomplete_folder(tmp_path):
@@ -348,3 +418,126 @@ def test_ctrl_c_during_training_prints_how_to_resume(monkeypatch, capsys):
     assert main(["train", "--recipe", "quickstart"]) == 130
     error = capsys.readouterr().err.strip().splitlines()
     assert len(error) == 1 and "interrupted" in error[0] and "--resume_from_checkpoint last" in error[0]
+
+
+# ------------------------------------------------------------------------------------------------ one vocabulary
+def test_every_command_takes_model_name_or_path_its_alias_and_hyphen_spellings(tiny_folder, tmp_path, capsys):
+    """The same model option everywhere (`--model_name_or_path`, alias `--model`), hyphens = underscores."""
+    source = tmp_path / "in.txt"
+    source.write_text("In the beginning.\nAnd the earth.\n", encoding="utf-8")
+    outputs = []
+    for spelling in (["--model_name_or_path", str(tiny_folder)], ["--model", str(tiny_folder)],
+                     ["--model-name-or-path", str(tiny_folder)], [f"--model={tiny_folder}"]):
+        out = tmp_path / f"out{len(outputs)}.txt"
+        assert main(["translate", *spelling, "--input", str(source), "--output", str(out), "--num-beams", "2",
+                     "--batch-size", "2", "--max-new-tokens", "4"]) == 0, capsys.readouterr().err
+        outputs.append(out.read_text(encoding="utf-8"))
+    assert len(set(outputs)) == 1 and len(outputs[0].splitlines()) == 2
+    assert main(["push", "--model_name_or_path", str(tiny_folder), "--repo_id", "me/x", "--dry-run"]) == 2
+    assert "cannot be pushed" in capsys.readouterr().err  # parsed: the folder was checked (it has no card)
+    with pytest.raises(SystemExit):
+        main(["export", "--help"])
+    assert "--model_name_or_path" in capsys.readouterr().out
+    for command in ("evaluate", "diagnose", "translate"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        assert "--model_name_or_path MODEL, --model MODEL" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["evaluate", "--model", "m", "--test_file", "t", "--num_beam", "3"],
+     "unknown option `--num_beam`; did you mean --num_beams? (see `deepnmt evaluate --help`)"),
+    (["translate", "--model", "m", "--bach_size", "3"], "unknown option `--bach_size`; did you mean --batch_size?"),
+    (["train", "--recipe", "quickstart", "--max_step", "3"], "unknown option `--max_step`; did you mean --max_steps"),
+    (["train", "--recipe", "quickstart", "--nm_beams", "2"], "did you mean --num_beams or --eval_num_beams?"),
+    (["quickstart", "--max-step", "3"], "unknown option `--max_step`"),
+    (["evaluate", "--test_file", "t"], "the following arguments are required: --model_name_or_path/--model"),
+    (["train", "--recipe", "quickstart", "--max_steps", "abc"], "--max_steps/--max-steps: invalid int value: 'abc'"),
+    (["export", "only-one-path", "--format", "onnx"], "give one model (MODEL or --model_name_or_path) and one output"),
+    (["push", "a", "--model", "b", "--repo_id", "me/x"], "give the model folder once"),
+    (["evaluate", "--mod", "m", "--test_file", "t"], "unknown option `--mod`"),  # no abbreviations
+])
+def test_a_misspelt_or_missing_option_gets_one_sentence_with_the_close_matches(argv, words, capsys):
+    assert main(argv) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and words in error[0], error
+
+
+def test_train_aliases_and_a_default_output_dir_printed_at_start(small_corpus, tmp_path, monkeypatch, capsys):
+    """`--num_beams`/`--src_lang` name train's options; without --output_dir a new runs/<name>-<time> is used and
+    printed; several processes must name one."""
+    from training.run import parse_train_args
+
+    monkeypatch.chdir(tmp_path)
+    argv = train_argv(small_corpus, tmp_path / "unused")
+    argv = argv[:argv.index("--output_dir")] + argv[argv.index("--output_dir") + 2:]
+    model_args, data_args, training_args, _ = parse_train_args(
+        [*argv, "--num-beams", "3", "--src_lang", "fr", "--tgt-lang", "de"])
+    assert (model_args.eval_num_beams, data_args.source_lang, data_args.target_lang) == (3, "fr", "de")
+    assert training_args.output_dir.startswith("runs/deep_transformer-")
+    assert f"writing the run to {training_args.output_dir}" in capsys.readouterr().err
+    assert parse_train_args(["--recipe=quickstart"])[2].output_dir.startswith("runs/quickstart-")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match="--output_dir is required when several processes"):
+        parse_train_args(argv)
+
+
+def test_train_ends_with_a_summary_of_where_and_how(trained, capsys):
+    from training.run import print_train_summary
+
+    print_train_summary(trained, 60.0)
+    out = capsys.readouterr().out
+    folder = trained.output_dir
+    assert f"-> {folder}" in out and f"BLEU {trained.test_scores.bleu}" in out
+    assert f"deepnmt translate --model_name_or_path {folder} --input FILE --num_beams 2" in out
+    assert f"deepnmt evaluate --model_name_or_path {folder} --test_file FILE" in out
+
+
+def test_the_card_of_a_crt_run_is_true(small_corpus, tmp_path):
+    """The card of a CAD + CRT run (li2022): the training section lists the objective the methods section describes,
+    the optimizer and schedule by their plain names, the model-index names the file and split that were scored, the
+    pushed card names its repository, and the install instructions are ones that work."""
+    from training.hub import card_for_repo
+    from training.run import train
+
+    overrides = TINY_OVERRIDES + ",cross_attention_drop_depth=1,cross_attention_drop_ratio=0.5,ddr_weight=1.0,ald_weight=0.5"
+    argv = train_argv(small_corpus, tmp_path / "crt", "--max_steps", "2", "--max_predict_samples", "6",
+                      "--eval_num_beams", "1", "--optimizer", "radam", "--lr_scheduler_type", "inverse_sqrt",
+                      "--warmup_steps", "1")
+    argv[argv.index(TINY_OVERRIDES)] = overrides
+    outcome = train(argv)
+    text = (outcome.output_dir / "README.md").read_text(encoding="utf-8")
+    card = ModelCard(text)
+    methods = text.split("## Training")[0]
+    training = text.split("## Training")[1].split("## Limitations")[0]
+    assert "DDR loss (li2022" in methods and "ALD loss (li2022" in methods
+    assert "- objective: label-smoothed NLL (ε 0.1) + 1.0 × DDR (li2022) + 0.5 × ALD (li2022)" in training
+    assert "- optimizer: RAdam (β1 0.9, β2 0.999, ε 1e-08), peak learning rate 0.003, gradient clipping 1.0" in training
+    assert "- learning-rate schedule: linear warm-up over 1 steps, then inverse square root" in training
+    assert "adamw" not in training.lower()
+    result = card.data.eval_results[0]
+    assert (result.dataset_name, result.dataset_split) == ("test.jsonl", "test[:6]")
+    assert "Scored on test.jsonl:" in text and "| test[:6] | 6 |" in text
+    assert "pip install hf_deepnmt" not in text and "pip install -e ." in text
+    assert 'pipeline("translation", model="path/to/this/folder", trust_remote_code=True)' in text
+    pushed = card_for_repo(outcome.output_dir, "someone/crt-en-es").decode()
+    assert 'model="someone/crt-en-es"' in pushed and 'from_pretrained("someone/crt-en-es")' in pushed
+    assert "path/to/this/folder" not in pushed
+
+
+def test_resuming_from_a_damaged_checkpoint_names_it_and_offers_the_newest_complete_one(small_corpus, tmp_path,
+                                                                                         capsys):
+    from training.run import train
+
+    run = tmp_path / "run"
+    argv = train_argv(small_corpus, run, "--max_steps", "4", "--save_strategy", "steps", "--save_steps", "2")
+    argv = [a for a in argv if a != "--test_file" and not a.endswith("test.jsonl")]
+    train(argv)
+    weights = run / "checkpoint-4" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])  # damaged after the (atomic) save, e.g. by a full disk copy
+    capsys.readouterr()
+    assert main(["train", *argv, "--resume_from_checkpoint", "last"]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1, error
+    assert f"{run / 'checkpoint-4'} cannot be resumed from ({weights} is truncated or corrupted)" in error[0]
+    assert f"resume with --resume_from_checkpoint {run / 'checkpoint-2'}" in error[0]

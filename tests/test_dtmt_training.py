@@ -52,7 +52,8 @@ def test_deepnmt_train_model_type_dtmt_with_the_papers_schedule(small_corpus, tm
     assert isinstance(model, DTMTForConditionalGeneration)
     assert model.generation_config.num_beams == 2 and model.generation_config.length_penalty == 0.6
     card = (folder / "README.md").read_text()
-    assert "DTMT" in card and "meng2019dtmt" in card and "rnnplus_warmup_decay" in card
+    assert "DTMT" in card and "meng2019dtmt" in card
+    assert "learning-rate schedule: meng2019 eq. (17): linear warm-up" in card  # the schedule by its plain name
 
 
 @pytest.mark.parametrize("override", ["ddr_weight=1.0", "cross_attention_drop_depth=1", "residual_scaling=admin",

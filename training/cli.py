@@ -14,8 +14,8 @@
 
 from __future__ import annotations
 
-import argparse
 import contextlib
+import itertools
 import json
 import os
 import sys
@@ -23,10 +23,17 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from .arguments import (
+    OPTION_ALIASES,
+    TRAIN_ALIASES,
+    CommandParser,
+    add_model_option,
+    canonical_options,
+    underscored,
+)
 from .trainer import NonFiniteLossError
 
 COMMANDS = ("quickstart", "train", "evaluate", "diagnose", "translate", "export", "push", "average-checkpoints")
-
 
 def _top_level_help() -> str:
     return __doc__.split("\n\n", 1)[1]
@@ -39,9 +46,9 @@ def _evaluate(argv: Sequence[str]) -> int:
     from .recipes import resolve_path
     from .run import corpus_source_reliance, evaluate_model
 
-    parser = argparse.ArgumentParser(prog="deepnmt evaluate", description="Score a saved model on a test file "
-                                     "(BLEU, chrF, TER with sacreBLEU signatures) using beam search.")
-    parser.add_argument("--model", required=True, help="Saved model folder (or Hub id).")
+    parser = CommandParser(prog="deepnmt evaluate", description="Score a saved model on a test file "
+                           "(BLEU, chrF, TER with sacreBLEU signatures) using beam search.")
+    add_model_option(parser, "Saved model folder (or Hub id).")
     parser.add_argument("--test_file", required=True, help="Test data: .jsonl/.json/.tsv, a PREFIX of "
                         "PREFIX.<lang> files, or corpus:web-sparv/test.jsonl.gz (the embedded corpus).")
     parser.add_argument("--source_lang", default="en", help="Source language code (default: en).")
@@ -88,10 +95,10 @@ def _diagnose(argv: Sequence[str]) -> int:
     from .diagnose import diagnose
     from .recipes import resolve_path
 
-    parser = argparse.ArgumentParser(prog="deepnmt diagnose", description="Tell a collapsed or stalled model from a "
-                                     "healthy one: source reliance (li2022's collapse monitor), and per decoder layer "
-                                     "the cross-attention share ‖CrossAttn(h)‖/‖h‖ and its attention entropy.")
-    parser.add_argument("--model", required=True, help="Saved model folder (or Hub id).")
+    parser = CommandParser(prog="deepnmt diagnose", description="Tell a collapsed or stalled model from a "
+                           "healthy one: source reliance (li2022's collapse monitor), and per decoder layer "
+                           "the cross-attention share ‖CrossAttn(h)‖/‖h‖ and its attention entropy.")
+    add_model_option(parser, "Saved model folder (or Hub id).")
     parser.add_argument("--test_file", default="corpus:web-sparv/test.jsonl.gz", help="Sentence pairs to measure on "
                         "(default: the embedded corpus' test books; any format `deepnmt evaluate` reads).")
     parser.add_argument("--source_lang", default="en", help="Source language code (default: en).")
@@ -121,12 +128,14 @@ def _translate(argv: Sequence[str]) -> int:
     import hf_deepnmt  # noqa: F401
     from hf_deepnmt.export import ENGINES, load_engine
 
-    from .run import translate_sentences, translate_stream
+    from tqdm.auto import tqdm
 
-    parser = argparse.ArgumentParser(prog="deepnmt translate", description="Translate one sentence per line "
-                                     "from a file or stdin to stdout (batched, beam search).")
-    parser.add_argument("--model", required=True, help="Saved model folder (or Hub id); with --engine ctranslate2 "
-                        "or onnx, a folder written by `deepnmt export --format ENGINE`.")
+    from .run import completed_lines, translate_windows
+
+    parser = CommandParser(prog="deepnmt translate", description="Translate one sentence per line "
+                           "from a file or stdin to stdout (batched, beam search).")
+    add_model_option(parser, "Saved model folder (or Hub id); with --engine ctranslate2 or onnx, a folder written "
+                     "by `deepnmt export --format ENGINE`.")
     parser.add_argument("--engine", choices=ENGINES, default="torch", help="What runs the model: torch "
                         "(`generate`, default), ctranslate2 or onnx (ONNX Runtime); same batching, same output.")
     parser.add_argument("--input", default="-", help="Input file, one sentence per line (default: stdin).")
@@ -135,36 +144,53 @@ def _translate(argv: Sequence[str]) -> int:
     parser.add_argument("--batch_size", type=int, default=32, help="Sentences per batch (default: 32).")
     parser.add_argument("--max_new_tokens", type=int, default=None,
                         help="Longest translation in tokens (default: 1.5 × source length + 10).")
-    parser.add_argument("--stream", action="store_true", help="Read --batch_size lines at a time and write each "
-                        "batch's translations as soon as they are done (pipes, interactive use); default: read "
-                        "everything first and sort all sentences by length into batches.")
+    parser.add_argument("--stream", action="store_true", help="Translate --batch_size lines at a time and write "
+                        "each batch's translations at once (pipes, interactive use); same as --window BATCH_SIZE.")
+    parser.add_argument("--window", type=int, default=10_000, help="Lines read, sorted by length into batches and "
+                        "translated at a time (default: 10000): memory stays bounded however long the input; the "
+                        "output keeps the input's order.")
+    parser.add_argument("--resume", action="store_true", help="Continue an interrupted run: keep the complete lines "
+                        "already in --output and translate the input from the next line on (needs --output FILE).")
     parser.add_argument("--bf16", action="store_true", help="torch engine: run under bfloat16 autocast (CPU or "
                         "GPU); see benchmarks/RESULTS.md for its speed and BLEU on this project's CPU.")
     parser.add_argument("--threads", type=int, default=None, help="Intra-op threads of the engine (default: "
                         "torch's default thread count).")
     args = parser.parse_args(argv)
-    if args.num_beams < 1 or args.batch_size < 1 or (args.threads is not None and args.threads < 1):
-        parser.error("--num_beams, --batch_size and --threads must be ≥ 1.")
+    for name in ("num_beams", "batch_size", "window", "threads", "max_new_tokens"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name} {value} is not allowed; use 1 or more")
     if args.input != "-" and not Path(args.input).is_file():
-        parser.error(f"--input {args.input} does not exist.")
+        parser.error(f"--input {args.input} does not exist")
+    if args.resume and args.output == "-":
+        parser.error("--resume needs --output FILE (the lines already translated are read from it)")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     engine = load_engine(args.model, args.engine, intra_threads=args.threads or torch.get_num_threads(),
                          bf16=args.bf16)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
-    options = dict(num_beams=args.num_beams, max_new_tokens=args.max_new_tokens)
+    window = args.batch_size if args.stream else args.window
+    done = completed_lines(args.output) if args.resume else 0
+    total = None
+    if args.input != "-":
+        with open(args.input, "rb") as handle:
+            total = sum(1 for _ in handle)  # for the progress bar; a cheap pass over the bytes
     with contextlib.ExitStack() as files:
-        output = sys.stdout if args.output == "-" else files.enter_context(open(args.output, "w", encoding="utf-8"))
-        if args.stream:
-            source = sys.stdin if args.input == "-" else files.enter_context(open(args.input, encoding="utf-8"))
-            for translation in translate_stream(engine, tokenizer, source, batch_size=args.batch_size, **options):
-                output.write(translation + "\n")
+        output = sys.stdout if args.output == "-" else files.enter_context(
+            open(args.output, "a" if args.resume else "w", encoding="utf-8"))
+        source = sys.stdin if args.input == "-" else files.enter_context(open(args.input, encoding="utf-8"))
+        lines = itertools.islice(source, done, None)
+        if done:
+            print(f"[deepnmt] resuming: {done} lines of {args.output} are complete; translating from line {done + 1}",
+                  file=sys.stderr)
+        bar = files.enter_context(tqdm(total=total, initial=done, unit="line", desc="translating", file=sys.stderr,
+                                       disable=args.input == "-" or args.stream))
+        for translation in translate_windows(engine, tokenizer, lines, window=window, batch_size=args.batch_size,
+                                             progress=bar, num_beams=args.num_beams,
+                                             max_new_tokens=args.max_new_tokens):
+            output.write(translation + "\n")
+            if args.stream:
                 output.flush()
-        else:
-            text = sys.stdin.read() if args.input == "-" else Path(args.input).read_text(encoding="utf-8")
-            translations = translate_sentences(engine, tokenizer, text.splitlines(), batch_size=args.batch_size,
-                                               progress=args.input != "-", **options)
-            output.write("\n".join(translations) + ("\n" if translations else ""))
     return 0
 
 
@@ -175,19 +201,27 @@ def _export(argv: Sequence[str]) -> int:
     from hf_deepnmt.export import EXPORT_FORMATS, QUANTIZATIONS, export_model
 
     quantizations = sorted({name for names in QUANTIZATIONS.values() for name in names})
-    parser = argparse.ArgumentParser(prog="deepnmt export", description="Export a saved model for fast inference: "
-                                     "ctranslate2 (CTranslate2 model + vocabulary), onnx (encoder.onnx + "
-                                     "decoder.onnx with the key/value cache, for ONNX Runtime) or marian (a stock "
-                                     "transformers MarianMTModel). ADMIN models are folded first; the tokenizer is "
-                                     "copied beside the export. Run the result with `deepnmt translate --engine`.")
-    parser.add_argument("model", help="Saved model folder (or Hub id).")
-    parser.add_argument("output", help="Folder to write (must not exist or be empty, unless --force).")
+    parser = CommandParser(prog="deepnmt export", description="Export a saved model for fast inference: "
+                           "ctranslate2 (CTranslate2 model + vocabulary), onnx (encoder.onnx + "
+                           "decoder.onnx with the key/value cache, for ONNX Runtime) or marian (a stock "
+                           "transformers MarianMTModel). ADMIN models are folded first; the tokenizer is "
+                           "copied beside the export. Run the result with `deepnmt translate --engine`. "
+                           "MODEL and OUTPUT may also be given as --model_name_or_path and --output_dir.")
+    parser.add_argument("positional", nargs="*", metavar="MODEL OUTPUT", help="Saved model folder (or Hub id), then "
+                        "the folder to write (must not exist or be empty, unless --force).")
+    add_model_option(parser, "Saved model folder (or Hub id), instead of the first positional.", required=False)
+    parser.add_argument("--output_dir", default=None, help="Folder to write, instead of the second positional.")
     parser.add_argument("--format", required=True, choices=EXPORT_FORMATS, help="Export format.")
     parser.add_argument("--quantization", choices=quantizations, default=None, help="Weight type: ctranslate2 "
                         f"{'/'.join(QUANTIZATIONS['ctranslate2'])}, onnx {'/'.join(QUANTIZATIONS['onnx'])}, marian "
                         f"{'/'.join(QUANTIZATIONS['marian'])} (default: float32).")
     parser.add_argument("--force", action="store_true", help="Replace the output folder if it holds files.")
     args = parser.parse_args(argv)
+    given = list(args.positional)
+    args.model = args.model or (given.pop(0) if given else None)
+    args.output = args.output_dir or (given.pop(0) if given else None)
+    if given or not args.model or not args.output:
+        parser.error("give one model (MODEL or --model_name_or_path) and one output folder (OUTPUT or --output_dir)")
     output = Path(args.output)
     if output.exists() and any(output.iterdir()) and not args.force:
         raise ValueError(f"the output folder {output} is not empty; choose a new one or pass --force.")
@@ -202,21 +236,33 @@ def _export(argv: Sequence[str]) -> int:
 def _push(argv: Sequence[str]) -> int:
     from .hub import files_to_upload, push_folder
 
-    parser = argparse.ArgumentParser(prog="deepnmt push", description="Upload a trained model folder (weights, "
-                                     "config, generation config, tokenizer, remote code, translation pipeline, model "
-                                     "card, metrics and plots; never checkpoints) to the Hugging Face Hub.")
-    parser.add_argument("folder", help="The model folder written by `deepnmt train` / `deepnmt quickstart`.")
+    parser = CommandParser(prog="deepnmt push", description="Upload a trained model folder (weights, "
+                           "config, generation config, tokenizer, remote code, translation pipeline, model "
+                           "card, metrics and plots; never checkpoints) to the Hugging Face Hub.")
+    parser.add_argument("folder", nargs="?", help="The model folder written by `deepnmt train` / `deepnmt "
+                        "quickstart` (or --model_name_or_path).")
+    add_model_option(parser, "The model folder, instead of the positional FOLDER.", required=False)
     parser.add_argument("--repo_id", required=True, help="USER/NAME on the Hub.")
     parser.add_argument("--private", action="store_true", help="Create the repository as private.")
     parser.add_argument("--token", default=None, help="Hub token (default: the logged-in one).")
     parser.add_argument("--commit_message", default="Upload hf_deepnmt model", help="Commit message.")
     parser.add_argument("--dry_run", action="store_true", help="Only list the files that would be uploaded.")
+    parser.add_argument("--include_subfolders", action="store_true", help="Also upload the folder's subfolders "
+                        "(e.g. averaged-lastN/ of `deepnmt average-checkpoints`); default: the model's own files only.")
     args = parser.parse_args(argv)
+    if bool(args.folder) == bool(args.model):
+        parser.error("give the model folder once, as FOLDER or --model_name_or_path")
+    args.folder = args.folder or args.model
+    skipped = sorted({p.name for p in Path(args.folder).iterdir() if p.is_dir() and not p.name.startswith(
+        ("checkpoint-", ".", "_", "runs"))}) if Path(args.folder).is_dir() and not args.include_subfolders else []
+    if skipped:
+        print(f"[deepnmt] not uploading the subfolder(s) {', '.join(s + '/' for s in skipped)} (other models; "
+              "--include_subfolders uploads them)", file=sys.stderr)
     if args.dry_run:
-        print("\n".join(files_to_upload(args.folder)))
+        print("\n".join(files_to_upload(args.folder, args.include_subfolders)))
         return 0
     files = push_folder(args.folder, args.repo_id, private=args.private, token=args.token,
-                        commit_message=args.commit_message)
+                        commit_message=args.commit_message, include_subfolders=args.include_subfolders)
     print(f"uploaded {len(files)} files to https://huggingface.co/{args.repo_id}")
     return 0
 
@@ -224,9 +270,9 @@ def _push(argv: Sequence[str]) -> int:
 def _average(argv: Sequence[str]) -> int:
     from .run import average_checkpoints
 
-    parser = argparse.ArgumentParser(prog="deepnmt average-checkpoints", description="Average the weights of the "
-                                     "last N complete checkpoint-* folders of a run into a complete model folder "
-                                     "(liu2020 and fairseq evaluate the average of the last 10).")
+    parser = CommandParser(prog="deepnmt average-checkpoints", description="Average the weights of the "
+                           "last N complete checkpoint-* folders of a run into a complete model folder "
+                           "(liu2020 and fairseq evaluate the average of the last 10).")
     parser.add_argument("run_dir", help="The --output_dir of a `deepnmt train` run.")
     parser.add_argument("--last", type=int, default=10, help="How many of the newest checkpoints (default: 10).")
     parser.add_argument("--output", default=None, help="Where to write the averaged model (default: "
@@ -239,7 +285,7 @@ def _average(argv: Sequence[str]) -> int:
 def _quickstart(argv: Sequence[str]) -> int:
     from .quickstart import run_quickstart
 
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="deepnmt quickstart",
         description="The main job: train a small deep Transformer on the embedded WEB ↔ RV1909 (en→es) corpus on "
         "this machine's CPU, evaluate BLEU/chrF/TER on the test books with beam search, translate a few sentences, "
@@ -331,11 +377,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     started = time.time()
     try:
-        check_references(rest)
+        rest = underscored(rest)
+        check_references(rest)  # names the option as the user spelt it (`--model` or `--model_name_or_path`)
+        rest = canonical_options(rest, TRAIN_ALIASES if command in ("train", "quickstart") else OPTION_ALIASES)
         if command == "train":
-            from .run import train
+            from .run import print_train_summary, train
 
-            train(rest)
+            print_train_summary(train(rest), time.time() - started)
             code = 0
         else:
             code = {"evaluate": _evaluate, "diagnose": _diagnose, "translate": _translate, "export": _export,
@@ -345,14 +393,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"deepnmt {command}: {error}", file=sys.stderr)
         return 2
+    except OSError as error:  # a model or file that cannot be read (e.g. a Hub id while offline)
+        if os.environ.get("DEEPNMT_DEBUG"):
+            raise
+        text = str(error.args[0] if error.args else error).strip().strip('"').strip()
+        print(f"deepnmt {command}: {text.splitlines()[0] if text else repr(error)}", file=sys.stderr)
+        return 2
     except NonFiniteLossError as error:
         print(f"deepnmt {command}: {error}", file=sys.stderr)
         return 3
     except KeyboardInterrupt:
         if os.environ.get("DEEPNMT_DEBUG"):
             raise
-        hint = (" Continue it with the same command plus `--resume_from_checkpoint last` (it restarts from the newest "
-                "complete checkpoint-N in --output_dir)." if command in ("train", "quickstart") else "")
+        hint = {"train": " Continue it with the same command plus `--resume_from_checkpoint last` (it restarts from "
+                         "the newest complete checkpoint-N in --output_dir).",
+                "translate": " With --output FILE, continue it with the same command plus `--resume` (the complete "
+                             "lines are kept)."}.get("train" if command == "quickstart" else command, "")
         print(f"deepnmt {command}: interrupted.{hint}", file=sys.stderr)
         return 130
     if command in ("train", "quickstart"):

@@ -15,8 +15,10 @@ EXCLUDED_PREFIXES = ("checkpoint-", ".", "_", "runs")
 EXCLUDED_NAMES = ("optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json")
 
 
-def files_to_upload(folder: str | Path) -> list[str]:
-    """Relative paths (sorted) of the files `push_folder` uploads; raise if a required file is missing."""
+def files_to_upload(folder: str | Path, include_subfolders: bool = False) -> list[str]:
+    """Relative paths (sorted) of the files `push_folder` uploads; raise if a required file is missing. A model
+    folder is flat: its subfolders (``averaged-lastN/`` of `deepnmt average-checkpoints`, an export, …) are other
+    models and go up only with ``include_subfolders`` (checkpoints never)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder} is not a model folder.")
@@ -30,10 +32,28 @@ def files_to_upload(folder: str | Path) -> list[str]:
         relative = path.relative_to(folder)
         if not path.is_file() or any(part.startswith(EXCLUDED_PREFIXES) for part in relative.parts):
             continue
-        if relative.name in EXCLUDED_NAMES:
+        if relative.name in EXCLUDED_NAMES or (len(relative.parts) > 1 and not include_subfolders):
             continue
         files.append(relative.as_posix())
     return files
+
+
+def card_for_repo(folder: str | Path, repo_id: str) -> bytes:
+    """The model card as uploaded to ``repo_id``: rendered again from ``deepnmt_card.json`` with the repository id
+    in its usage snippet (the folder's own ``README.md`` names the folder); a folder without that file (a card the
+    user wrote) is uploaded unchanged."""
+    import json
+
+    from model_cards import EvalRow, render_model_card
+
+    folder = Path(folder)
+    stored = folder / "deepnmt_card.json"
+    if not stored.exists():
+        return (folder / "README.md").read_bytes()
+    kwargs = json.loads(stored.read_text(encoding="utf-8"))
+    kwargs["results"] = [EvalRow(**row) for row in kwargs.get("results", [])]
+    kwargs["repo_id"] = repo_id
+    return str(render_model_card(folder, **kwargs)).encode("utf-8")
 
 
 def push_folder(
@@ -43,14 +63,18 @@ def push_folder(
     private: bool = False,
     token: str | None = None,
     commit_message: str = "Upload hf_deepnmt model",
+    include_subfolders: bool = False,
 ) -> list[str]:
-    """Create ``repo_id`` (if needed) and upload `files_to_upload(folder)` in one commit; return the file list."""
+    """Create ``repo_id`` (if needed) and upload `files_to_upload(folder)` in one commit, the model card rendered
+    for ``repo_id`` (`card_for_repo`); return the file list."""
     from huggingface_hub import CommitOperationAdd, HfApi
 
     folder = Path(folder)
-    files = files_to_upload(folder)
+    files = files_to_upload(folder, include_subfolders)
     api = api if api is not None else HfApi(token=token)
     api.create_repo(repo_id=repo_id, private=private, exist_ok=True, repo_type="model")
-    operations = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(folder / name)) for name in files]
+    operations = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(folder / name)) for name in files
+                  if name != "README.md"]
+    operations.append(CommitOperationAdd(path_in_repo="README.md", path_or_fileobj=card_for_repo(folder, repo_id)))
     api.create_commit(repo_id=repo_id, operations=operations, commit_message=commit_message, repo_type="model")
     return files

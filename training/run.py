@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from transformers import (
@@ -30,6 +30,7 @@ from transformers import (
 import hf_deepnmt  # noqa: F401  (registers the model types)
 from model_cards import EvalRow, write_model_card
 
+from .arguments import TRAIN_ALIASES, CommandLineError, canonical_options, unknown_arguments_message
 from .data import DataArguments, DataError, load_splits, read_parallel_file, tokenize_corpus
 from .hub import push_folder
 from .metrics import TranslationMetrics, TranslationScores, score_translations
@@ -37,7 +38,7 @@ from .plots import plot_history
 from .recipes import load_model_config_dict, load_recipe, parse_overrides, recipe_to_argv, resolve_path
 from .schedules import SCHEDULES, rnnplus_scheduler_factory
 from .tokenizer import train_and_save
-from .trainer import DeepNMTTrainer, last_checkpoint
+from .trainer import DeepNMTTrainer, checkpoint_problem, checkpoints_newest_first, last_checkpoint
 
 EMBEDDED_DATASET = {
     "dataset_name": "World English Bible ↔ Reina-Valera 1909 (hf_deepnmt embedded corpus)",
@@ -95,9 +96,18 @@ NMT_DEFAULTS: dict[str, Any] = {
 }
 
 
+class _TrainParser(HfArgumentParser):
+    """transformers' parser; a bad value or a missing argument raises `CommandLineError` (one sentence) instead of
+    printing the usage."""
+
+    def error(self, message: str) -> NoReturn:  # type: ignore[override]
+        raise CommandLineError(f"{message} (see `deepnmt train --help`)")
+
+
 def train_argument_parser() -> HfArgumentParser:
     """The parser of `deepnmt train`, with `NMT_DEFAULTS` in place of transformers' defaults."""
-    parser = HfArgumentParser((ModelArguments, DataArguments, Seq2SeqTrainingArguments), prog="deepnmt train")
+    parser = _TrainParser((ModelArguments, DataArguments, Seq2SeqTrainingArguments), prog="deepnmt train",
+                         allow_abbrev=False)
     parser.set_defaults(**NMT_DEFAULTS)
     for action in parser._actions:
         if action.dest == "label_smoothing_factor":
@@ -109,15 +119,28 @@ def train_argument_parser() -> HfArgumentParser:
 
 def parse_train_args(argv: Sequence[str]) -> tuple[ModelArguments, DataArguments, Seq2SeqTrainingArguments, dict]:
     """Parse `deepnmt train` arguments: recipe values first, the command line on top."""
-    argv = list(argv)
+    argv = canonical_options(argv, TRAIN_ALIASES)
     recipe = {"model": {}, "data": {}, "training": {}}
-    if "--recipe" in argv:
-        index = argv.index("--recipe")
-        if index + 1 >= len(argv):
-            raise ValueError("--recipe needs a value (a YAML path or a shipped recipe name).")
-        recipe = load_recipe(argv[index + 1])
+    for index, token in enumerate(argv):
+        if token == "--recipe" or token.startswith("--recipe="):
+            name = token.partition("=")[2] if "=" in token else (argv[index + 1] if index + 1 < len(argv) else "")
+            if not name:
+                raise ValueError("--recipe needs a value (a YAML path or a shipped recipe name).")
+            recipe = load_recipe(name)
+    named_output_dir = any(token == "--output_dir" or token.startswith("--output_dir=")
+                           for token in recipe_to_argv(recipe) + argv)
+    if not named_output_dir and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1 and "--help" not in argv:
+        raise ValueError("--output_dir is required when several processes train one model (every rank must write "
+                         "the same folder).")
     parser = train_argument_parser()
-    model_args, data_args, training_args = parser.parse_args_into_dataclasses(recipe_to_argv(recipe) + argv)
+    model_args, data_args, training_args, unknown = parser.parse_args_into_dataclasses(
+        recipe_to_argv(recipe) + argv, return_remaining_strings=True)
+    if unknown:
+        raise CommandLineError(unknown_arguments_message(unknown, list(parser._option_string_actions))
+                               + " (see `deepnmt train --help`)")
+    if not named_output_dir:
+        training_args.output_dir = default_output_dir(model_args, recipe)
+        print(f"[deepnmt] no --output_dir given: writing the run to {training_args.output_dir}", file=sys.stderr)
     launched = int(os.environ.get("WORLD_SIZE", "1") or 1)
     if launched > 1 and not training_args.use_cpu and not torch.cuda.is_available():
         # transformers forms no process group on a machine without GPUs unless told to use the CPU: every process
@@ -138,6 +161,34 @@ def parse_train_args(argv: Sequence[str]) -> tuple[ModelArguments, DataArguments
     for name in ("train_file", "validation_file", "test_file"):
         setattr(data_args, name, resolve_path(getattr(data_args, name)))
     return model_args, data_args, training_args, recipe
+
+
+def default_output_dir(model_args: ModelArguments, recipe: dict) -> str:
+    """``runs/<recipe or model type>-<date>-<time>``, a new folder for a run that named none."""
+    from datetime import datetime
+
+    name = Path(model_args.recipe).stem if model_args.recipe else (
+        model_args.model_type or recipe["model"].get("model_type") or "deep_transformer")
+    return f"runs/{name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+
+
+def print_train_summary(outcome: "TrainOutcome", elapsed: float) -> None:
+    """What `deepnmt train` prints at the end (rank 0): the folder, the scores and how to use the model."""
+    if not outcome.trainer.is_world_process_zero():
+        return
+    folder, scores = outcome.output_dir, outcome.test_scores
+    beams = outcome.model_args.eval_num_beams
+    print("\n".join([
+        "",
+        f"deepnmt train finished in {elapsed / 60:.1f} min ({outcome.timings.get('train_seconds', 0) / 60:.1f} min "
+        f"training, {outcome.trainer.state.global_step} steps) -> {folder}",
+        f"test ({scores.num_sentences} sentences, beam {beams}): BLEU {scores.bleu}  chrF {scores.chrf}  "
+        f"TER {scores.ter}" if scores else "test: not evaluated (pass --test_file to score the model)",
+        f"model card: {folder / 'README.md'}   metrics: {folder / 'metrics.json'}",
+        f"translate:  deepnmt translate --model_name_or_path {folder} --input FILE --num_beams {beams}",
+        f"score:      deepnmt evaluate --model_name_or_path {folder} --test_file FILE "
+        f"--source_lang {outcome.data_args.source_lang} --target_lang {outcome.data_args.target_lang}",
+    ]), file=sys.stdout)
 
 
 def _load_or_train_tokenizer(model_args: ModelArguments, data_args: DataArguments, training_args, train_corpus):
@@ -258,10 +309,20 @@ def _resume_target(training_args: Seq2SeqTrainingArguments) -> str | None:
     if requested in ("last", "True", "true"):
         if existing is None:
             raise ValueError(f"--resume_from_checkpoint last: {output_dir} holds no complete checkpoint-N yet.")
-        return existing
-    if not Path(requested).is_dir():
+        target = existing
+    elif not Path(requested).is_dir():
         raise ValueError(f"--resume_from_checkpoint {requested!r} is not a checkpoint folder.")
-    return requested
+    else:
+        target = requested
+    problem = checkpoint_problem(target)
+    if problem:  # damaged after it was written (the saves themselves are atomic): name it, offer the newest good one
+        good = next((c for c in checkpoints_newest_first(output_dir) if Path(c) != Path(target)
+                     and not checkpoint_problem(c)), None)
+        offer = (f"the newest complete checkpoint is {good}: move {Path(target).name} away and resume with "
+                 f"--resume_from_checkpoint {good}" if good else f"{output_dir} holds no other complete checkpoint")
+        raise ValueError(f"--resume_from_checkpoint {requested}: {target} cannot be resumed from ({problem}); "
+                         f"{offer}.")
+    return target
 
 
 def environment_summary() -> dict[str, str]:
@@ -313,17 +374,46 @@ def translate_sentences(
     return results
 
 
-def translate_stream(model, tokenizer, lines: Iterable[str], batch_size: int = 32, **options: Any) -> Iterator[str]:
-    """`translate_sentences` over a stream: reads ``batch_size`` lines, translates them as one batch and yields
-    their translations in order before reading on (for pipes and interactive use)."""
+def translate_windows(model, tokenizer, lines: Iterable[str], window: int = 10_000, batch_size: int = 32,
+                      progress: Any = None, **options: Any) -> Iterator[str]:
+    """`translate_sentences` over a stream of lines of any length, with bounded memory: reads ``window`` lines,
+    sorts them by length into batches (the speed of sorted batching), yields their translations in input order,
+    then reads on. At most ``window`` lines and their translations are held at a time; ``window = batch_size`` is
+    the lowest latency (pipes, interactive use). ``progress``, a tqdm bar, is advanced by the lines translated."""
+    if window < 1 or batch_size < 1:
+        raise ValueError(f"`window` = {window} and `batch_size` = {batch_size} must both be ≥ 1.")
     chunk: list[str] = []
     for line in lines:
-        chunk.append(line.rstrip("\n"))
-        if len(chunk) == batch_size:
+        chunk.append(line.rstrip("\r\n"))
+        if len(chunk) == window:
             yield from translate_sentences(model, tokenizer, chunk, batch_size=batch_size, progress=False, **options)
+            if progress is not None:
+                progress.update(len(chunk))
             chunk = []
     if chunk:
         yield from translate_sentences(model, tokenizer, chunk, batch_size=batch_size, progress=False, **options)
+        if progress is not None:
+            progress.update(len(chunk))
+
+
+def translate_stream(model, tokenizer, lines: Iterable[str], batch_size: int = 32, **options: Any) -> Iterator[str]:
+    """`translate_windows` with a window of one batch: each batch's translations come out before the next batch is
+    read (for pipes and interactive use)."""
+    yield from translate_windows(model, tokenizer, lines, window=batch_size, batch_size=batch_size, **options)
+
+
+def completed_lines(path: str | os.PathLike) -> int:
+    """How many complete lines (ending in a newline) an interrupted output file holds; a torn last line, written
+    when the run was killed, is cut off so that appending continues at a line boundary."""
+    path = Path(path)
+    if not path.exists():
+        return 0
+    data = path.read_bytes()
+    keep = data.rfind(b"\n") + 1
+    if keep < len(data):
+        with open(path, "r+b") as handle:
+            handle.truncate(keep)
+    return data[:keep].count(b"\n")
 
 
 def evaluate_model(
@@ -464,6 +554,58 @@ def train(argv: Sequence[str]) -> TrainOutcome:
     return outcome
 
 
+# transformers' `--optim` names -> the optimizer's plain name (weight decay decides Adam vs AdamW below)
+_ADAM_FAMILY = ("adamw", "adam_")
+_SCHEDULE_NAMES = {
+    "linear": "linear decay to 0", "inverse_sqrt": "inverse square root (Vaswani et al. 2017)",
+    "cosine": "cosine decay", "cosine_with_restarts": "cosine decay with restarts", "polynomial": "polynomial decay",
+    "constant": "constant", "constant_with_warmup": "constant", "reduce_lr_on_plateau": "reduce on plateau",
+    "cosine_with_min_lr": "cosine decay to a minimum", "warmup_stable_decay": "warm-up, stable, decay",
+}
+
+
+def optimizer_description(model_args: ModelArguments, args: Seq2SeqTrainingArguments) -> str:
+    """The optimizer by its plain name with its hyper-parameters, e.g. "Adam (β1 0.9, β2 0.98, ε 1e-09), peak
+    learning rate 0.002, gradient clipping 1.0"."""
+    optim = str(getattr(args.optim, "value", args.optim))
+    betas = f"β1 {args.adam_beta1}, β2 {args.adam_beta2}, ε {args.adam_epsilon}"
+    decay = f", weight decay {args.weight_decay}" if args.weight_decay else ""
+    if model_args.optimizer == "radam":
+        name = f"RAdam ({betas}{decay})"
+    elif optim.startswith(_ADAM_FAMILY):
+        name = f"AdamW ({betas}{decay})" if args.weight_decay else f"Adam ({betas})"
+    else:
+        name = f"{optim} (transformers' --optim){decay}"
+    clip = f", gradient clipping {args.max_grad_norm}" if args.max_grad_norm else ", no gradient clipping"
+    return f"{name}, peak learning rate {args.learning_rate}{clip}"
+
+
+def schedule_description(model_args: ModelArguments, args: Seq2SeqTrainingArguments) -> str:
+    """The learning-rate schedule by its plain name, with its warm-up."""
+    if model_args.lr_schedule == "rnnplus_warmup_decay":
+        return (f"meng2019 eq. (17): linear warm-up over {int(args.warmup_steps)} steps, exponential decay from step "
+                f"{model_args.lr_decay_start} (halved at {model_args.lr_decay_end})")
+    kind = str(getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type))
+    steps = args.warmup_steps  # transformers 5: a step count, or a fraction of the training steps below 1
+    steps = f"{int(steps)} steps" if float(steps).is_integer() else f"{steps:.0%} of the steps"
+    warmup = f"linear warm-up over {steps}, then " if args.warmup_steps else ""
+    return warmup + _SCHEDULE_NAMES.get(kind, kind)
+
+
+def objective_description(config: Any, auxiliary: Sequence[Any] = ()) -> str:
+    """Every term the model was trained with, from its config (the methods section reads the same fields)."""
+    smoothing = getattr(config, "label_smoothing", 0.0) or 0.0
+    terms = [f"label-smoothed NLL (ε {smoothing})" if smoothing else "NLL (no label smoothing)"]
+    if getattr(config, "ddr_weight", 0.0):
+        terms.append(f"{config.ddr_weight} × DDR (li2022)")
+    if getattr(config, "ald_weight", 0.0):
+        terms.append(f"{config.ald_weight} × ALD (li2022)")
+    if getattr(config, "diversity_weight", 0.0):
+        terms.append(f"− {config.diversity_weight} × L_div (dou2018 layer diversity, maximised)")
+    terms += [f"{term.weight} × {term.name} (user-defined)" for term in auxiliary]
+    return " + ".join(terms).replace("+ −", "−")
+
+
 def finish_run(outcome: TrainOutcome, metrics: TranslationMetrics | None) -> None:
     """Write metrics.json, the plots and the model card of a finished training run."""
     output_dir, trainer = outcome.output_dir, outcome.trainer
@@ -492,23 +634,33 @@ def finish_run(outcome: TrainOutcome, metrics: TranslationMetrics | None) -> Non
         "dataset_id": data_args.dataset_name,
         "dataset_description": model_args.dataset_label or data_args.dataset_name or str(data_args.train_file),
     }
+    unwrapped = trainer.accelerator.unwrap_model(trainer.model)
+    parameters = sum(p.numel() for p in unwrapped.parameters())
     rows = []
+    evaluated: dict[str, str | None] = {}
     if outcome.test_scores is not None:
         scores = outcome.test_scores
-        rows.append(EvalRow("test", scores.num_sentences, scores.bleu, scores.chrf, scores.ter,
+        limit = data_args.max_predict_samples
+        split = f"test[:{limit}]" if limit and limit <= scores.num_sentences else "test"  # datasets' slice syntax
+        rows.append(EvalRow(split, scores.num_sentences, scores.bleu, scores.chrf, scores.ter,
                             f"beam {model_args.eval_num_beams}", scores.signatures))
-    unwrapped = trainer.accelerator.unwrap_model(trainer.model)
+        test_file = Path(str(data_args.test_file))
+        if dataset is EMBEDDED_DATASET and str(test_file).startswith(str(resolve_path("corpus:"))):
+            evaluated = {"eval_dataset_name": f"{EMBEDDED_DATASET['dataset_name']}, held-out test books "
+                                              f"({test_file.parent.name}/{test_file.name})",
+                         "eval_dataset_id": EMBEDDED_DATASET["dataset_id"]}
+        else:  # the file actually scored, whatever the training data was
+            evaluated = {"eval_dataset_name": test_file.name, "eval_dataset_id": test_file.name}
     training = {
         "optimizer steps": trainer.state.global_step,
         "epochs": report["epochs"],
         "batching": f"{data_args.max_tokens} tokens per batch and device" if data_args.max_tokens
         else f"{args.per_device_train_batch_size} sentences per batch and device",
         "gradient accumulation": args.gradient_accumulation_steps,
-        "optimizer": f"{args.optim} (lr {args.learning_rate}, {model_args.lr_schedule or args.lr_scheduler_type}, "
-                     f"warmup {args.warmup_steps})",
-        "label smoothing": args.label_smoothing_factor,
-        "auxiliary losses": ", ".join(f"{t.name} × {t.weight}" for t in trainer.auxiliary_losses) or "none",
-        "parameters": f"{sum(p.numel() for p in unwrapped.parameters()) / 1e6:.1f} M",
+        "optimizer": optimizer_description(model_args, args),
+        "learning-rate schedule": schedule_description(model_args, args),
+        "objective": objective_description(unwrapped.config, trainer.auxiliary_losses),
+        "parameters": f"{parameters:,} ({parameters / 1e6:.1f} M)",
         "wall time": f"{outcome.timings.get('train_seconds', 0) / 60:.1f} min training, "
                      f"{outcome.timings.get('total_seconds', 0) / 60:.1f} min in all",
         "hardware": report["environment"]["device"],
@@ -523,6 +675,7 @@ def finish_run(outcome: TrainOutcome, metrics: TranslationMetrics | None) -> Non
         "example_source": "In the beginning God created the heavens and the earth." if dataset is EMBEDDED_DATASET
         else "Hello, world!",
         **dataset,
+        **evaluated,
     }
     (output_dir / "deepnmt_card.json").write_text(json.dumps(card, indent=2, ensure_ascii=False) + "\n",
                                                  encoding="utf-8")

@@ -343,6 +343,43 @@ def last_checkpoint(output_dir: str) -> str | None:
     return os.path.join(output_dir, f"{PREFIX_CHECKPOINT_DIR}-{max(steps)}") if steps else None
 
 
+def checkpoint_problem(folder: str | os.PathLike) -> str | None:
+    """Why ``folder`` cannot be resumed from, in a few words (a missing or unreadable ``trainer_state.json``, no
+    weights, a truncated or corrupted ``model.safetensors``), or None for a complete checkpoint."""
+    import json
+
+    folder = str(folder)
+    state = os.path.join(folder, "trainer_state.json")
+    try:
+        with open(state, encoding="utf-8") as handle:
+            json.load(handle)
+    except (OSError, ValueError):
+        return f"{state} is missing or unreadable"
+    weights = os.path.join(folder, "model.safetensors")
+    if not os.path.isfile(weights):
+        if any(os.path.isfile(os.path.join(folder, name)) for name in ("model.safetensors.index.json",
+                                                                        "pytorch_model.bin")):
+            return None
+        return f"{folder} holds no model weights"
+    from safetensors import safe_open
+
+    try:
+        with safe_open(weights, framework="pt") as handle:
+            handle.keys()
+    except Exception:  # the Rust reader raises its own error types
+        return f"{weights} is truncated or corrupted"
+    return None
+
+
+def checkpoints_newest_first(output_dir: str) -> list[str]:
+    """Every ``checkpoint-N`` folder of ``output_dir``, the highest step first."""
+    if not os.path.isdir(output_dir):
+        return []
+    steps = sorted((int(name.split("-")[-1]) for name in os.listdir(output_dir)
+                    if name.startswith(f"{PREFIX_CHECKPOINT_DIR}-") and name.split("-")[-1].isdigit()), reverse=True)
+    return [os.path.join(output_dir, f"{PREFIX_CHECKPOINT_DIR}-{step}") for step in steps]
+
+
 def _fsync_tree(path: str) -> None:
     for root, _, files in os.walk(path):
         for file_name in files:
