@@ -11,7 +11,7 @@ back in two ways:
   ``pipeline(..., pipeline_class=TranslationPipeline)`` names the class explicitly;
 * on the Hub, every saved DeepTransformer folder carries this file and a ``custom_pipelines`` entry, so
   ``pipeline("translation", model=folder_or_repo, trust_remote_code=True)`` works where hf_deepnmt is not installed
-  (there transformers 5 refuses ``"translation_<src>_to_<tgt>"`` task names before reading the folder; pass
+  (there transformers 5 itself refuses ``"translation_<src>_to_<tgt>"`` task names as a removed task; pass
   ``src_lang=`` / ``tgt_lang=`` instead).
 
 Behaviour: a string gives ``[{"translation_text": ...}]``, a list of strings gives one dict per string (a list of
