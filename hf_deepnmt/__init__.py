@@ -2,7 +2,8 @@
 
 Importing the package registers every model type with `AutoConfig`, `AutoModel` and `AutoModelForSeq2SeqLM`,
 marks the classes for `register_for_auto_class` (so `save_pretrained` copies the code and writes `auto_map`), and
-restores `pipeline("translation")` (removed in transformers 5) for seq2seq models.
+restores `pipeline("translation")` and `pipeline("translation_<src>_to_<tgt>")` (removed in transformers 5) for
+seq2seq models, without `trust_remote_code` for the package's own saved folders.
 
 Only torch, transformers and safetensors are needed at import time; the training tools live in `training`.
 """
@@ -32,7 +33,12 @@ from .modeling_deep_transformer import (
     shift_tokens_right,
 )
 from .modeling_dtmt import DTMTForConditionalGeneration, DTMTModel, DTMTPreTrainedModel
-from .pipeline_translation import TranslationPipeline, register_translation_pipeline
+from .pipeline_translation import (
+    TranslationPipeline,
+    record_language_pair,
+    recorded_language_pairs,
+    register_translation_pipeline,
+)
 from .warm_start import warm_start
 
 __version__ = "0.1.0"
@@ -63,6 +69,8 @@ __all__ = [
     "DTMTModel",
     "DTMTPreTrainedModel",
     "TranslationPipeline",
+    "record_language_pair",
+    "recorded_language_pairs",
     "register_translation_pipeline",
     "shift_tokens_right",
     "warm_start",

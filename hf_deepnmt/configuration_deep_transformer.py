@@ -68,6 +68,37 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+# The `impl` that save_pretrained writes under config.json's `custom_pipelines`: TRANSLATION_PIPELINE_SPEC["impl"] of
+# pipeline_translation.py, repeated here so that this file imports no pipeline code.
+OUR_PIPELINE_IMPL = "pipeline_translation.TranslationPipeline"
+
+
+def without_pipelines_served_in_process(config_class: type, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` without the ``custom_pipelines`` entries of our translation pipeline when this process serves
+    ``pipeline("translation")`` itself, so that a saved folder works there without ``trust_remote_code``.
+
+    transformers' `pipeline` demands ``trust_remote_code=True`` for every task a config lists in ``custom_pipelines``,
+    even when the task is registered in-process. So when ``config_class`` is the installed package's class (not a
+    copy that remote code loaded from a ``transformers_modules`` folder, the same test transformers uses to prefer
+    local code) and the ``translation`` task is registered (``import hf_deepnmt`` does it), the entries are left out
+    of the loaded config and `pipeline` takes the registered pipeline. ``save_pretrained`` of every model of the
+    package writes them again (``HubReadyMixin``), so saved folders keep working where hf_deepnmt is not installed.
+    """
+    pipelines = kwargs.get("custom_pipelines")
+    if not isinstance(pipelines, dict) or config_class.__module__.startswith("transformers_modules"):
+        return kwargs
+    from transformers.pipelines import PIPELINE_REGISTRY
+
+    if "translation" not in PIPELINE_REGISTRY.supported_tasks:
+        return kwargs
+    kept = {task: spec for task, spec in pipelines.items()
+            if not (isinstance(spec, dict) and spec.get("impl") == OUR_PIPELINE_IMPL)}
+    kwargs = {key: value for key, value in kwargs.items() if key != "custom_pipelines"}
+    if kept:
+        kwargs["custom_pipelines"] = kept
+    return kwargs
+
+
 class DeepTransformerConfig(PreTrainedConfig):
     r"""Configuration of [`DeepTransformerForConditionalGeneration`]: a Transformer encoder-decoder for NMT.
 
@@ -300,6 +331,7 @@ class DeepTransformerConfig(PreTrainedConfig):
         # Types first, in our words, before transformers' own validators see the token ids (docs/training.md).
         if not (_is_int(vocab_size) and vocab_size >= 1):
             _fail(type(self).__name__, "vocab_size", vocab_size, "it must be a positive integer")
+        kwargs = without_pipelines_served_in_process(type(self), kwargs)
         for field, value in (("pad_token_id", pad_token_id), ("bos_token_id", bos_token_id),
                              ("eos_token_id", eos_token_id), ("decoder_start_token_id", decoder_start_token_id)):
             if not (_is_int(value) and 0 <= value < vocab_size):

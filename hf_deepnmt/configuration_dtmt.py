@@ -20,7 +20,12 @@ from typing import Any
 
 from transformers import PreTrainedConfig
 
-from .configuration_deep_transformer import _fail, _is_int, _is_number
+from .configuration_deep_transformer import (
+    _fail,
+    _is_int,
+    _is_number,
+    without_pipelines_served_in_process,
+)
 
 ALLOWED_RNN_CELLS: tuple[str, ...] = ("lgru", "gru")
 
@@ -185,6 +190,7 @@ class DTMTConfig(PreTrainedConfig):
         self.unk_token_id = unk_token_id
         self.use_cache = use_cache
         self.tie_word_embeddings = tie_word_embeddings
+        kwargs = without_pipelines_served_in_process(type(self), kwargs)
         super().__init__(
             pad_token_id=pad_token_id,
             bos_token_id=bos_token_id,

@@ -812,21 +812,36 @@ class DeepTransformerDecoder(_DeepTransformerStack):
 # ----------------------------------------------------------------------------------------------------------------
 class HubReadyMixin:
     """`save_pretrained` that makes the folder self-sufficient on the Hub: the `translation` pipeline
-    (``custom_pipelines``) and ``auto_map`` entries for both Auto classes. Put before `PreTrainedModel`."""
+    (``custom_pipelines``) and ``auto_map`` entries for both Auto classes. Put before `PreTrainedModel`.
+
+    The ``custom_pipelines`` entry is written into the saved config.json only; the live config is left as it was,
+    because in a process that imported hf_deepnmt the package's configs never carry it (see
+    ``configuration_deep_transformer.without_pipelines_served_in_process``), so a reloaded config equals the saved
+    model's."""
 
     base_model_class_name: str
     seq2seq_class_name: str
 
     def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> None:
-        if self._auto_class is not None:
-            module = type(self).__module__.rsplit(".", 1)[-1]
-            self.config.custom_pipelines = {"translation": dict(TRANSLATION_PIPELINE_SPEC)}
-            self.config.auto_map = {
-                **(getattr(self.config, "auto_map", None) or {}),
-                "AutoModel": f"{module}.{self.base_model_class_name}",
-                "AutoModelForSeq2SeqLM": f"{module}.{self.seq2seq_class_name}",
-            }
-        super().save_pretrained(save_directory, *args, **kwargs)
+        if self._auto_class is None:
+            super().save_pretrained(save_directory, *args, **kwargs)
+            return
+        module = type(self).__module__.rsplit(".", 1)[-1]
+        self.config.auto_map = {
+            **(getattr(self.config, "auto_map", None) or {}),
+            "AutoModel": f"{module}.{self.base_model_class_name}",
+            "AutoModelForSeq2SeqLM": f"{module}.{self.seq2seq_class_name}",
+        }
+        had_pipelines = "custom_pipelines" in self.config.__dict__
+        previous = self.config.__dict__.get("custom_pipelines")
+        self.config.custom_pipelines = {"translation": dict(TRANSLATION_PIPELINE_SPEC)}
+        try:
+            super().save_pretrained(save_directory, *args, **kwargs)
+        finally:
+            if had_pipelines:
+                self.config.custom_pipelines = previous
+            else:
+                del self.config.custom_pipelines
 
 
 class TranslationGenerationMixin:

@@ -3,15 +3,30 @@
 transformers 5 removed the ``translation`` task (PR huggingface/transformers#43256). This pipeline brings it
 back in two ways:
 
-* in-process, ``import hf_deepnmt`` calls `register_translation_pipeline`, which registers the task for every
-  ``AutoModelForSeq2SeqLM`` model: ``pipeline("translation", model=model, tokenizer=tokenizer)``;
+* in-process, ``import hf_deepnmt`` calls `register_translation_pipeline`, which registers the task (and the
+  ``"translation_<src>_to_<tgt>"`` names) for every ``AutoModelForSeq2SeqLM`` model:
+  ``pipeline("translation", model=model, tokenizer=tokenizer)``, and for the package's saved folders
+  ``pipeline("translation", model=folder)`` without ``trust_remote_code`` (the installed config classes leave the
+  folder's ``custom_pipelines`` entry out, see ``configuration_deep_transformer.without_pipelines_served_in_process``);
+  ``pipeline(..., pipeline_class=TranslationPipeline)`` names the class explicitly;
 * on the Hub, every saved DeepTransformer folder carries this file and a ``custom_pipelines`` entry, so
-  ``pipeline("translation", model=folder_or_repo, trust_remote_code=True)`` works where hf_deepnmt is not installed.
+  ``pipeline("translation", model=folder_or_repo, trust_remote_code=True)`` works where hf_deepnmt is not installed
+  (there transformers 5 itself refuses ``"translation_<src>_to_<tgt>"`` task names as a removed task; pass
+  ``src_lang=`` / ``tgt_lang=`` instead).
 
 Behaviour: a string gives ``[{"translation_text": ...}]``, a list of strings gives one dict per string (a list of
 dicts per string when ``num_return_sequences > 1``); generation keyword arguments (``num_beams``,
 ``max_new_tokens``, …) pass through to ``generate``; an empty or blank string translates to ``""`` without calling
 the model; an input longer than the model accepts is truncated with a warning.
+
+Languages: a model is trained for one language pair, which ``deepnmt train`` records in the config the way
+transformers' T5 checkpoints do, as a ``task_specific_params`` key ``"translation_<src>_to_<tgt>"``
+(`record_language_pair`). ``src_lang=`` / ``tgt_lang=`` (at construction or per call) and a task named
+``"translation_<src>_to_<tgt>"`` are checked against that record: equal languages (compared case-insensitively) are
+accepted and change nothing, since the model has one direction; a different one raises one ``ValueError`` naming the
+argument, its value and the model's languages. A model whose config records no pair accepts any language: there is
+nothing to check against. (A config recording several pairs accepts each of them but does not steer the model
+between them.)
 
 This file is copied next to the weights by ``save_pretrained`` (trust_remote_code): it imports only transformers
 and torch, and works with the pipeline API of transformers 5.17 through 5.x.
@@ -20,18 +35,66 @@ and torch, and works with the pipeline API of transformers 5.17 through 5.x.
 from __future__ import annotations
 
 import copy
+import re
 import warnings
 from typing import Any
 
 import torch
 from transformers import Pipeline
 
-# The `custom_pipelines` entry written into config.json by DeepTransformer models' save_pretrained.
+# The `custom_pipelines` entry written into config.json by DeepTransformer models' save_pretrained
+# (configuration_deep_transformer.OUR_PIPELINE_IMPL repeats its "impl").
 TRANSLATION_PIPELINE_SPEC: dict[str, Any] = {
     "impl": "pipeline_translation.TranslationPipeline",
     "pt": ["AutoModelForSeq2SeqLM"],
     "type": "text",
 }
+
+
+# "translation_en_to_es" -> ("en", "es"): the task name of transformers 4 and the key T5 configs use in
+# `task_specific_params`. The source code is the shortest prefix before "_to_", so codes may hold underscores
+# ("pt_BR") but not "_to_" (`record_language_pair` refuses that).
+_TRANSLATION_TASK = re.compile(r"translation_(?P<src>.+?)_to_(?P<tgt>.+)")
+
+
+def parse_translation_task(task: Any) -> tuple[str, str] | None:
+    """``(source, target)`` of a task name ``"translation_<src>_to_<tgt>"``; ``None`` for any other value."""
+    match = _TRANSLATION_TASK.fullmatch(task) if isinstance(task, str) else None
+    return (match["src"], match["tgt"]) if match else None
+
+
+def recorded_language_pairs(config: Any) -> list[tuple[str, str]]:
+    """The ``(source, target)`` pairs a model config records as ``task_specific_params`` keys
+    ``"translation_<src>_to_<tgt>"`` (written by `record_language_pair`, present in T5 checkpoints); ``[]`` when
+    it records none."""
+    params = getattr(config, "task_specific_params", None)
+    if not isinstance(params, dict):
+        return []
+    return [pair for pair in map(parse_translation_task, params) if pair is not None]
+
+
+def record_language_pair(config: Any, source_lang: str, target_lang: str) -> None:
+    """Record in ``config`` that the model translates ``source_lang`` into ``target_lang``, so the pair travels with
+    the weights (config.json) and `TranslationPipeline` can check ``src_lang`` / ``tgt_lang`` and task names.
+
+    Sets ``config.task_specific_params["translation_<src>_to_<tgt>"]`` (keeping that entry's parameters if it
+    exists) and drops every other ``translation_*_to_*`` entry: the model now translates this pair; entries for
+    other tasks are kept.
+    """
+    for field, value in (("source_lang", source_lang), ("target_lang", target_lang)):
+        if not isinstance(value, str) or not value.strip() or "_to_" in value or value != value.strip():
+            raise ValueError(f"record_language_pair: `{field}` = {_preview(value)} is not allowed; use a language "
+                             "code such as 'en' (a non-empty string without surrounding spaces or '_to_').")
+    params = getattr(config, "task_specific_params", None)
+    params = dict(params) if isinstance(params, dict) else {}
+    key = f"translation_{source_lang}_to_{target_lang}"
+    kept = {name: value for name, value in params.items() if parse_translation_task(name) is None}
+    kept[key] = params.get(key) or {}
+    config.task_specific_params = kept
+
+
+def _describe_pairs(pairs: list[tuple[str, str]]) -> str:
+    return ", ".join(f"{source} → {target}" for source, target in pairs)
 
 
 def _preview(value: Any, limit: int = 60) -> str:
@@ -50,7 +113,12 @@ class TranslationPipeline(Pipeline):
     >>> translate = pipeline("translation", model="path/to/model", trust_remote_code=True)
     >>> translate(["In the beginning God created the heavens and the earth."], num_beams=4, max_new_tokens=64)
     [{'translation_text': 'En el principio creó Dios los cielos y la tierra.'}]
+    >>> translate("Let there be light.", src_lang="en", tgt_lang="es")  # checked against the model's pair
+    [{'translation_text': 'Sea la luz.'}]
     ```
+
+    ``src_lang`` / ``tgt_lang`` and a ``"translation_<src>_to_<tgt>"`` task are checked against the pair the model's
+    config records (see the module docstring); they never change the translation.
     """
 
     _pipeline_calls_generate = True
@@ -59,13 +127,53 @@ class TranslationPipeline(Pipeline):
     _load_feature_extractor = False
     _load_tokenizer = True
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """`Pipeline.__init__`, then a ``"translation_<src>_to_<tgt>"`` task is checked against the model's pair."""
+        super().__init__(*args, **kwargs)
+        pair = parse_translation_task(self.task)
+        if pair is not None:
+            self._check_languages("task", self.task, *pair)
+
+    def _check_languages(self, argument: str, value: Any, source: str | None, target: str | None) -> None:
+        """Raise one `ValueError` sentence unless ``source`` / ``target`` (``None``: not given) is a pair the model's
+        config records; a model that records none accepts anything."""
+        pairs = recorded_language_pairs(self.model.config)
+        if not pairs:
+            return
+
+        def same(given: str | None, recorded: str) -> bool:
+            return given is None or given.lower() == recorded.lower()
+
+        if any(same(source, pair[0]) and same(target, pair[1]) for pair in pairs):
+            return
+        recorded = _describe_pairs(pairs)
+        if argument == "task":
+            tasks = " or ".join(repr(f"translation_{s}_to_{t}") for s, t in pairs)
+            allowed = f"this model translates {recorded}, so use 'translation' or {tasks}"
+        else:
+            what = "the pair" if len(pairs) == 1 else "the pairs"
+            allowed = f"this model translates {recorded} ({what} recorded in its config's task_specific_params)"
+        raise ValueError(f"TranslationPipeline: `{argument}` = {_preview(value)} is not allowed; {allowed}.")
+
     def _sanitize_parameters(
         self,
         truncation: bool | None = None,
         return_tensors: bool | None = None,
         clean_up_tokenization_spaces: bool | None = None,
+        src_lang: str | None = None,
+        tgt_lang: str | None = None,
         **generate_kwargs: Any,
     ) -> tuple[dict, dict, dict]:
+        for argument, language in (("src_lang", src_lang), ("tgt_lang", tgt_lang)):
+            if language is not None and not isinstance(language, str):
+                raise ValueError(f"TranslationPipeline: `{argument}` = {_preview(language)} "
+                                 f"({type(language).__name__}) is not allowed; pass a language code such as 'en'.")
+        if src_lang is not None:
+            self._check_languages("src_lang", src_lang, src_lang, None)
+        if tgt_lang is not None:
+            self._check_languages("tgt_lang", tgt_lang, None, tgt_lang)
+        if src_lang is not None and tgt_lang is not None:
+            self._check_languages("src_lang/tgt_lang", (src_lang, tgt_lang), src_lang, tgt_lang)
         preprocess_params: dict[str, Any] = {}
         if truncation is not None:
             preprocess_params["truncation"] = truncation
@@ -179,7 +287,10 @@ def register_translation_pipeline() -> None:
     """Register the ``translation`` task for ``AutoModelForSeq2SeqLM`` models in this process (idempotent).
 
     transformers 5.2x lists ``translation`` among removed tasks and refuses it before looking at the registry; the
-    task is taken off that list here, which restores it for every seq2seq model, ours or not.
+    task is taken off that list here, which restores it for every seq2seq model, ours or not. transformers 5 also
+    dropped the parsing of ``"translation_<src>_to_<tgt>"`` task names: the registry's ``check_task`` is wrapped so
+    that such a name resolves to this pipeline, which receives the name as its ``task`` and checks the pair against
+    the model.
     """
     global _REGISTERED
     if _REGISTERED:
@@ -190,7 +301,17 @@ def register_translation_pipeline() -> None:
     removed = getattr(hf_pipelines, "REMOVED_TASKS", None)
     if isinstance(removed, dict):
         removed.pop("translation", None)
-    hf_pipelines.PIPELINE_REGISTRY.register_pipeline(
+    registry = hf_pipelines.PIPELINE_REGISTRY
+    registry.register_pipeline(
         "translation", pipeline_class=TranslationPipeline, pt_model=AutoModelForSeq2SeqLM, type="text"
     )
+    check_task = registry.check_task
+
+    def check_task_with_language_pairs(task: str) -> tuple[str, dict, Any]:
+        pair = parse_translation_task(task)
+        if pair is not None and "translation" in registry.supported_tasks:
+            return "translation", registry.supported_tasks["translation"], pair
+        return check_task(task)
+
+    registry.check_task = check_task_with_language_pairs
     _REGISTERED = True

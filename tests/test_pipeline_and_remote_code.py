@@ -14,7 +14,8 @@ import pytest
 import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
 
-from hf_deepnmt import TranslationPipeline
+from conftest import train_argv
+from hf_deepnmt import TranslationPipeline, record_language_pair, recorded_language_pairs
 
 SENTENCES = ["In the beginning God created the heavens.", "Let there be light.", "The earth was void."]
 
@@ -241,3 +242,183 @@ def test_loading_a_saved_model_prints_no_warning(family, mode, tiny_tokenizer, t
     noise = [line for line in result.stderr.replace("\r", "\n").splitlines()
              if line.strip() and not line.lstrip().startswith("Loading weights")]
     assert noise == [], noise
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Hugging Face habits: src_lang / tgt_lang, "translation_<src>_to_<tgt>" tasks, no trust_remote_code in-process,
+# pipeline_class=.
+# --------------------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def paired_folder(tmp_path_factory, tiny_folder, tiny_tokenizer):
+    """The tiny saved model (same weights) with its config recording en → es, as `deepnmt train` records it."""
+    folder = tmp_path_factory.mktemp("paired_model")
+    model = AutoModelForSeq2SeqLM.from_pretrained(tiny_folder)
+    record_language_pair(model.config, "en", "es")
+    model.save_pretrained(folder)
+    tiny_tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_the_pair_travels_in_config_json(paired_folder):
+    config = json.loads((paired_folder / "config.json").read_text())
+    assert config["task_specific_params"] == {"translation_en_to_es": {}}
+    assert config["custom_pipelines"]["translation"]["impl"] == "pipeline_translation.TranslationPipeline"
+    assert recorded_language_pairs(AutoModelForSeq2SeqLM.from_pretrained(paired_folder).config) == [("en", "es")]
+
+
+@pytest.fixture(scope="module")
+def paired(paired_folder):
+    """The model and tokenizer of `paired_folder`, for pipelines built from objects (no folder, no config lookup)."""
+    return AutoModelForSeq2SeqLM.from_pretrained(paired_folder).eval(), AutoTokenizer.from_pretrained(paired_folder)
+
+
+def test_matching_src_lang_and_tgt_lang_are_accepted_and_change_nothing(paired):
+    model, tokenizer = paired
+    expected = [{"translation_text": _direct(model, tokenizer, SENTENCES[0], num_beams=2, max_new_tokens=6)}]
+    translate = pipeline("translation", model=model, tokenizer=tokenizer, num_beams=2, max_new_tokens=6)
+    assert translate(SENTENCES[0], src_lang="en", tgt_lang="es") == expected
+    assert translate(SENTENCES[0], src_lang="EN") == translate(SENTENCES[0], tgt_lang="es") == expected
+    at_construction = pipeline("translation", model=model, tokenizer=tokenizer, src_lang="en", tgt_lang="es",
+                               num_beams=2, max_new_tokens=6)
+    assert at_construction(SENTENCES[0]) == expected
+
+
+@pytest.mark.parametrize("argument, value", [("src_lang", "fr"), ("tgt_lang", "de"), ("tgt_lang", "en")])
+def test_another_language_raises_naming_the_argument_and_the_models_pair(paired, argument, value):
+    model, tokenizer = paired
+    translate = pipeline("translation", model=model, tokenizer=tokenizer, max_new_tokens=3)
+    with pytest.raises(ValueError) as error:
+        translate(SENTENCES[0], **{argument: value})
+    assert str(error.value) == (
+        f"TranslationPipeline: `{argument}` = '{value}' is not allowed; this model translates en → es (the pair "
+        "recorded in its config's task_specific_params)."
+    )
+    with pytest.raises(ValueError, match=f"`{argument}` = '{value}' is not allowed; this model translates en → es"):
+        pipeline("translation", model=model, tokenizer=tokenizer, **{argument: value})
+
+
+def test_a_language_that_is_not_a_string_is_refused(paired):
+    model, tokenizer = paired
+    translate = pipeline("translation", model=model, tokenizer=tokenizer, max_new_tokens=3)
+    with pytest.raises(ValueError, match=r"`src_lang` = 3 \(int\) is not allowed; pass a language code"):
+        translate(SENTENCES[0], src_lang=3)
+
+
+def test_a_model_without_a_recorded_pair_accepts_any_language(loaded):
+    """Nothing to check against: the languages are accepted and ignored."""
+    model, tokenizer = loaded
+    assert recorded_language_pairs(model.config) == []
+    translate = pipeline("translation", model=model, tokenizer=tokenizer, num_beams=1, max_new_tokens=4)
+    assert translate(SENTENCES[0], src_lang="fr", tgt_lang="de") == translate(SENTENCES[0])
+    by_task = pipeline("translation_fr_to_de", model=model, tokenizer=tokenizer, num_beams=1, max_new_tokens=4)
+    assert isinstance(by_task, TranslationPipeline) and by_task(SENTENCES[0]) == translate(SENTENCES[0])
+
+
+def test_translation_src_to_tgt_task_resolves_to_the_pipeline(paired_folder):
+    translate = pipeline("translation_en_to_es", model=str(paired_folder), num_beams=2, max_new_tokens=6)
+    assert type(translate) is TranslationPipeline and translate.task == "translation_en_to_es"
+    plain = pipeline("translation", model=str(paired_folder), num_beams=2, max_new_tokens=6)
+    assert translate(SENTENCES) == plain(SENTENCES)
+    assert isinstance(pipeline("translation_EN_to_ES", model=str(paired_folder)), TranslationPipeline)
+
+
+def test_a_task_for_another_pair_raises(paired):
+    model, tokenizer = paired
+    with pytest.raises(ValueError) as error:
+        pipeline("translation_es_to_en", model=model, tokenizer=tokenizer)
+    assert str(error.value) == (
+        "TranslationPipeline: `task` = 'translation_es_to_en' is not allowed; this model translates en → es, so use "
+        "'translation' or 'translation_en_to_es'."
+    )
+
+
+@pytest.mark.parametrize("family", ["deep_transformer", "dtmt"])
+def test_a_saved_folder_needs_no_trust_remote_code_when_hf_deepnmt_is_imported(family, tiny_folder, tiny_tokenizer,
+                                                                               tmp_path):
+    """Every config class of the package leaves the folder's `custom_pipelines` entry out in-process, so transformers
+    takes the registered pipeline instead of demanding remote code; config.json keeps the entry."""
+    import hf_deepnmt
+
+    folder = tiny_folder
+    if family == "dtmt":
+        folder = tmp_path / "dtmt"
+        torch.manual_seed(0)
+        hf_deepnmt.DTMTForConditionalGeneration(hf_deepnmt.DTMTConfig(
+            vocab_size=len(tiny_tokenizer), d_model=16, attention_heads=2, transition_depth=1)).save_pretrained(folder)
+        tiny_tokenizer.save_pretrained(folder)
+    assert "translation" in json.loads((folder / "config.json").read_text())["custom_pipelines"]
+    translate = pipeline("translation", model=str(folder), num_beams=2, max_new_tokens=6)
+    assert type(translate) is TranslationPipeline
+    model = AutoModelForSeq2SeqLM.from_pretrained(folder).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    assert translate(SENTENCES[1]) == [
+        {"translation_text": _direct(model, tokenizer, SENTENCES[1], num_beams=2, max_new_tokens=6)}
+    ]
+
+
+def test_pipeline_class_names_the_installed_pipeline(paired_folder):
+    translate = pipeline("translation_en_to_es", model=str(paired_folder), pipeline_class=TranslationPipeline,
+                         max_new_tokens=4)
+    assert type(translate) is TranslationPipeline
+    assert translate(SENTENCES[0], src_lang="en") == translate(SENTENCES[0])
+    with pytest.raises(ValueError, match="`tgt_lang` = 'fr' is not allowed"):
+        translate(SENTENCES[0], tgt_lang="fr")
+
+
+def test_training_records_the_language_pair(small_corpus, tiny_tokenizer, tmp_path):
+    from training.run import _build_model, parse_train_args
+
+    model_args, data_args, _, recipe = parse_train_args(
+        train_argv(small_corpus, tmp_path / "run", "--source_lang", "en", "--target_lang", "es"))
+    model = _build_model(model_args, data_args, recipe["model"], tiny_tokenizer)
+    assert model.config.task_specific_params == {"translation_en_to_es": {}}
+    assert recorded_language_pairs(model.config) == [("en", "es")]
+
+
+def test_record_language_pair_replaces_other_pairs_and_keeps_other_tasks(tiny_folder):
+    config = AutoModelForSeq2SeqLM.from_pretrained(tiny_folder).config
+    config.task_specific_params = {"summarization": {"num_beams": 4}, "translation_en_to_de": {"num_beams": 2},
+                                   "translation_en_to_es": {"num_beams": 5}}
+    record_language_pair(config, "en", "es")
+    assert config.task_specific_params == {"summarization": {"num_beams": 4}, "translation_en_to_es": {"num_beams": 5}}
+    record_language_pair(config, "pt_BR", "en")
+    assert recorded_language_pairs(config) == [("pt_BR", "en")]
+    with pytest.raises(ValueError, match="`target_lang` = 'en_to_es' is not allowed"):
+        record_language_pair(config, "pt", "en_to_es")
+
+
+REMOTE_LANGUAGES = textwrap.dedent(
+    """
+    import importlib.abc, sys
+
+    class BlockOurPackages(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name.split(".")[0] in ("hf_deepnmt", "training", "model_cards"):
+                raise ImportError(f"{name} is blocked in this process")
+
+    sys.meta_path.insert(0, BlockOurPackages())
+    from transformers import pipeline
+
+    folder, text = sys.argv[1], sys.argv[2]
+    translate = pipeline("translation", model=folder, trust_remote_code=True, max_new_tokens=4)
+    assert type(translate).__module__.startswith("transformers_modules."), type(translate).__module__
+    assert translate(text, src_lang="en", tgt_lang="es") == translate(text)
+    try:
+        translate(text, tgt_lang="fr")
+    except ValueError as error:
+        print(error)
+    """
+)
+
+
+def test_remote_code_checks_the_languages_where_hf_deepnmt_is_not_importable(paired_folder, tmp_path):
+    script = tmp_path / "remote_languages.py"
+    script.write_text(REMOTE_LANGUAGES)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf_home"), "PYTHONPATH": ""}
+    result = subprocess.run([sys.executable, "-I", str(script), str(paired_folder), SENTENCES[0]],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == (
+        "TranslationPipeline: `tgt_lang` = 'fr' is not allowed; this model translates en → es (the pair recorded in "
+        "its config's task_specific_params)."
+    )

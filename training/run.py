@@ -28,6 +28,7 @@ from transformers import (
 )
 
 import hf_deepnmt  # noqa: F401  (registers the model types)
+from hf_deepnmt import record_language_pair
 from model_cards import EvalRow, write_model_card
 
 from .arguments import TRAIN_ALIASES, CommandLineError, canonical_options, unknown_arguments_message
@@ -247,6 +248,15 @@ def check_override_keys(model_type: str, overrides: dict[str, Any]) -> None:
 
 def _build_model(model_args: ModelArguments, data_args: DataArguments, recipe_model: dict, tokenizer,
                  label_smoothing: float = 0.0):
+    """The model to train: fine-tuned, warm-started or new, its config recording the language pair it is trained
+    for (`hf_deepnmt.record_language_pair`, read by ``pipeline("translation")`` to check ``src_lang``/``tgt_lang``)."""
+    model = _new_or_loaded_model(model_args, data_args, recipe_model, tokenizer, label_smoothing)
+    record_language_pair(model.config, data_args.source_lang, data_args.target_lang)
+    return model
+
+
+def _new_or_loaded_model(model_args: ModelArguments, data_args: DataArguments, recipe_model: dict, tokenizer,
+                         label_smoothing: float):
     if model_args.model_name_or_path:
         model = AutoModelForSeq2SeqLM.from_pretrained(model_args.model_name_or_path)
         if hasattr(model.config, "label_smoothing"):
