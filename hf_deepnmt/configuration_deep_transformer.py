@@ -287,7 +287,9 @@ class DeepTransformerConfig(PreTrainedConfig):
         self.ald_weight = ald_weight
         self.ald_unk_ratio = ald_unk_ratio
         self.ald_temperature = ald_temperature
-        self.ald_protected_token_ids = list(ald_protected_token_ids) if ald_protected_token_ids is not None else []
+        # A list or tuple is stored as a list (JSON's form); anything else is kept as given for check_fields to name.
+        self.ald_protected_token_ids = ([] if ald_protected_token_ids is None else list(ald_protected_token_ids)
+                                        if isinstance(ald_protected_token_ids, (list, tuple)) else ald_protected_token_ids)
         self.encoder_layer_aggregation = encoder_layer_aggregation
         self.decoder_layer_aggregation = decoder_layer_aggregation
         self.aggregation_activation = aggregation_activation
