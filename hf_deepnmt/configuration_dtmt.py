@@ -16,6 +16,7 @@ and same-folder modules with ``from .module import Name``.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from transformers import PreTrainedConfig
@@ -223,8 +224,8 @@ class DTMTConfig(PreTrainedConfig):
             value = getattr(self, field)
             if not (_is_number(value) and 0.0 <= value < 1.0):
                 _fail(name, field, value, "it must be a probability in [0, 1)")
-        if not (_is_number(self.init_range) and self.init_range > 0.0):
-            _fail(name, "init_range", self.init_range, "it must be a positive number (the paper uses 0.08)")
+        if not (_is_number(self.init_range) and math.isfinite(self.init_range) and self.init_range > 0.0):
+            _fail(name, "init_range", self.init_range, "it must be a finite positive number (the paper uses 0.08)")
         if not (_is_number(self.label_smoothing) and 0.0 <= self.label_smoothing < 1.0):
             _fail(name, "label_smoothing", self.label_smoothing, "it must be a number in [0, 1)")
         if not (_is_number(self.layer_norm_eps) and 0.0 < self.layer_norm_eps < 1.0):
