@@ -186,6 +186,14 @@ class DTMTConfig(PreTrainedConfig):
         self.unk_token_id = unk_token_id
         self.use_cache = use_cache
         self.tie_word_embeddings = tie_word_embeddings
+        # Types first, in our words, before transformers' own validators see the token ids (docs/training.md).
+        if not (_is_int(vocab_size) and vocab_size >= 1):
+            _fail(type(self).__name__, "vocab_size", vocab_size, "it must be a positive integer")
+        for field, value in (("pad_token_id", pad_token_id), ("bos_token_id", bos_token_id),
+                             ("eos_token_id", eos_token_id), ("unk_token_id", unk_token_id),
+                             ("decoder_start_token_id", decoder_start_token_id)):
+            if not (_is_int(value) and 0 <= value < vocab_size):
+                _fail(type(self).__name__, field, value, f"it must be a token id in [0, vocab_size={vocab_size})")
         super().__init__(
             pad_token_id=pad_token_id,
             bos_token_id=bos_token_id,
