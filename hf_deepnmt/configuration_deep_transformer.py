@@ -318,7 +318,9 @@ class DeepTransformerConfig(PreTrainedConfig):
         self.ald_weight = ald_weight
         self.ald_unk_ratio = ald_unk_ratio
         self.ald_temperature = ald_temperature
-        self.ald_protected_token_ids = list(ald_protected_token_ids) if ald_protected_token_ids is not None else []
+        # A list or tuple is stored as a list (JSON's form); anything else is kept as given for check_fields to name.
+        self.ald_protected_token_ids = ([] if ald_protected_token_ids is None else list(ald_protected_token_ids)
+                                        if isinstance(ald_protected_token_ids, (list, tuple)) else ald_protected_token_ids)
         self.encoder_layer_aggregation = encoder_layer_aggregation
         self.decoder_layer_aggregation = decoder_layer_aggregation
         self.aggregation_activation = aggregation_activation
@@ -389,8 +391,9 @@ class DeepTransformerConfig(PreTrainedConfig):
                   "ADMIN rescales post-LN residuals (liu2020 eq 2), so use it with layer_norm_position='post' only")
         if not (_is_number(self.layer_norm_eps) and 0.0 < self.layer_norm_eps < 1.0):
             _fail(name, "layer_norm_eps", self.layer_norm_eps, "it must be a number in (0, 1)")
-        if self.init_std is not None and not (_is_number(self.init_std) and self.init_std > 0):
-            _fail(name, "init_std", self.init_std, "it must be None (d_model ** -0.5) or a positive number")
+        if self.init_std is not None and not (_is_number(self.init_std) and math.isfinite(self.init_std)
+                                              and self.init_std > 0):
+            _fail(name, "init_std", self.init_std, "it must be None (d_model ** -0.5) or a finite positive number")
         token_fields = ("pad_token_id", "bos_token_id", "eos_token_id", "unk_token_id", "decoder_start_token_id")
         for field in token_fields:
             value = getattr(self, field, None)
@@ -418,8 +421,8 @@ class DeepTransformerConfig(PreTrainedConfig):
                 _fail(name, field, value, "it must be a finite number ≥ 0 (0 switches the loss off)")
         if not (_is_number(self.ald_unk_ratio) and 0.0 < self.ald_unk_ratio < 0.5):
             _fail(name, "ald_unk_ratio", self.ald_unk_ratio, "p_ALD must lie in (0, 0.5) (li2022 §3.4)")
-        if not (_is_number(self.ald_temperature) and self.ald_temperature > 0.0):
-            _fail(name, "ald_temperature", self.ald_temperature, "it must be a positive number")
+        if not (_is_number(self.ald_temperature) and math.isfinite(self.ald_temperature) and self.ald_temperature > 0.0):
+            _fail(name, "ald_temperature", self.ald_temperature, "it must be a finite positive number")
         protected = self.ald_protected_token_ids
         if not (isinstance(protected, list) and all(_is_int(t) and 0 <= t < self.vocab_size for t in protected)):
             _fail(name, "ald_protected_token_ids", protected,

@@ -16,6 +16,7 @@ and same-folder modules with ``from .module import Name``.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from transformers import PreTrainedConfig
@@ -191,6 +192,14 @@ class DTMTConfig(PreTrainedConfig):
         self.use_cache = use_cache
         self.tie_word_embeddings = tie_word_embeddings
         kwargs = without_pipelines_served_in_process(type(self), kwargs)
+        # Types first, in our words, before transformers' own validators see the token ids (docs/training.md).
+        if not (_is_int(vocab_size) and vocab_size >= 1):
+            _fail(type(self).__name__, "vocab_size", vocab_size, "it must be a positive integer")
+        for field, value in (("pad_token_id", pad_token_id), ("bos_token_id", bos_token_id),
+                             ("eos_token_id", eos_token_id), ("unk_token_id", unk_token_id),
+                             ("decoder_start_token_id", decoder_start_token_id)):
+            if not (_is_int(value) and 0 <= value < vocab_size):
+                _fail(type(self).__name__, field, value, f"it must be a token id in [0, vocab_size={vocab_size})")
         super().__init__(
             pad_token_id=pad_token_id,
             bos_token_id=bos_token_id,
@@ -229,8 +238,8 @@ class DTMTConfig(PreTrainedConfig):
             value = getattr(self, field)
             if not (_is_number(value) and 0.0 <= value < 1.0):
                 _fail(name, field, value, "it must be a probability in [0, 1)")
-        if not (_is_number(self.init_range) and self.init_range > 0.0):
-            _fail(name, "init_range", self.init_range, "it must be a positive number (the paper uses 0.08)")
+        if not (_is_number(self.init_range) and math.isfinite(self.init_range) and self.init_range > 0.0):
+            _fail(name, "init_range", self.init_range, "it must be a finite positive number (the paper uses 0.08)")
         if not (_is_number(self.label_smoothing) and 0.0 <= self.label_smoothing < 1.0):
             _fail(name, "label_smoothing", self.label_smoothing, "it must be a number in [0, 1)")
         if not (_is_number(self.layer_norm_eps) and 0.0 < self.layer_norm_eps < 1.0):

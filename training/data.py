@@ -1,4 +1,4 @@
-"""Parallel data: loading (Hub datasets or local files), cleaning, tokenization and token-budget batching.
+r"""Parallel data: loading (Hub datasets or local files), cleaning, tokenization and token-budget batching.
 
 Local formats (chosen by file name; ``.gz`` is read transparently):
 
@@ -8,7 +8,9 @@ Local formats (chosen by file name; ``.gz`` is read transparently):
 * two aligned plain-text files given by their common prefix (fairseq style): ``--train_file data/train`` with
   ``--source_lang en --target_lang es`` reads ``data/train.en`` and ``data/train.es``.
 
-Every malformed record is reported with its file and line. Pairs with an empty side are dropped (and counted).
+Lines end at ``\n``, ``\r\n`` or ``\r``; other Unicode separators (``\f``, U+2028, …) are part of the sentence. Every
+malformed record is reported with its file and line. Each side is whitespace-normalised (runs of Unicode whitespace
+become one space, the ends are trimmed); pairs with an empty side are dropped (and counted).
 
 Batching follows fairseq's ``--max-tokens``: examples are sorted by length (ties broken randomly), cut into
 batches whose padded size ``max_len × n`` stays under the budget, and the batches are shuffled; deterministic for
@@ -66,6 +68,17 @@ def _read_text(path: Path) -> str:
                         "UTF-8 (e.g. iconv -f latin1 -t utf-8).") from None
 
 
+def _lines(text: str) -> list[str]:
+    r"""The lines of a text file as Python's text mode and editors see them: each ends at ``\n``, ``\r\n`` or
+    ``\r``. Not ``str.splitlines()``, which also breaks at ``\v``, ``\f``, ``\x1c``-``\x1e``, ``\x85``,
+    ``\u2028`` and ``\u2029``: characters found inside sentences of crawled text, and left unescaped in JSON
+    strings by ``json.dumps(..., ensure_ascii=False)``."""
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    if lines[-1] == "":  # the last line's terminator (or an empty file)
+        lines.pop()
+    return lines
+
+
 def _base_suffix(path: Path) -> str:
     return Path(path.stem).suffix if path.suffix == ".gz" else path.suffix
 
@@ -80,6 +93,12 @@ def _record_pair(record: Any, where: str, source_lang: str, target_lang: str) ->
             raise DataError(f"{where}: no {lang!r} in 'translation' (found: {found}).")
         if not isinstance(translation[lang], str):
             raise DataError(f"{where}: 'translation.{lang}' must be a string, got {type(translation[lang]).__name__}.")
+        try:  # JSON can escape half of a UTF-16 pair ("\ud83d"): a str that no tokenizer can encode
+            translation[lang].encode("utf-8")
+        except UnicodeEncodeError as error:
+            raise DataError(f"{where}: 'translation.{lang}' holds the lone surrogate "
+                            f"{ascii(error.object[error.start])[1:-1]} (half of a UTF-16 pair), which is not text; "
+                            "repair or drop the record.") from None
     return translation[source_lang], translation[target_lang]
 
 
@@ -91,23 +110,32 @@ def _read_json_records(path: Path, source_lang: str, target_lang: str) -> Iterat
         try:
             records = json.loads(text)
         except json.JSONDecodeError as error:
-            raise DataError(f"{path} line {error.lineno}: not valid JSON ({error.msg}).") from None
-        for index, record in enumerate(records):
-            yield _record_pair(record, f"{path} record {index + 1}", source_lang, target_lang)
-        return
-    for number, line in enumerate(text.splitlines(), start=1):
+            # More values after a first one that fills one line: JSON lines (whose first record is a list); read
+            # below, line by line, so that the first bad record is the one reported.
+            one_line_first = error.msg == "Extra data" and len(_lines(text[: error.pos].strip())) == 1
+            if not one_line_first:
+                raise DataError(f"{path} line {error.lineno}: not valid JSON ({error.msg}).") from None
+        except RecursionError:
+            raise DataError(f"{path}: not valid JSON (nested too deeply).") from None
+        else:
+            for index, record in enumerate(records):
+                yield _record_pair(record, f"{path} record {index + 1}", source_lang, target_lang)
+            return
+    for number, line in enumerate(_lines(text), start=1):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
         except json.JSONDecodeError as error:
             raise DataError(f"{path} line {number}: not valid JSON ({error.msg}).") from None
+        except RecursionError:
+            raise DataError(f"{path} line {number}: not valid JSON (nested too deeply).") from None
         yield _record_pair(record, f"{path} line {number}", source_lang, target_lang)
 
 
 def _read_tsv(path: Path) -> Iterator[tuple[str, str]]:
     empty = True
-    for number, line in enumerate(_read_text(path).splitlines(), start=1):
+    for number, line in enumerate(_lines(_read_text(path)), start=1):
         if not line:
             continue
         empty = False
@@ -122,7 +150,7 @@ def _read_tsv(path: Path) -> Iterator[tuple[str, str]]:
 def _read_aligned_text(prefix: Path, source_lang: str, target_lang: str) -> Iterator[tuple[str, str]]:
     source_path = _find_side(prefix, source_lang)
     target_path = _find_side(prefix, target_lang)
-    sources, targets = _read_text(source_path).splitlines(), _read_text(target_path).splitlines()
+    sources, targets = _lines(_read_text(source_path)), _lines(_read_text(target_path))
     if not sources:
         raise DataError(f"{source_path} is empty.")
     if len(sources) != len(targets):

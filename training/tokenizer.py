@@ -4,7 +4,8 @@ One vocabulary for both languages (docs/transformer.md: shared embeddings need a
 ``<pad>=0 <s>=1 </s>=2 <unk>=3`` — the ids `DeepTransformerConfig` defaults to; ``<unk>`` is also the mask token of
 li2022's ALD loss. Every encoded sequence ends with ``</s>``; the decoder start ``<s>`` is added by the model when
 it shifts the labels right. Text is NFKC-normalised and split SentencePiece-style (Metaspace, ``▁`` marks a word
-start) so that decoding restores the original spacing exactly.
+start) so that decoding restores the original spacing exactly – except that one leading space is lost: it becomes
+the ``▁`` of the first word, which decoding strips (tests/test_properties.py states the round trip precisely).
 
 The saved tokenizer is plain `tokenizer.json` + `tokenizer_config.json`: ``AutoTokenizer.from_pretrained`` reloads
 it with no custom code.
