@@ -519,6 +519,7 @@ def test_the_card_of_a_crt_run_is_true(small_corpus, tmp_path):
     assert (result.dataset_name, result.dataset_split) == ("test.jsonl", "test[:6]")
     assert "Scored on test.jsonl:" in text and "| test[:6] | 6 |" in text
     assert "pip install hf_deepnmt" not in text and "pip install -e ." in text
+    assert "pipeline(\"translation_en_to_es\", model=model, tokenizer=tokenizer)" in text
     assert 'pipeline("translation", model="path/to/this/folder", trust_remote_code=True)' in text
     pushed = card_for_repo(outcome.output_dir, "someone/crt-en-es").decode()
     assert 'model="someone/crt-en-es"' in pushed and 'from_pretrained("someone/crt-en-es")' in pushed
