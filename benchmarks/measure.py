@@ -508,6 +508,39 @@ def dou2018_speed(dims: dict[str, int], train_batch: Batch, source: Batch, new_t
     return {"dims": dims, "train": train, "decode": decode, "variants": variants}
 
 
+def dou2018_decode_flops(dims: dict[str, int], source_length: int = 32, prefix_length: int = 16) -> dict[str, object]:
+    """FLOPs of one cached decoding step (one hypothesis: the new token's decoder layers, aggregation, multi-layer
+    attention over the cached keys/values, and the vocabulary projection) for every `DOU2018_VARIANTS` model,
+    counted by `torch.utils.flop_counter.FlopCounterMode` after a ``prefix_length``-token prefix on a
+    ``source_length``-token source. vanilla / variant is the decoding speed ratio a compute-bound machine would
+    show: the ceiling for the measured ratios when every matmul runs at the same rate."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from .common import build_ours
+
+    generator = torch.Generator().manual_seed(0)
+    vocab = dims["vocab_size"]
+    source = torch.randint(4, vocab, (1, source_length), generator=generator)
+    prefix = torch.cat([torch.full((1, 1), BOS), torch.randint(4, vocab, (1, prefix_length - 1), generator=generator)],
+                       dim=1)
+    token = torch.randint(4, vocab, (1, 1), generator=generator)
+    flops = {}
+    with torch.no_grad():
+        for name, overrides in DOU2018_VARIANTS.items():
+            model = build_ours(dims, **overrides).eval()
+            mask = torch.ones_like(source)
+            encoder_outputs = model.get_encoder()(input_ids=source, attention_mask=mask)
+            cached = model(encoder_outputs=encoder_outputs, attention_mask=mask, decoder_input_ids=prefix,
+                           use_cache=True)
+            counter = FlopCounterMode(display=False)
+            with counter:
+                model(encoder_outputs=encoder_outputs, attention_mask=mask, decoder_input_ids=token,
+                      past_key_values=cached.past_key_values, use_cache=True)
+            flops[name] = counter.get_total_flops()
+    return {"source_length": source_length, "prefix_length": prefix_length, "flops_per_step": flops,
+            "compute_bound_decode_ratio": {name: flops["vanilla"] / value for name, value in flops.items()}}
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # meng2019 DTMT vs the Transformer of about equal size
 # ----------------------------------------------------------------------------------------------------------------

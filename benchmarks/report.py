@@ -267,12 +267,14 @@ def _dou2018(results: dict) -> list[str]:
              "iterative": "+ Iterative Aggregation", "hierarchical": "+ Hierarchical Aggregation",
              "mla2": "+ Multi-Layer Attention (k=2)", "mla3": "+ Multi-Layer Attention (k=3)",
              "hierarchical+div": "+ Hierarchical + L_diversity"}
+    flops = results.get("dou2018_flops", {}).get("compute_bound_decode_ratio", {})
     rows = []
     for name, entry in section["variants"].items():
         rows.append([names.get(name, name), f"+{entry['added_parameters'] / 1e6:.2f}M",
                      f"{train['target_tokens_per_s'][name]:.0f}", f"{entry['train_ratio']:.2f}",
                      f"{entry['paper_train_ratio']:.2f}", f"{decode['sentences_per_s'][name]:.2f}",
-                     f"{entry['decode_ratio']:.2f}", f"{entry['paper_decode_ratio']:.2f}"])
+                     f"{entry['decode_ratio']:.2f}", f"{entry['paper_decode_ratio']:.2f}"]
+                    + ([f"{flops[name]:.2f}" if name in flops else "n/a"] if flops else []))
     return [f"## dou2018: speed of each deep-representation mechanism ({dims['encoder_layers']}-{dims['decoder_layers']}, "
             f"d_model {dims['d_model']}, FFN {dims['encoder_ffn_dim']})", "",
             f"Training step (forward with the model's own objective, backward, AdamW) on {train['target_tokens']} "
@@ -282,7 +284,27 @@ def _dou2018(results: dict) -> list[str]:
             "*paper* = dou2018 Table 1's steps/s and sentences/s relative to its row 1 (Tesla P40). The parameter "
             "counts are those of this vocabulary (8k); `tests/test_dou2018.py` checks Table 1's counts at 32k.", "",
             *_table(["model", "added params", "train tok/s", "train ratio (ours)", "train ratio (paper)",
-                     "beam-4 sent/s", "decode ratio (ours)", "decode ratio (paper)"], rows), ""]
+                     "beam-4 sent/s", "decode ratio (ours)", "decode ratio (paper)"]
+                    + (["decode ratio if compute-bound (FLOPs)"] if flops else []), rows), "",
+            *(_dou2018_flops_note(results) if flops else [])]
+
+
+def _dou2018_flops_note(results: dict) -> list[str]:
+    f = results["dou2018_flops"]
+    ratio = f["compute_bound_decode_ratio"]
+    gap = max(abs(v["train_ratio"] - v["paper_train_ratio"]) for v in results["dou2018"]["variants"].values())
+    return [f"*decode ratio if compute-bound* = FLOPs of one cached decoding step of the vanilla model / of the "
+            f"mechanism (`--sections dou2018_flops`: `torch.utils.flop_counter` on one new token after a "
+            f"{f['prefix_length']}-token prefix, {f['source_length']}-token source, vocabulary projection included; "
+            f"vanilla {f['flops_per_step']['vanilla'] / 1e6:.1f} MFLOP). It is the speed ratio a machine would show "
+            "if every matmul ran at the same rate and nothing else cost time. The paper's decode ratios (0.92-0.96 "
+            "for aggregation) are far above these bounds (e.g. linear "
+            f"{ratio['linear']:.2f}, iterative {ratio['iterative']:.2f}): on its GPU, beam decoding was dominated by "
+            "per-step overheads that the extra matmuls hide behind. On this CPU decoding is mostly compute: our "
+            "ratios sit between the FLOP bound and 1 (linear combination at its bound: its d×d matrices per input "
+            "add a quarter to the decoder's per-token FLOPs), so the paper's decode ratios are out of reach here "
+            "without changing the method; the training ratios, where both sides are compute-bound, are within "
+            f"{gap:.2f} of the paper's.", ""]
 
 
 CRT_PARTS = (("forward_encoder", "fwd encoder"), ("forward_decoder", "fwd decoder"),

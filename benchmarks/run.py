@@ -46,7 +46,7 @@ from .common import (  # noqa: E402
 from .probe import run_probe  # noqa: E402
 
 SECTIONS = ("equivalence", "train", "decode", "flat", "memory", "scaling", "profile", "flops", "compile", "deep_memory",
-            "crt_cost", "dou2018", "dtmt", "engines", "engine_quality", "bf16_train")
+            "crt_cost", "dou2018", "dou2018_flops", "dtmt", "engines", "engine_quality", "bf16_train")
 QUICK_SECTIONS = ("equivalence", "train", "decode", "flat", "memory", "scaling", "profile", "flops")
 
 
@@ -197,6 +197,11 @@ def run(args: argparse.Namespace) -> dict[str, object]:
             f"training step and beam-4 decoding (batch 32), {cfg['dou2018_repeats']} interleaved repeats")
         results["dou2018"] = measure.dou2018_speed(model_dims(size), train_batch, sources[32], cfg["new_tokens"],
                                                    cfg["dou2018_repeats"], cfg["dou2018_repeats"])
+    if "dou2018_flops" in args.sections:
+        # the compute-bound decoding ratio of each dou2018 mechanism: FLOPs of one cached step (no timing)
+        size = cfg["dou2018_size"]
+        log(f"dou2018_flops: 6-6 {size}, FLOPs of one cached decoding step per mechanism")
+        results["dou2018_flops"] = measure.dou2018_decode_flops(model_dims(size))
     if "dtmt" in args.sections:
         # meng2019: DTMT#4 / DTMT#1 / ShallowRNMT vs the Transformer 6-6 of the same width (about DTMT#4's size).
         log(f"dtmt: {cfg['dtmt_size']} training step and decoding vs the Transformer"
