@@ -542,3 +542,32 @@ def test_resuming_from_a_damaged_checkpoint_names_it_and_offers_the_newest_compl
     assert len(error) == 1, error
     assert f"{run / 'checkpoint-4'} cannot be resumed from ({weights} is truncated or corrupted)" in error[0]
     assert f"resume with --resume_from_checkpoint {run / 'checkpoint-2'}" in error[0]
+
+
+@pytest.mark.parametrize("failure, words", [
+    ("offline", "cannot upload to someone/x: HF_HUB_OFFLINE is set"),
+    ("unauthorized", "the Hub refused the upload to someone/x (HTTP 401): log in with `hf auth login`"),
+    ("no_network", "cannot reach the Hub to upload to someone/x (ConnectError: Name or service not known)"),
+])
+def test_push_without_the_hub_says_so_in_one_sentence(trained, failure, words):
+    """Offline, unreachable or not logged in: one sentence naming the repository and where the model stays."""
+    from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
+
+    try:  # the HTTP client of huggingface_hub: httpx2 from huggingface_hub 2.x, httpx before
+        import httpx2 as httpx
+    except ImportError:
+        import httpx
+
+    request = httpx.Request("POST", "https://huggingface.co/api/repos/create")
+    errors = {"offline": OfflineModeIsEnabled("offline mode is enabled"),
+              "unauthorized": HfHubHTTPError("401 Unauthorized", response=httpx.Response(401, request=request)),
+              "no_network": httpx.ConnectError("Name or service not known", request=request)}
+
+    class FailingHub(RecordingHub):
+        def create_repo(self, **kwargs):
+            raise errors[failure]
+
+    with pytest.raises(ValueError) as info:
+        push_folder(trained.output_dir, "someone/x", api=FailingHub())
+    message = str(info.value)
+    assert words in message and f"the model stays in {trained.output_dir}" in message and "\n" not in message

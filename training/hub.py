@@ -56,6 +56,29 @@ def card_for_repo(folder: str | Path, repo_id: str) -> bytes:
     return str(render_model_card(folder, **kwargs)).encode("utf-8")
 
 
+class HubUnavailableError(ValueError):
+    """The Hub could not take an upload (offline, unreachable, not logged in): one sentence, the files stay local."""
+
+
+def explain_hub_error(error: Exception, repo_id: str, folder: str | Path) -> HubUnavailableError | None:
+    """One sentence for the ways an upload fails that are not a bug — offline mode, no network, no or a refused
+    login — naming the repository and where the model stays; None for anything else."""
+    from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
+
+    kept = f"the model stays in {folder}"
+    if isinstance(error, OfflineModeIsEnabled):
+        return HubUnavailableError(f"cannot upload to {repo_id}: HF_HUB_OFFLINE is set ({kept}; unset it to push).")
+    status = getattr(getattr(error, "response", None), "status_code", None)
+    if isinstance(error, HfHubHTTPError) and status in (401, 403):
+        return HubUnavailableError(f"the Hub refused the upload to {repo_id} (HTTP {status}): log in with `hf auth "
+                                   f"login` or pass a write token ({kept}).")
+    name = type(error).__name__
+    if any(word in name for word in ("Connect", "Timeout", "Network", "Proxy")):
+        return HubUnavailableError(f"cannot reach the Hub to upload to {repo_id} ({name}: {error}); check the "
+                                   f"network ({kept}; `deepnmt push --dry_run` lists the files).")
+    return None
+
+
 def push_folder(
     folder: str | Path,
     repo_id: str,
@@ -72,9 +95,15 @@ def push_folder(
     folder = Path(folder)
     files = files_to_upload(folder, include_subfolders)
     api = api if api is not None else HfApi(token=token)
-    api.create_repo(repo_id=repo_id, private=private, exist_ok=True, repo_type="model")
     operations = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(folder / name)) for name in files
                   if name != "README.md"]
     operations.append(CommitOperationAdd(path_in_repo="README.md", path_or_fileobj=card_for_repo(folder, repo_id)))
-    api.create_commit(repo_id=repo_id, operations=operations, commit_message=commit_message, repo_type="model")
+    try:
+        api.create_repo(repo_id=repo_id, private=private, exist_ok=True, repo_type="model")
+        api.create_commit(repo_id=repo_id, operations=operations, commit_message=commit_message, repo_type="model")
+    except Exception as error:  # offline, no network, no login: one sentence (`explain_hub_error`); else re-raise
+        explained = explain_hub_error(error, repo_id, folder)
+        if explained is None:
+            raise
+        raise explained from None
     return files
