@@ -163,3 +163,20 @@ def test_model_card_hook_writes_our_card(tmp_path, data, tiny_tokenizer):
     (tmp_path / "deepnmt_card.json").write_text(json.dumps({"source_lang": "en", "target_lang": "es"}))
     trainer.create_model_card()
     assert "hf_deepnmt" in Path(tmp_path / "README.md").read_text()
+
+
+def test_resuming_a_tied_model_warns_about_no_missing_lm_head(tmp_path, data, tiny_tokenizer, monkeypatch):
+    """A tied model's checkpoint does not store lm_head.weight: resuming re-ties it silently; a key that is really
+    absent is still reported."""
+    import transformers.trainer
+    from torch.nn.modules.module import _IncompatibleKeys
+
+    trainer = make_trainer(tmp_path, data, tiny_tokenizer, max_steps=1)
+    warnings = []
+    monkeypatch.setattr(transformers.trainer.logger, "warning", lambda message, *a, **k: warnings.append(message))
+    model = trainer.model
+    model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())  # untied, as after a bare load
+    trainer._issue_warnings_after_load(_IncompatibleKeys(["lm_head.weight"], []))
+    assert warnings == [] and model.lm_head.weight is model.get_input_embeddings().weight
+    trainer._issue_warnings_after_load(_IncompatibleKeys(["lm_head.weight", "model.encoder.layers.0.fc1.bias"], []))
+    assert len(warnings) == 1 and "model.encoder.layers.0.fc1.bias" in warnings[0] and "lm_head" not in warnings[0]

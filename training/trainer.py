@@ -293,6 +293,16 @@ class DeepNMTTrainer(Seq2SeqTrainer):
         return self.accelerator.prepare(loader)
 
     # ------------------------------------------------------------------------------------------------ saving
+    def _issue_warnings_after_load(self, load_result: Any) -> None:
+        """Resuming a model with tied embeddings: the checkpoint does not store ``lm_head.weight`` (it is the shared
+        embedding), so it is not "missing" — re-tie it and warn only about keys that really are absent."""
+        model = self.accelerator.unwrap_model(self.model)
+        tied = set(getattr(model, "all_tied_weights_keys", None) or getattr(model, "_tied_weights_keys", None) or {})
+        missing = [key for key in load_result.missing_keys if key not in tied]
+        if len(missing) < len(load_result.missing_keys):
+            model.tie_weights()
+        super()._issue_warnings_after_load(type(load_result)(missing, load_result.unexpected_keys))
+
     def _save_checkpoint(self, model: torch.nn.Module, trial: Any) -> None:
         """Write the checkpoint under ``.incomplete/`` and move it into place only once every file is on disk."""
         run_dir = self._get_output_dir(trial=trial)
