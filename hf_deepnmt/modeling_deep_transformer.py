@@ -810,6 +810,15 @@ class DeepTransformerDecoder(_DeepTransformerStack):
 # ----------------------------------------------------------------------------------------------------------------
 # Shared by every model family of the package (the Transformer here, DTMT in modeling_dtmt)
 # ----------------------------------------------------------------------------------------------------------------
+def _unsharded_class(cls: type) -> type:
+    """``cls`` itself, or for the class FSDP2's `fully_shard` generates (``FSDP<Name>``), the model class it wraps."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # a torch without FSDP2 cannot have wrapped it
+        return cls
+    return next(base for base in cls.__mro__ if not issubclass(base, FSDPModule))
+
+
 class HubReadyMixin:
     """`save_pretrained` that makes the folder self-sufficient on the Hub: the `translation` pipeline
     (``custom_pipelines``) and ``auto_map`` entries for both Auto classes. Put before `PreTrainedModel`.
@@ -823,6 +832,15 @@ class HubReadyMixin:
     seq2seq_class_name: str
 
     def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> None:
+        wrapper, defining = type(self), _unsharded_class(type(self))
+        if defining is not wrapper:
+            # FSDP2 (`fully_shard`) gave this instance a generated subclass, `FSDP<Name>`, defined in torch: saved as
+            # is, the folder's `auto_map` and code files would be torch's. Save it as the class it wraps.
+            self.__class__ = defining
+            try:
+                return self.save_pretrained(save_directory, *args, **kwargs)
+            finally:
+                self.__class__ = wrapper
         if self._auto_class is None:
             super().save_pretrained(save_directory, *args, **kwargs)
             return

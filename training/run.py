@@ -546,12 +546,17 @@ def train(argv: Sequence[str]) -> TrainOutcome:
 
     if trainer.is_world_process_zero():
         if data_args.test_file:
-            model.eval()
+            test_model = trainer.model
+            if trainer.is_fsdp_enabled:
+                # A sharded model runs only with every process taking part: process 0 translates with the full
+                # weights save_model just gathered and wrote.
+                test_model = AutoModelForSeq2SeqLM.from_pretrained(output_dir).to(training_args.device)
+            test_model.eval()
             scored = time.time()
             outcome.test_scores, hypotheses = evaluate_model(
                 output_dir, data_args.test_file, data_args.source_lang, data_args.target_lang,
                 num_beams=model_args.eval_num_beams, batch_size=training_args.per_device_eval_batch_size,
-                max_samples=data_args.max_predict_samples, model=trainer.model, tokenizer=tokenizer)
+                max_samples=data_args.max_predict_samples, model=test_model, tokenizer=tokenizer)
             outcome.timings["test_seconds"] = round(time.time() - scored, 1)
             (output_dir / "test_translations.txt").write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
         outcome.timings["total_seconds"] = round(time.time() - started, 1)

@@ -22,7 +22,10 @@ What it adds to `Seq2SeqTrainer`:
   training data before the first step (`hf_deepnmt.admin_profile`);
 * atomic checkpoints: written to ``<output_dir>/.incomplete/checkpoint-N`` and renamed into place when complete,
   so a run killed while saving never leaves a half-written ``checkpoint-N`` that resuming would pick up;
-* refuses ``nn.DataParallel`` (several GPUs visible to one process): launch with torchrun or accelerate.
+* refuses ``nn.DataParallel`` (several GPUs visible to one process): launch with torchrun or accelerate;
+* FSDP (``training/configs/accelerate_fsdp.yaml``): parameters that a process leaves unused in a step (li2022's
+  cross-attention drop) get zero gradients, so every process reduce-scatters the same tensors; a run that asked for
+  FSDP on CPU processes, where accelerate does not shard, says that it trains as DDP.
 """
 
 from __future__ import annotations
@@ -91,6 +94,11 @@ class DeepNMTTrainer(Seq2SeqTrainer):
                 "model in nn.DataParallel, which cannot split li2022's multi-view batches or count the step's units; "
                 f"launch one process per GPU with `torchrun --nproc_per_node {self.args.n_gpu} -m training.cli "
                 "train ...` or `accelerate launch`, or make one GPU visible (CUDA_VISIBLE_DEVICES=0).")
+        fsdp_requested = bool(self.args.fsdp) or os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
+        if fsdp_requested and not self.is_fsdp_enabled and self.is_world_process_zero():
+            print(f"[deepnmt] FSDP was requested, but accelerate shards only on GPUs and other accelerators: this "
+                  f"run trains as DDP on {self.accelerator.num_processes} {self.args.device.type.upper()} process(es), "
+                  "each holding the whole model and optimizer state", file=sys.stderr)
         self.lr_scheduler_factory = lr_scheduler_factory
         if optimizer_cls_and_kwargs is not None:  # Trainer takes it, Seq2SeqTrainer's signature does not
             self.optimizer_cls_and_kwargs = optimizer_cls_and_kwargs
@@ -155,6 +163,20 @@ class DeepNMTTrainer(Seq2SeqTrainer):
         batch = self.data_collator(examples)
         device = self.accelerator.unwrap_model(self.model).device
         return {key: batch[key].to(device) for key in ("input_ids", "attention_mask", "labels")}, tokens
+
+    def _prepare_for_training(self, *args: Any, **kwargs: Any) -> tuple[torch.nn.Module, Any]:
+        """`Trainer._prepare_for_training` (wraps the model), then, under FSDP2, zero gradients for parameters a
+        process left unused.
+
+        FSDP2 reduce-scatters, per layer, the gradients of the parameters that received one; li2022's cross-attention
+        drop draws per process, so processes could reduce different sets of tensors and the collective would fail or
+        hang. With zero gradients for the unused ones every process sends the same tensors (DDP's
+        ``find_unused_parameters``); a model that uses every parameter in every step is unaffected.
+        """
+        model, train_dataloader = super()._prepare_for_training(*args, **kwargs)
+        if self.is_fsdp_enabled and hasattr(model, "set_reduce_scatter_unused_params"):  # FSDP2 (`fully_shard`)
+            model.set_reduce_scatter_unused_params(True)
+        return model, train_dataloader
 
     def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None
                          ) -> torch.optim.lr_scheduler.LRScheduler:
