@@ -95,9 +95,10 @@ def test_pipeline_from_a_saved_folder_in_process(tiny_folder, loaded):
     ]
 
 
-FRESH_PROCESS = textwrap.dedent(
+# A fresh process in which this project's packages cannot be imported (a machine where only the Hub folder exists).
+BLOCK_OUR_PACKAGES = textwrap.dedent(
     """
-    import importlib.abc, json, sys
+    import importlib.abc, sys
 
     class BlockOurPackages(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path, target=None):
@@ -105,6 +106,13 @@ FRESH_PROCESS = textwrap.dedent(
                 raise ImportError(f"{name} is blocked in this process")
 
     sys.meta_path.insert(0, BlockOurPackages())
+    """
+)
+
+
+FRESH_PROCESS = BLOCK_OUR_PACKAGES + textwrap.dedent(
+    """
+    import json
     import torch
     from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
 
@@ -387,16 +395,8 @@ def test_record_language_pair_replaces_other_pairs_and_keeps_other_tasks(tiny_fo
         record_language_pair(config, "pt", "en_to_es")
 
 
-REMOTE_LANGUAGES = textwrap.dedent(
+REMOTE_LANGUAGES = BLOCK_OUR_PACKAGES + textwrap.dedent(
     """
-    import importlib.abc, sys
-
-    class BlockOurPackages(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path, target=None):
-            if name.split(".")[0] in ("hf_deepnmt", "training", "model_cards"):
-                raise ImportError(f"{name} is blocked in this process")
-
-    sys.meta_path.insert(0, BlockOurPackages())
     from transformers import pipeline
 
     folder, text = sys.argv[1], sys.argv[2]
