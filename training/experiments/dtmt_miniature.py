@@ -177,8 +177,8 @@ def write_markdown(report: dict, path: Path) -> None:
     lines = [
         f"# meng2019 in miniature: ShallowRNMT, L-GRU, DTMT#1, DTMT#4 and a Transformer at d_model {setup['d_model']}",
         "",
-        "Command(s): " + "; ".join(f"`{c}`" for c in report["commands"]) + f" ({report['wall_minutes']} min of runs, "
-        f"one after the other, {setup['threads']} CPU thread each, on the shared 2-core machine). Embedded "
+        "Command(s): " + "; ".join(f"`{c}`" for c in report["commands"]) + f" ({report['wall_minutes']} min of runs in all, "
+        f"{setup['threads']} CPU thread each, on the shared 2-core machine). Embedded "
         f"WEB→RV1909 corpus (en→es), joint BPE 4000, {setup['max_tokens']}-token batches, {setup['max_steps']} steps "
         f"for every row (equal data and steps), validation every {setup['eval_steps']} steps on "
         f"{setup['eval_samples']} verses (greedy), test on the first {setup['test_samples']} test verses (beam 4; "
@@ -189,6 +189,7 @@ def write_markdown(report: dict, path: Path) -> None:
         "",
         "Values are the mean ± standard deviation over seeds where a row ran with several.",
         "",
+        *([report["note"], ""] if report.get("note") else []),
         "| row | seeds | parameters | training min | source tok/s | train NLL (last 5 logs) | valid loss | "
         "valid BLEU (greedy) | test BLEU (beam 4) | test chrF |",
         "|---|---|---|---|---|---|---|---|---|---|",
