@@ -234,7 +234,7 @@ def _export(argv: Sequence[str]) -> int:
 
 
 def _push(argv: Sequence[str]) -> int:
-    from .hub import files_to_upload, push_folder
+    from .hub import EXCLUDED_PREFIXES, files_to_upload, push_folder
 
     parser = CommandParser(prog="deepnmt push", description="Upload a trained model folder (weights, "
                            "config, generation config, tokenizer, remote code, translation pipeline, model "
@@ -254,7 +254,7 @@ def _push(argv: Sequence[str]) -> int:
         parser.error("give the model folder once, as FOLDER or --model_name_or_path")
     args.folder = args.folder or args.model
     skipped = sorted({p.name for p in Path(args.folder).iterdir() if p.is_dir() and not p.name.startswith(
-        ("checkpoint-", ".", "_", "runs"))}) if Path(args.folder).is_dir() and not args.include_subfolders else []
+        EXCLUDED_PREFIXES)}) if Path(args.folder).is_dir() and not args.include_subfolders else []
     if skipped:
         print(f"[deepnmt] not uploading the subfolder(s) {', '.join(s + '/' for s in skipped)} (other models; "
               "--include_subfolders uploads them)", file=sys.stderr)
