@@ -365,6 +365,16 @@ def check_saved_model(folder: Path, flag: str = "--model") -> None:
                              "checkpoint-N/ or re-download it.") from None
 
 
+def _close_process_group() -> None:
+    """End a finished distributed run cleanly: a gloo group left open at interpreter exit can abort a rank
+    ("terminate called without an active exception") after everything was saved, failing the launcher."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -384,6 +394,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .run import print_train_summary, train
 
             print_train_summary(train(rest), time.time() - started)
+            _close_process_group()
             code = 0
         else:
             code = {"evaluate": _evaluate, "diagnose": _diagnose, "translate": _translate, "export": _export,
