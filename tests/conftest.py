@@ -147,6 +147,7 @@ TINY_TRAIN_ARGS = [
     "--logging_steps", "1", "--report_to", "none", "--use_cpu", "true", "--seed", "3",
     "--per_device_train_batch_size", "8", "--eval_strategy", "no", "--save_strategy", "no",
     "--dataloader_num_workers", "0", "--disable_tqdm", "true",
+    "--nmt_defaults", "false",  # every option is given here; tests/test_defaults.py tests the from-scratch defaults
 ]
 
 

@@ -24,6 +24,7 @@ from transformers import (
     DataCollatorForSeq2Seq,
     HfArgumentParser,
     Seq2SeqTrainingArguments,
+    TrainerCallback,
     set_seed,
 )
 
@@ -32,6 +33,7 @@ from hf_deepnmt import record_language_pair
 from model_cards import EvalRow, write_model_card
 
 from .arguments import TRAIN_ALIASES, CommandLineError, canonical_options, unknown_arguments_message
+from .defaults import PARSE_TIME_DEFAULTS, given_options, resolve as resolve_defaults
 from .data import DataArguments, DataError, load_splits, read_parallel_file, tokenize_corpus
 from .hub import push_folder
 from .metrics import TranslationMetrics, TranslationScores, score_translations
@@ -73,6 +75,8 @@ class ModelArguments:
     lr_replicas: int | None = field(default=None, metadata={"help": "rnnplus_warmup_decay: n, the number of concurrent model replicas (peak lr = n · lr0); default: processes × gradient accumulation steps."})
     license: str = field(default="apache-2.0", metadata={"help": "License written into the model card."})
     dataset_label: str | None = field(default=None, metadata={"help": "Dataset name for the model card (default: the file or Hub name)."})
+    max_train_minutes: float | None = field(default=None, metadata={"help": "Stop training after this many minutes of training (evaluations included; the run then saves, tests and writes its card as after --max_steps): a wall-clock budget, e.g. to compare setups at equal time."})
+    nmt_defaults: bool = field(default=True, metadata={"help": "A model trained from scratch without --recipe gets NMT defaults for every option the command line leaves unset: model size, learning rate, warm-up, token batch and vocabulary from the data size and device, inverse-sqrt schedule, Adam β2 0.98, validation BLEU four times per run (docs/defaults.md); the resolved values are printed at start. false: transformers' fine-tuning defaults."})
 
 
 @dataclass
@@ -90,6 +94,32 @@ class TrainOutcome:
 
 
 # ------------------------------------------------------------------------------------------------ helpers
+class TimeBudget(TrainerCallback):
+    """``--max_train_minutes``: stop after the step that ends past the budget (the clock starts at the first step),
+    with a final evaluation and save if the run evaluates/saves by steps."""
+
+    def __init__(self, minutes: float) -> None:
+        self.seconds = minutes * 60.0
+        self.started: float | None = None
+
+    def on_step_begin(self, args, state, control, **kwargs):  # noqa: ANN001, ANN201 (transformers' signature)
+        if self.started is None:
+            self.started = time.time()
+
+    def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN201
+        over = self.started is not None and time.time() - self.started >= self.seconds
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            # every process must stop at the same step: stop when any one is past the budget
+            flag = torch.tensor([float(over)], device=args.device)
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+            over = bool(flag.item())
+        if over:
+            control.should_training_stop = True
+            control.should_evaluate = args.eval_strategy != "no"
+            control.should_save = args.save_strategy != "no"
+        return control
+
+
 # Defaults of `deepnmt train` that differ from transformers' fine-tuning defaults (a recipe or the command line
 # overrides them).
 NMT_DEFAULTS: dict[str, Any] = {
@@ -105,11 +135,12 @@ class _TrainParser(HfArgumentParser):
         raise CommandLineError(f"{message} (see `deepnmt train --help`)")
 
 
-def train_argument_parser() -> HfArgumentParser:
-    """The parser of `deepnmt train`, with `NMT_DEFAULTS` in place of transformers' defaults."""
+def train_argument_parser(scratch_defaults: dict[str, Any] | None = None) -> HfArgumentParser:
+    """The parser of `deepnmt train`, with `NMT_DEFAULTS` in place of transformers' defaults, and
+    ``scratch_defaults`` (`training.defaults.PARSE_TIME_DEFAULTS`) for a from-scratch run without a recipe."""
     parser = _TrainParser((ModelArguments, DataArguments, Seq2SeqTrainingArguments), prog="deepnmt train",
                          allow_abbrev=False)
-    parser.set_defaults(**NMT_DEFAULTS)
+    parser.set_defaults(**NMT_DEFAULTS, **(scratch_defaults or {}))
     for action in parser._actions:
         if action.dest == "label_smoothing_factor":
             action.help = ("Label smoothing ε of the training NLL (deepnmt's default 0.1, the value of every paper "
@@ -133,12 +164,23 @@ def parse_train_args(argv: Sequence[str]) -> tuple[ModelArguments, DataArguments
     if not named_output_dir and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1 and "--help" not in argv:
         raise ValueError("--output_dir is required when several processes train one model (every rank must write "
                          "the same folder).")
-    parser = train_argument_parser()
+    given = given_options(argv)
+    from_scratch = not ({"recipe", "model_name_or_path", "warm_start_from"} & given)
+    scratch_defaults = None
+    if from_scratch:  # training.defaults: what is chosen here does not depend on the data
+        scratch_defaults = {key: value for key, value in PARSE_TIME_DEFAULTS.items() if key not in given}
+        if not {"validation_file", "dataset_name"} & given:
+            scratch_defaults.pop("eval_strategy", None)  # nothing to evaluate on
+    parser = train_argument_parser(scratch_defaults)
     model_args, data_args, training_args, unknown = parser.parse_args_into_dataclasses(
         recipe_to_argv(recipe) + argv, return_remaining_strings=True)
     if unknown:
         raise CommandLineError(unknown_arguments_message(unknown, list(parser._option_string_actions))
                                + " (see `deepnmt train --help`)")
+    if scratch_defaults and not model_args.nmt_defaults:  # --nmt_defaults false: transformers' defaults
+        parser = train_argument_parser()
+        model_args, data_args, training_args = parser.parse_args_into_dataclasses(recipe_to_argv(recipe) + argv)
+    model_args.nmt_defaults = bool(scratch_defaults) and model_args.nmt_defaults  # True: `train` resolves the rest
     if not named_output_dir:
         training_args.output_dir = default_output_dir(model_args, recipe)
         print(f"[deepnmt] no --output_dir given: writing the run to {training_args.output_dir}", file=sys.stderr)
@@ -162,6 +204,30 @@ def parse_train_args(argv: Sequence[str]) -> tuple[ModelArguments, DataArguments
     for name in ("train_file", "validation_file", "test_file"):
         setattr(data_args, name, resolve_path(getattr(data_args, name)))
     return model_args, data_args, training_args, recipe
+
+
+def apply_scratch_defaults(model_args: ModelArguments, data_args: DataArguments,
+                           training_args: Seq2SeqTrainingArguments, recipe: dict, pairs: int, given: set[str]) -> None:
+    """Set the data-dependent NMT defaults (`training.defaults.resolve`) of a from-scratch run without a recipe on
+    the parsed arguments, never touching an option the command line set, and print them (process 0)."""
+    device = "cpu" if training_args.use_cpu or not torch.cuda.is_available() else "gpu"
+    model_given = bool(model_args.config_name or model_args.model_type)
+    resolution = resolve_defaults(pairs, device, given, model_given, training_args.max_steps)
+    overrides = parse_overrides(model_args.config_overrides)
+    if overrides.get("residual_scaling") == "admin" and "layer_norm_position" not in overrides and resolution.model:
+        resolution.model["layer_norm_position"] = "post"  # ADMIN is defined on post-LN (liu2020), not pre-LN
+    recipe["model"] = {**resolution.model, **recipe["model"]}
+    if device == "cpu" and "dataloader_pin_memory" not in given:
+        resolution.options["dataloader_pin_memory"] = False  # nothing to pin for (and a warning per epoch)
+    for key, value in resolution.options.items():
+        target = next(args for args in (training_args, data_args, model_args) if hasattr(args, key))
+        setattr(target, key, value)
+    if training_args.process_index == 0:
+        fixed = {key: getattr(training_args, key) for key in PARSE_TIME_DEFAULTS if key not in given}
+        effective = _model_fields(model_args, recipe["model"])[1]
+        print("\n".join(resolution.describe(effective) + [
+            "[deepnmt]   " + ", ".join(f"--{key} {getattr(value, 'value', value)}" for key, value in fixed.items()),
+            f"[deepnmt]   --label_smoothing_factor {training_args.label_smoothing_factor}"]), file=sys.stderr)
 
 
 def default_output_dir(model_args: ModelArguments, recipe: dict) -> str:
@@ -487,12 +553,14 @@ def train(argv: Sequence[str]) -> TrainOutcome:
     output_dir = Path(training_args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
 
-    splits = ["train"]
-    if training_args.eval_strategy != "no" or training_args.do_eval:
-        splits.append("validation")
-    corpora = load_splits(data_args, splits)
+    corpora = load_splits(data_args, ["train"])
     if "train" not in corpora:
         raise DataError("No training data: pass --train_file (or --dataset_name) or a recipe that has one.")
+    if model_args.nmt_defaults:  # from scratch, no recipe: model size etc. from the data size (training.defaults)
+        apply_scratch_defaults(model_args, data_args, training_args, recipe, len(corpora["train"]),
+                               given_options(canonical_options(argv, TRAIN_ALIASES)))
+    if training_args.eval_strategy != "no" or training_args.do_eval:
+        corpora.update(load_splits(data_args, ["validation"]))
     tokenizer = _load_or_train_tokenizer(model_args, data_args, training_args, corpora["train"])
     model = _build_model(model_args, data_args, recipe["model"], tokenizer, training_args.label_smoothing_factor)
     model.generation_config.num_beams = model_args.eval_num_beams
@@ -506,6 +574,14 @@ def train(argv: Sequence[str]) -> TrainOutcome:
         )
         for split, corpus in corpora.items()
     }
+    if model_args.nmt_defaults and "validation" in datasets and training_args.generation_max_length is None:
+        # transformers' default (20 tokens) cuts most translations short, the truncation length (256) lets an
+        # untrained model babble for minutes: translate's rule, 1.5 × source length + 10, for the longest source
+        longest = max((len(ids) for ids in datasets["validation"]["input_ids"]), default=0)
+        limit = data_args.val_max_target_length or data_args.max_target_length
+        training_args.generation_max_length = min(limit, int(1.5 * longest) + 10)
+        print(f"[deepnmt]   --generation_max_length {training_args.generation_max_length} (1.5 × the longest "
+              f"validation source, {longest} tokens, + 10)", file=sys.stderr)
     for split, corpus in corpora.items():
         print(f"[deepnmt] {split}: {len(datasets[split])} pairs from {corpus.origin} "
               f"(dropped {corpus.dropped_empty} empty, {corpus.dropped_length} by length filters)", file=sys.stderr)
@@ -531,6 +607,11 @@ def train(argv: Sequence[str]) -> TrainOutcome:
         compute_metrics=metrics,
         max_tokens=data_args.max_tokens,
     )
+    if model_args.max_train_minutes is not None:
+        if not model_args.max_train_minutes > 0:
+            raise ValueError(f"`--max_train_minutes` = {model_args.max_train_minutes!r} is not allowed; use a "
+                             "positive number of minutes.")
+        trainer.add_callback(TimeBudget(model_args.max_train_minutes))
     # Seq2SeqTrainer's evaluation writes transformers' global defaults (max_length=20, …) into the model's
     # generation config; save the model with the one it was built with.
     generation_config = copy.deepcopy(model.generation_config)

@@ -126,7 +126,11 @@ def main() -> None:
     parser.add_argument("--layer_norm_position", default="pre", choices=("pre", "post"))
     parser.add_argument("--base_steps", type=int, default=800, help="Steps of the vanilla model every row starts from.")
     parser.add_argument("--max_steps", type=int, default=600, help="Steps of every row after the warm start.")
-    parser.add_argument("--seeds", default="1", help="Comma-separated seeds of the rows (the base uses the first).")
+    parser.add_argument("--seeds", default="1", help="Comma-separated seeds of the rows.")
+    parser.add_argument("--base_seed", type=int, default=None,
+                        help="Seed of the vanilla base run (default: the first of --seeds). With --append and no "
+                             "--base_dir, the base is trained again and must score exactly the test BLEU recorded in "
+                             "the results' JSON, or nothing else runs.")
     parser.add_argument("--max_tokens", type=int, default=2048)
     parser.add_argument("--learning_rate", type=float, default=2e-3)
     parser.add_argument("--warmup_steps", type=int, default=200)
@@ -164,6 +168,7 @@ def main() -> None:
     if unknown:
         parser.error(f"--rows: {unknown} are not rows; use some of {list(ROWS)}.")
     seeds = [int(seed) for seed in args.seeds.split(",")]
+    base_seed = seeds[0] if args.base_seed is None else args.base_seed
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
     results.mkdir(parents=True, exist_ok=True)
@@ -181,9 +186,16 @@ def main() -> None:
     else:
         base = work / f"base-{int(started)}"
         base_run = run_queue([("base", train_command(base, model_overrides("vanilla", args), args.base_steps, args,
-                                                      seeds[0], None), base)], 1, env, work)["base"]
+                                                      base_seed, None), base)], 1, env, work)["base"]
     if base_run["exit_code"] != 0:
         raise SystemExit(f"the vanilla base run failed; see {work}/{base.name}.log")
+    previous_path = results / "dou2018_miniature.json"
+    if args.append and not args.base_dir and previous_path.exists():
+        # Adding seeds to a table needs the very base the table was built on: a retrained base must be bit-identical.
+        recorded, retrained = json.loads(previous_path.read_text())["base"]["test"], _test(base)
+        if (recorded or {}).get("bleu") != (retrained or {}).get("bleu"):
+            raise SystemExit(f"the retrained base scores test BLEU {(retrained or {}).get('bleu')}, the table's base "
+                             f"{(recorded or {}).get('bleu')}: not the same model, so no rows were added.")
     jobs = []
     for seed in seeds:
         for row in rows:
@@ -223,7 +235,6 @@ def main() -> None:
         entry["diversity"] = measured_diversity(folder, args.diversity_pairs)
         entry["parameters"] = entry["diversity"]["parameters"] if entry["diversity"] else None
         report["runs"][name] = entry
-    previous_path = results / "dou2018_miniature.json"
     if args.append and previous_path.exists():
         previous = json.loads(previous_path.read_text())
         seeds_all = sorted({int(seed) for seed in previous["setup"]["seeds"].split(",")} | set(seeds))

@@ -1,0 +1,134 @@
+"""`deepnmt train` from scratch without a recipe: NMT defaults (training/defaults.py, docs/defaults.md)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import train_argv
+
+from training.cli import main
+from training.defaults import CPU_SIZES, GPU_SIZES, PARSE_TIME_DEFAULTS, given_options, resolve, size_class
+from training.run import apply_scratch_defaults, parse_train_args
+
+
+def test_the_model_size_follows_the_data_size_and_the_device():
+    assert size_class(29_024, "cpu").name == "cpu-small"
+    assert size_class(300_000, "cpu").name == "cpu-medium"
+    assert size_class(160_000, "gpu").name == "gpu-low-resource"
+    assert size_class(4_500_000, "gpu").name == "gpu-base"
+    assert size_class(36_000_000, "gpu").name == "gpu-big"
+    for table in (CPU_SIZES, GPU_SIZES):  # every row is a complete, valid model
+        for row in table:
+            from transformers import AutoConfig
+
+            fields = {key: value for key, value in row.model.items() if key != "model_type"}
+            AutoConfig.for_model(row.model["model_type"], vocab_size=row.vocab_size, **fields)
+
+
+def test_given_options_reads_both_spellings():
+    assert given_options(["--learning_rate=1e-4", "--max-steps", "3", "x"]) == {"learning_rate", "max_steps"}
+
+
+def test_resolve_never_changes_what_the_command_line_set():
+    chosen = resolve(29_024, "cpu", given={"learning_rate", "vocab_size"}, model_fields_given=False, max_steps=1400)
+    assert "learning_rate" not in chosen.options and "vocab_size" not in chosen.options
+    assert chosen.options["warmup_steps"] == 200 and chosen.options["eval_steps"] == 350
+    assert chosen.options["max_tokens"] == 2048 and chosen.model["d_model"] == 128
+    short = resolve(29_024, "cpu", given=set(), model_fields_given=True, max_steps=100)
+    assert short.model == {} and short.options["warmup_steps"] == 20  # a fifth of a short run at most
+    sentences = resolve(29_024, "cpu", given={"per_device_train_batch_size"}, model_fields_given=False, max_steps=0)
+    assert "max_tokens" not in sentences.options and sentences.options["eval_steps"] == 1000
+
+
+def _argv(tmp_path, *extra):
+    return ["--train_file", "t.jsonl", "--output_dir", str(tmp_path / "run"), *extra]
+
+
+def test_from_scratch_without_a_recipe_parses_nmt_defaults(tmp_path):
+    model_args, _, args, _ = parse_train_args(_argv(tmp_path, "--validation_file", "v.jsonl"))
+    assert model_args.nmt_defaults
+    assert args.lr_scheduler_type == "inverse_sqrt" and args.adam_beta2 == 0.98
+    assert args.eval_strategy == "steps" and args.predict_with_generate and args.generation_num_beams == 1
+    assert args.label_smoothing_factor == 0.1
+    # no validation data: nothing to evaluate on
+    assert parse_train_args(_argv(tmp_path))[2].eval_strategy == "no"
+    # the command line wins
+    assert parse_train_args(_argv(tmp_path, "--lr_scheduler_type", "cosine"))[2].lr_scheduler_type == "cosine"
+
+
+@pytest.mark.parametrize("extra", [["--nmt_defaults", "false"], ["--recipe", "quickstart"],
+                                   ["--model_name_or_path", "some/model"], ["--warm_start_from", "some/model"]])
+def test_nmt_defaults_only_for_a_new_model_without_a_recipe(tmp_path, extra):
+    model_args, _, args, _ = parse_train_args(_argv(tmp_path, *extra))
+    assert not model_args.nmt_defaults
+    if extra[0] != "--recipe":  # transformers' own defaults
+        assert args.lr_scheduler_type == "linear" and args.adam_beta2 == 0.999 and args.learning_rate == 5e-5
+    else:  # the recipe's values
+        assert args.learning_rate == 0.003 and args.max_steps == 1400
+
+
+def test_apply_sets_the_data_dependent_defaults_and_prints_them(tmp_path, capsys):
+    argv = _argv(tmp_path, "--validation_file", "v.jsonl", "--max_steps", "800", "--learning_rate", "1e-3",
+                 "--config_overrides", "d_model=64")
+    model_args, data_args, args, recipe = parse_train_args(argv)
+    apply_scratch_defaults(model_args, data_args, args, recipe, 29_024, given_options(argv))
+    assert args.learning_rate == 1e-3  # given: kept
+    assert args.warmup_steps == 160 and args.eval_steps == 200 and args.save_steps == 200
+    assert data_args.max_tokens == 2048 and data_args.max_eval_samples == 500 and model_args.vocab_size == 4000
+    assert recipe["model"]["encoder_layers"] == 6 and recipe["model"]["layer_norm_position"] == "pre"
+    printed = capsys.readouterr().err
+    assert "NMT defaults for 29,024 pairs on CPU" in printed
+    assert "6-2 layers, d_model 64" in printed  # the model as it will be built, --config_overrides applied
+    assert "--warmup_steps 160" in printed and "--learning_rate" not in printed  # only what was chosen here
+    assert "--lr_scheduler_type inverse_sqrt" in printed
+
+
+def test_admin_overrides_get_the_post_ln_model_admin_is_defined_on(tmp_path):
+    argv = _argv(tmp_path, "--config_overrides", "residual_scaling=admin")
+    model_args, data_args, args, recipe = parse_train_args(argv)
+    apply_scratch_defaults(model_args, data_args, args, recipe, 1_000, given_options(argv))
+    assert recipe["model"]["layer_norm_position"] == "post"
+
+
+def test_train_from_scratch_end_to_end_uses_and_records_the_defaults(small_corpus, tmp_path, capsys):
+    out = tmp_path / "run"
+    code = main(["train", "--train_file", str(small_corpus / "train.jsonl"),
+                 "--validation_file", str(small_corpus / "valid.jsonl"), "--output_dir", str(out),
+                 "--max_steps", "4", "--vocab_size", "200", "--bpe_min_frequency", "1", "--max_eval_samples", "4",
+                 "--max_source_length", "48", "--max_target_length", "48", "--report_to", "none",
+                 "--disable_tqdm", "true", "--save_strategy", "no",
+                 "--config_overrides", "d_model=16,encoder_ffn_dim=32,decoder_ffn_dim=32,max_position_embeddings=64"])
+    assert code == 0
+    printed = capsys.readouterr().err
+    assert "NMT defaults for 160 pairs" in printed
+    config = json.loads((out / "config.json").read_text())
+    assert (config["encoder_layers"], config["decoder_layers"], config["d_model"]) == (6, 2, 16)
+    assert config["layer_norm_position"] == "pre" and config["label_smoothing"] == 0.1
+    args = torch.load(out / "training_args.bin", weights_only=False)
+    assert args.learning_rate == 3e-3 and args.lr_scheduler_type == "inverse_sqrt" and args.warmup_steps == 1
+    assert args.eval_steps == 1
+    # translate's length rule for the longest validation source, under the truncation length
+    assert f"--generation_max_length {args.generation_max_length} (1.5 × the longest validation source" in printed
+    assert 10 < args.generation_max_length <= 48
+    state = json.loads((out / "trainer_state.json").read_text())
+    assert [entry["step"] for entry in state["log_history"] if "eval_bleu" in entry] == [1, 2, 3, 4]
+
+
+def test_parse_time_defaults_are_real_training_arguments():
+    from transformers import Seq2SeqTrainingArguments
+
+    fields = set(Seq2SeqTrainingArguments.__dataclass_fields__)
+    assert set(PARSE_TIME_DEFAULTS) <= fields
+
+
+def test_max_train_minutes_stops_training_at_the_budget(small_corpus, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", *train_argv(small_corpus, out, "--max_steps", "50", "--max_train_minutes", "0.0001")]) == 0
+    state = json.loads((out / "trainer_state.json").read_text())
+    assert state["global_step"] == 1  # the first step already ends past a 6 ms budget; the run still finishes
+    assert (out / "model.safetensors").exists() and (out / "metrics.json").exists()
+    code = main(["train", *train_argv(small_corpus, tmp_path / "bad", "--max_train_minutes", "0")])
+    assert code == 2
+    assert "`--max_train_minutes` = 0.0 is not allowed; use a positive number of minutes." in capsys.readouterr().err

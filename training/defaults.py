@@ -1,0 +1,146 @@
+"""NMT defaults of `deepnmt train` for a model trained from scratch without a recipe (docs/defaults.md).
+
+transformers' `Seq2SeqTrainingArguments` defaults are fine-tuning defaults (learning rate 5e-5, linear decay, no
+warm-up, no label smoothing, 8-sentence batches, no evaluation, ``generation_max_length`` 20). A translation model
+trained from scratch needs other ones. When `deepnmt train` starts a new model and no ``--recipe`` is given, every
+option below that the command line does not set takes the value chosen here, from the size of the training data
+and the device, and the resolved choices are printed before training starts. ``--nmt_defaults false`` restores
+transformers' defaults (and this package's label smoothing 0.1 stays: see ``--label_smoothing_factor``).
+
+Two stages, because the model size depends on the data:
+
+* `parse_time_defaults` — before the arguments are parsed: options that depend on nothing (the schedule, Adam's β₂,
+  evaluation with generation, logging);
+* `resolve` — after the training data is read: the model size, learning rate, warm-up, token batch, vocabulary,
+  evaluation interval and evaluation sample count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+# Options of every from-scratch run that depend on nothing else. (transformers' default in the comment.)
+PARSE_TIME_DEFAULTS: dict[str, Any] = {
+    "lr_scheduler_type": "inverse_sqrt",  # linear: Vaswani et al. (2017) §5.3, the schedule of every paper here
+    "adam_beta2": 0.98,  # 0.999: Vaswani et al. (2017) §5.3
+    "max_grad_norm": 1.0,  # 1.0 (kept; stated because NMT recipes differ)
+    "weight_decay": 0.0,  # 0.0 (kept)
+    "eval_strategy": "steps",  # no: a run that has validation data reports validation BLEU while it trains
+    "predict_with_generate": True,  # False: BLEU needs translations, not just the loss
+    "generation_num_beams": 1,  # greedy during training (fast); the final test uses --eval_num_beams
+    "per_device_eval_batch_size": 64,  # 8
+    "logging_steps": 50,  # 500
+    "save_total_limit": 3,  # None: keep the newest three checkpoints (the best model is kept by the trainer)
+}
+
+
+@dataclass(frozen=True)
+class SizeClass:
+    """One row of the model-size table (docs/defaults.md): used when the training data has fewer than
+    ``max_pairs`` pairs (and the device matches)."""
+
+    name: str
+    max_pairs: float
+    model: dict[str, Any]
+    learning_rate: float
+    warmup_steps: int
+    max_tokens: int
+    vocab_size: int
+    max_eval_samples: int | None
+    provenance: str
+
+
+def _transformer(d_model: int, layers: tuple[int, int], heads: int, ffn: int, dropout: float) -> dict[str, Any]:
+    return {
+        "model_type": "deep_transformer", "d_model": d_model, "encoder_layers": layers[0],
+        "decoder_layers": layers[1], "encoder_attention_heads": heads, "decoder_attention_heads": heads,
+        "encoder_ffn_dim": ffn, "decoder_ffn_dim": ffn, "dropout": dropout, "attention_dropout": 0.0,
+        "activation_dropout": 0.0, "activation_function": "relu", "layer_norm_position": "pre",
+        "scale_embedding": True, "tie_word_embeddings": True,
+    }
+
+
+# CPU: the model must learn something in minutes to hours on a few cores. The first row is the quickstart's model,
+# chosen by measurement on this project's 2-core CPU (training/experiments/results/train_defaults.md).
+CPU_SIZES: tuple[SizeClass, ...] = (
+    SizeClass("cpu-small", 200_000, _transformer(128, (6, 2), 4, 512, 0.1), 3e-3, 200, 2048, 4000, 500,
+              "measured: the quickstart recipe (docs/defaults.md)"),
+    SizeClass("cpu-medium", float("inf"), _transformer(256, (6, 6), 4, 1024, 0.1), 2e-3, 1000, 4096, 8000, 500,
+              "scaled from cpu-small: width ×2, lr 2/3, warm-up ×5 (not measured at this size)"),
+)
+# GPU: the standard shapes for the data size (fairseq's transformer_iwslt_de_en, Vaswani et al.'s Base and Big),
+# pre-LN so that they train without a tuned warm-up.
+GPU_SIZES: tuple[SizeClass, ...] = (
+    SizeClass("gpu-low-resource", 500_000, _transformer(512, (6, 6), 4, 1024, 0.3), 1e-3, 4000, 4096, 16000,
+              None, "the IWSLT'14 de-en shape (~160k pairs): fairseq transformer_iwslt_de_en, dropout 0.3"),
+    SizeClass("gpu-base", 10_000_000, _transformer(512, (6, 6), 8, 2048, 0.1), 1e-3, 4000, 4096, 32000, None,
+              "Transformer Base (Vaswani et al. 2017), pre-LN: lr 1e-3 (post-LN would need ~7e-4)"),
+    SizeClass("gpu-big", float("inf"), _transformer(1024, (6, 6), 16, 4096, 0.3), 5e-4, 4000, 4096, 32000, None,
+              "Transformer Big (Vaswani et al. 2017), pre-LN, dropout 0.3 as for WMT14 en-de"),
+)
+
+
+def size_class(pairs: int, device: str) -> SizeClass:
+    """The size row for ``pairs`` training pairs on ``device`` ('cpu' or 'gpu')."""
+    table = CPU_SIZES if device == "cpu" else GPU_SIZES
+    return next(row for row in table if pairs < row.max_pairs)
+
+
+def given_options(argv: Sequence[str]) -> set[str]:
+    """The option names (without ``--``, underscores) that ``argv`` sets, ``--x=1`` and ``--x 1`` alike."""
+    return {token[2:].split("=", 1)[0].replace("-", "_") for token in argv if token.startswith("--")}
+
+
+@dataclass
+class Resolution:
+    """What `resolve` chose: the model fields and the options it set, with the reason for each."""
+
+    size: SizeClass
+    device: str
+    pairs: int
+    model: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def describe(self, effective_model: dict[str, Any] | None = None) -> list[str]:
+        """The lines `deepnmt train` prints at start; ``effective_model``: the chosen model fields with the command
+        line's ``--config_overrides`` applied."""
+        lines = [f"[deepnmt] training from scratch without a recipe: NMT defaults for {self.pairs:,} pairs on "
+                 f"{self.device.upper()} (size '{self.size.name}': {self.size.provenance}); any of them can be set "
+                 "on the command line, --nmt_defaults false turns them off (docs/defaults.md)"]
+        if self.model:
+            m = {**self.model, **(effective_model or {})}
+            lines.append(f"[deepnmt]   model: {m['model_type']} {m['encoder_layers']}-{m['decoder_layers']} layers, "
+                         f"d_model {m['d_model']}, {m['encoder_attention_heads']} heads, FFN {m['encoder_ffn_dim']}, "
+                         f"{m['layer_norm_position']}-LN, dropout {m['dropout']}, tied embeddings "
+                         "(--config_name / --config_overrides to change)")
+        for key, value in self.options.items():
+            lines.append(f"[deepnmt]   --{key} {value}")
+        return lines
+
+
+def resolve(pairs: int, device: str, given: set[str], model_fields_given: bool, max_steps: int) -> Resolution:
+    """The data- and device-dependent defaults of a from-scratch run without a recipe.
+
+    ``given``: options the command line set (they are never changed); ``model_fields_given``: the model comes from
+    ``--config_name``/``--config_overrides``/``--model_type`` (then only the training options are chosen here).
+    """
+    size = size_class(pairs, device)
+    resolution = Resolution(size=size, device=device, pairs=pairs)
+    if not model_fields_given:
+        resolution.model = dict(size.model)
+    chosen: dict[str, Any] = {
+        "learning_rate": size.learning_rate,
+        "warmup_steps": size.warmup_steps if max_steps <= 0 else min(size.warmup_steps, max(1, max_steps // 5)),
+        "max_tokens": size.max_tokens,
+        "vocab_size": size.vocab_size,
+        "max_eval_samples": size.max_eval_samples,
+        # four evaluations in a run of known length, else one per 1000 steps
+        "eval_steps": max(1, max_steps // 4) if max_steps > 0 else 1000,
+    }
+    if "save_strategy" not in given:
+        chosen["save_steps"] = chosen["eval_steps"]  # a checkpoint at every evaluation
+    if "per_device_train_batch_size" in given:  # batches of sentences were asked for: no token batching
+        chosen.pop("max_tokens")
+    resolution.options = {key: value for key, value in chosen.items() if key not in given and value is not None}
+    return resolution
