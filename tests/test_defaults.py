@@ -132,3 +132,15 @@ def test_max_train_minutes_stops_training_at_the_budget(small_corpus, tmp_path, 
     code = main(["train", *train_argv(small_corpus, tmp_path / "bad", "--max_train_minutes", "0")])
     assert code == 2
     assert "`--max_train_minutes` = 0.0 is not allowed; use a positive number of minutes." in capsys.readouterr().err
+
+
+def test_train_help_names_the_defaults_the_paper_switches_recipes_and_presets(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    assert "A new model without --recipe gets NMT defaults" in text and "docs/defaults.md" in text
+    assert "li2022: cross_attention_drop_depth=0, cross_attention_drop_ratio=0.0, ddr_weight=0.0" in text
+    assert "liu2020: residual_scaling=none" in text and "dou2018: encoder_layer_aggregation=none" in text
+    assert "meng2019: rnn_cell=lgru, transition_depth=4" in text
+    assert "quickstart" in text.split("Recipes (--recipe NAME):")[1].split("Presets")[0]
+    assert "transformer-base" in text.split("Presets (--config_name NAME):")[1]

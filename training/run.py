@@ -5,11 +5,13 @@ Each function takes plain arguments so that it can also be called from Python; `
 
 from __future__ import annotations
 
+import argparse
 import copy
 import json
 import os
 import platform
 import sys
+import textwrap
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -135,11 +137,59 @@ class _TrainParser(HfArgumentParser):
         raise CommandLineError(f"{message} (see `deepnmt train --help`)")
 
 
+# The switches of each paper, set with --config_overrides (DTMT's with --model_type dtmt); listed in --help with
+# their defaults read from the config classes, so the list cannot drift from the code.
+PAPER_SWITCHES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("li2022", "deep_transformer", ("cross_attention_drop_depth", "cross_attention_drop_ratio", "ddr_weight",
+                                    "ald_weight", "ald_unk_ratio", "ald_temperature")),
+    ("liu2020", "deep_transformer", ("residual_scaling", "admin_init", "layer_norm_position")),
+    ("dou2018", "deep_transformer", ("encoder_layer_aggregation", "decoder_layer_aggregation",
+                                     "aggregation_activation", "multi_layer_attention_k", "diversity_weight")),
+    ("meng2019", "dtmt", ("rnn_cell", "transition_depth", "attention_heads", "encoder_transition",
+                          "query_transition", "decoder_transition")),
+)
+
+
+def train_help_description() -> str:
+    """The top of `deepnmt train --help`: the from-scratch defaults, the paper switches, recipes and presets."""
+    from transformers import CONFIG_MAPPING
+
+    from .recipes import PRESETS_DIR, RECIPES_DIR
+
+    lines = [
+        "Train a translation model: fine-tune one (--model_name_or_path), run a recipe (--recipe), or train a new one.",
+        "",
+        "A new model without --recipe gets NMT defaults for every option left unset (docs/defaults.md): model size,",
+        "learning rate, warm-up, token batch and vocabulary from the data size and the device, inverse-sqrt schedule,",
+        "label smoothing 0.1, validation BLEU; they are printed at start. The (default: ...) values below are those",
+        "of such a run; --nmt_defaults false gives transformers' own.",
+        "",
+        "Paper switches (--config_overrides KEY=VALUE,...; meng2019's with --model_type dtmt), with their defaults:",
+    ]
+    for paper, model_type, fields in PAPER_SWITCHES:
+        defaults = CONFIG_MAPPING[model_type]().to_dict()
+        lines.append(textwrap.fill(f"  {paper}: " + ", ".join(f"{name}={defaults[name]}" for name in fields),
+                                   width=110, subsequent_indent="    ", break_on_hyphens=False))
+    lines += [
+        "",
+        textwrap.fill("Recipes (--recipe NAME): " + ", ".join(sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))),
+                      width=110, subsequent_indent="    ", break_on_hyphens=False),
+        textwrap.fill("Presets (--config_name NAME): " + ", ".join(sorted(p.stem for p in PRESETS_DIR.glob("*.json"))),
+                      width=110, subsequent_indent="    ", break_on_hyphens=False),
+    ]
+    return "\n".join(lines)
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Option defaults shown (as transformers does), the description printed as written."""
+
+
 def train_argument_parser(scratch_defaults: dict[str, Any] | None = None) -> HfArgumentParser:
     """The parser of `deepnmt train`, with `NMT_DEFAULTS` in place of transformers' defaults, and
     ``scratch_defaults`` (`training.defaults.PARSE_TIME_DEFAULTS`) for a from-scratch run without a recipe."""
     parser = _TrainParser((ModelArguments, DataArguments, Seq2SeqTrainingArguments), prog="deepnmt train",
-                         allow_abbrev=False)
+                         allow_abbrev=False, formatter_class=_HelpFormatter,
+                         description=train_help_description())
     parser.set_defaults(**NMT_DEFAULTS, **(scratch_defaults or {}))
     for action in parser._actions:
         if action.dest == "label_smoothing_factor":

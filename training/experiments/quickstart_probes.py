@@ -1,0 +1,94 @@
+"""How the quickstart's model was chosen: variants of the quickstart recipe trained for the same steps.
+
+Each probe is `deepnmt train --recipe quickstart` (the recipe as it stood before this search: 6-layer encoder,
+2-layer decoder, d_model 128, dropout 0.1, lr 3e-3, 2048-token batches, 1400 steps, seed 42) with a few options
+changed, one CPU thread, no checkpoints. The table reports validation BLEU (greedy, 200 verses) at every evaluation
+and the final test BLEU (998 verses, beam 4) — equal steps; equal time is the quickstart's own measurement (README).
+
+    python -m training.experiments.quickstart_probes --probes dropout0,dropout0-4-4     # train these probes
+    python -m training.experiments.quickstart_probes --collect                          # table of what finished
+
+Writes ``quickstart_probes.json`` / ``.md`` under ``results/`` next to this script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from .common import RESULTS, history, series
+
+# name -> the options added to the old quickstart recipe
+OLD_RECIPE = ["--config_overrides", "dropout=0.1,encoder_layers=6,decoder_layers=2"]
+PROBES: dict[str, list[str]] = {
+    "old-quickstart-6-2": OLD_RECIPE,
+    "dropout0": ["--config_overrides", "dropout=0.0,encoder_layers=6,decoder_layers=2"],
+    "dropout0-lr6e-3": ["--config_overrides", "dropout=0.0,encoder_layers=6,decoder_layers=2",
+                        "--learning_rate", "0.006"],
+    "dropout0-4-4": ["--config_overrides", "dropout=0.0,encoder_layers=4,decoder_layers=4"],
+    "dropout0-3-5": ["--config_overrides", "dropout=0.0,encoder_layers=3,decoder_layers=5"],
+    "dropout0-2-6": ["--config_overrides", "dropout=0.0,encoder_layers=2,decoder_layers=6"],
+}
+
+
+def command(name: str, work: Path) -> list[str]:
+    return [sys.executable, "-m", "training.cli", "train", "--recipe", "quickstart", "--output_dir",
+            str(work / name), "--max_steps", "1400", "--eval_steps", "350", "--max_eval_samples", "200",
+            "--learning_rate", "0.003", "--seed", "42", "--save_strategy", "no", "--disable_tqdm", "true",
+            *PROBES[name]]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--probes", default="", help=f"Comma-separated probes to train, of {list(PROBES)}.")
+    parser.add_argument("--collect", action="store_true", help="Only build the table from finished probes.")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--work_dir", default="runs/probe")
+    parser.add_argument("--results", default=str(RESULTS))
+    args = parser.parse_args()
+    work = Path(args.work_dir)
+    names = [name for name in args.probes.split(",") if name]
+    unknown = [name for name in names if name not in PROBES]
+    if unknown:
+        parser.error(f"--probes: {unknown} are not probes; use some of {list(PROBES)}.")
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), HF_HUB_OFFLINE="1")
+    if not args.collect:
+        for name in names:
+            with (work / f"{name}.log").open("w") as log:
+                subprocess.run(command(name, work), env=env, stdout=log, stderr=subprocess.STDOUT, check=False)
+    rows = {}
+    for name in PROBES:
+        folder = work / name
+        if not (folder / "trainer_state.json").exists():
+            continue
+        log = history(folder)
+        metrics = json.loads((folder / "metrics.json").read_text()) if (folder / "metrics.json").exists() else {}
+        rows[name] = {"command": " ".join(["deepnmt", *command(name, Path("runs/probe"))[3:]]),
+                      "eval_bleu": series(log, "eval_bleu"), "eval_loss": series(log, "eval_loss"),
+                      "steps": json.loads((folder / "trainer_state.json").read_text())["global_step"],
+                      "test": metrics.get("test"), "timings_seconds": metrics.get("timings_seconds")}
+    results = Path(args.results)
+    (results / "quickstart_probes.json").write_text(json.dumps(rows, indent=2) + "\n")
+    lines = ["# Quickstart probes: variants of the old quickstart recipe at equal steps", "",
+             "One CPU thread each, on the shared 2-core machine (other runs beside them), seed 42, 1400 steps, "
+             "2048-token batches, lr 3e-3 inverse-sqrt unless the row says otherwise. Validation: 200 verses, greedy; "
+             "test: the 998 held-out verses, beam 4. Command of each row below the table "
+             "(`python -m training.experiments.quickstart_probes --probes NAME`).", "",
+             "| probe | steps | validation BLEU (step: value) | validation loss (last) | test BLEU | test chrF |",
+             "|---|---|---|---|---|---|"]
+    for name, row in rows.items():
+        curve = ", ".join(f"{step}: {value}" for step, value in row["eval_bleu"])
+        loss = f"{row['eval_loss'][-1][1]:.3f}" if row["eval_loss"] else "–"
+        test = row["test"] or {}
+        lines.append(f"| {name} | {row['steps']} | {curve} | {loss} | {test.get('bleu', '– (stopped)')} | "
+                     f"{test.get('chrf', '–')} |")
+    lines += [""] + [f"- {name}: `{row['command']}`" for name, row in rows.items()]
+    (results / "quickstart_probes.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
