@@ -77,10 +77,10 @@ def test_apply_sets_the_data_dependent_defaults_and_prints_them(tmp_path, capsys
     assert args.learning_rate == 1e-3  # given: kept
     assert args.warmup_steps == 160 and args.eval_steps == 200 and args.save_steps == 200
     assert data_args.max_tokens == 2048 and data_args.max_eval_samples == 500 and model_args.vocab_size == 4000
-    assert recipe["model"]["encoder_layers"] == 6 and recipe["model"]["layer_norm_position"] == "pre"
+    assert recipe["model"]["encoder_layers"] == 2 and recipe["model"]["layer_norm_position"] == "pre"
     printed = capsys.readouterr().err
     assert "NMT defaults for 29,024 pairs on CPU" in printed
-    assert "6-2 layers, d_model 64" in printed  # the model as it will be built, --config_overrides applied
+    assert "2-6 layers, d_model 64" in printed  # the model as it will be built, --config_overrides applied
     assert "--warmup_steps 160" in printed and "--learning_rate" not in printed  # only what was chosen here
     assert "--lr_scheduler_type inverse_sqrt" in printed
 
@@ -104,7 +104,7 @@ def test_train_from_scratch_end_to_end_uses_and_records_the_defaults(small_corpu
     printed = capsys.readouterr().err
     assert "NMT defaults for 160 pairs" in printed
     config = json.loads((out / "config.json").read_text())
-    assert (config["encoder_layers"], config["decoder_layers"], config["d_model"]) == (6, 2, 16)
+    assert (config["encoder_layers"], config["decoder_layers"], config["d_model"]) == (2, 6, 16)
     assert config["layer_norm_position"] == "pre" and config["label_smoothing"] == 0.1
     args = torch.load(out / "training_args.bin", weights_only=False)
     assert args.learning_rate == 3e-3 and args.lr_scheduler_type == "inverse_sqrt" and args.warmup_steps == 1

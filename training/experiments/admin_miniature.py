@@ -30,7 +30,7 @@ def run_args(args: argparse.Namespace, scaling: str, output_dir: Path) -> list[s
                  f"encoder_layers={args.encoder_layers},decoder_layers={args.decoder_layers},"
                  f"encoder_attention_heads=4,decoder_attention_heads=4,layer_norm_position=post,residual_scaling={scaling}")
     return [
-        sys.executable, "-m", "training.cli", "train", "--recipe", "quickstart", "--output_dir", str(output_dir),
+        sys.executable, "-m", "training.cli", "train", "--recipe", "miniature", "--output_dir", str(output_dir),
         "--config_overrides", overrides, "--max_steps", str(args.max_steps), "--max_tokens", str(args.max_tokens),
         "--learning_rate", str(args.learning_rate), "--warmup_steps", str(args.warmup_steps),
         "--lr_scheduler_type", "inverse_sqrt", "--max_grad_norm", "0.0",  # no clipping, as the authors' recipe

@@ -1,6 +1,6 @@
-"""bf16 on the CPU: the quickstart recipe trained in float32 and under bf16 autocast, then translated both ways.
+"""bf16 on the CPU: the miniature recipe (the quickstart's until 2026-11-23) trained in float32 and under bf16 autocast, then translated both ways.
 
-Two `deepnmt train --recipe quickstart` runs that differ only in ``--bf16`` (same data, seed, batches, steps), one
+Two `deepnmt train --recipe miniature` runs that differ only in ``--bf16`` (same data, seed, batches, steps), one
 after the other with the same thread count, then the float32 run's model translates the test set with and without
 ``deepnmt translate --bf16``. Writes ``bf16_cpu.json`` and ``bf16_cpu.md`` under ``results/`` next to this script:
 training wall time and final losses of both runs, test BLEU of both models, and float32 vs bf16 decoding of one model.
@@ -26,7 +26,7 @@ from .common import RESULTS, history, series
 
 def train_command(args: argparse.Namespace, output_dir: Path, bf16: bool) -> list[str]:
     return [
-        sys.executable, "-m", "training.cli", "train", "--recipe", "quickstart", "--output_dir", str(output_dir),
+        sys.executable, "-m", "training.cli", "train", "--recipe", "miniature", "--output_dir", str(output_dir),
         "--max_steps", str(args.max_steps), "--eval_steps", str(args.max_steps), "--save_strategy", "no",
         "--logging_steps", "10", "--max_eval_samples", "200", "--max_predict_samples", str(args.test_samples),
         "--disable_tqdm", "true", "--report_to", "none", "--seed", "1", "--bf16", "true" if bf16 else "false",
@@ -98,7 +98,7 @@ def main() -> None:
 
 def render(report: dict, results_dir: Path) -> None:
     runs, decoding = report["runs"], report["decoding"]
-    lines = ["# bf16 on the CPU: quickstart recipe, float32 vs bf16 autocast", "",
+    lines = ["# bf16 on the CPU: miniature recipe (the quickstart's until 2026-11-23), float32 vs bf16 autocast", "",
              f"`python -m training.experiments.bf16_cpu` ({report['max_steps']} steps per run, {report['threads']} "
              "threads, same seed and batches; the two runs one after the other).", "",
              "| run | training time (s) | train loss (last 50 steps) | validation loss | test BLEU | test chrF |",

@@ -45,7 +45,7 @@ LABELS = {"shallow": "shallow", "deep": "DEEP", "cad": "DEEP+CAD", "full": "DEEP
 
 
 def row_overrides(row: str, args: argparse.Namespace) -> str:
-    """The model config of one row (on top of the quickstart recipe's d_model 128, pre-LN, 6-layer encoder)."""
+    """The model config of one row (on top of the miniature recipe's d_model 128, pre-LN, 6-layer encoder)."""
     depth = 2 if row == "shallow" else args.decoder_layers
     drop_depth = round(0.78 * depth)  # li2022 Fig. 2: best L_dr = 21 of 27
     cad = row in ("cad", "full", "full-ddr", "full-ald")
@@ -63,7 +63,7 @@ def row_overrides(row: str, args: argparse.Namespace) -> str:
 
 def run_args(row: str, args: argparse.Namespace, output_dir: Path) -> list[str]:
     return [
-        sys.executable, "-m", "training.cli", "train", "--recipe", "quickstart", "--output_dir", str(output_dir),
+        sys.executable, "-m", "training.cli", "train", "--recipe", "miniature", "--output_dir", str(output_dir),
         "--config_overrides", row_overrides(row, args), "--max_steps", str(args.max_steps),
         "--max_tokens", str(args.max_tokens), "--learning_rate", str(args.learning_rate),
         "--warmup_steps", str(args.warmup_steps), "--eval_steps", str(args.eval_steps), "--save_strategy", "no",
@@ -183,7 +183,7 @@ def write_markdown(report: dict, path: Path) -> None:
         f"layers, d_model 128, {setup['layer_norm_position']}-LN",
         "",
         f"Command: `{report['command']}` ({report['wall_minutes']} min wall, {setup['parallel']} rows at a time, "
-        f"{setup['threads']} CPU thread each). Embedded WEB→RV1909 corpus (en→es), the quickstart recipe's model "
+        f"{setup['threads']} CPU thread each). Embedded WEB→RV1909 corpus (en→es), the miniature recipe's model (the quickstart's until 2026-11-23) "
         f"(d_model 128, 4 heads, FFN 512) and optimizer (lr {setup['learning_rate']}, inverse-sqrt, "
         f"{setup['warmup_steps']} warm-up steps), {setup['max_tokens']}-token batches, {setup['max_steps']} steps for "
         f"every row, seed 1. CAD: p_net = {setup['drop_ratio']} on decoder layers 1..round(0.78·D); CRT: DDR and ALD "

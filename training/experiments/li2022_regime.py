@@ -3,7 +3,7 @@
 li2022 (Table 1, §3) reports that a deep decoder trained normally can degenerate into an unconditional language
 model: low training loss, BLEU near 0, the source ignored. Its §3 blames post-LN, the learning rate and warm-up, the
 depth ratio and a target side that can be memorised. This script trains a grid of CPU-sized models (d_model 128,
-the quickstart recipe's width) that vary exactly those, with equal budgets, and tabulates for each: final training
+the miniature recipe's width) that vary exactly those, with equal budgets, and tabulates for each: final training
 NLL, validation loss, test BLEU/chrF (beam 4), and li2022's collapse monitor, source reliance (mean per-token KL
 between predictions with the real and with an all-``<unk>`` source, at every evaluation; ≈ 0 = collapsed).
 
@@ -34,10 +34,10 @@ SMALL_DATA = 3000  # training pairs of the small-data rows (the target side can 
 CAD = {"cross_attention_drop_depth": round(21 / 27 * DEEP), "cross_attention_drop_ratio": 0.5}
 CRT = {"ddr_weight": 1.0, "ald_weight": 1.0}
 
-# name: (model overrides on top of the quickstart recipe, extra `deepnmt train` arguments, description)
+# name: (model overrides on top of the miniature recipe, extra `deepnmt train` arguments, description)
 ROWS: dict[str, tuple[dict, list[str], str]] = {
     "shallow": ({"decoder_layers": 2, "layer_norm_position": "pre"}, ["--learning_rate", "3e-3"],
-                "6-2 pre-LN, lr 3e-3 (the quickstart model)"),
+                "6-2 pre-LN, lr 3e-3 (the miniature recipe's model, the quickstart's until 2026-11-23)"),
     "deep-pre": ({"decoder_layers": DEEP, "layer_norm_position": "pre"}, ["--learning_rate", "3e-3"],
                  f"6-{DEEP} pre-LN, lr 3e-3"),
     "deep-post": ({"decoder_layers": DEEP, "layer_norm_position": "post"},
@@ -77,7 +77,7 @@ def train_command(name: str, folder: Path, args: argparse.Namespace, seed: int) 
     overrides, extra, _ = row_spec(name)
     fields = ",".join(f"{key}={value}" for key, value in overrides.items())
     command = [
-        sys.executable, "-m", "training.cli", "train", "--recipe", "quickstart", "--output_dir", str(folder),
+        sys.executable, "-m", "training.cli", "train", "--recipe", "miniature", "--output_dir", str(folder),
         "--config_overrides", fields, "--max_steps", str(args.max_steps), "--max_tokens", str(args.max_tokens),
         "--eval_steps", str(args.eval_steps), "--save_strategy", "no", "--logging_steps", "25",
         "--max_eval_samples", str(args.eval_samples), "--max_predict_samples", str(args.test_samples),

@@ -1,9 +1,10 @@
-"""How the quickstart's model was chosen: variants of the quickstart recipe trained for the same steps.
+"""How the quickstart's model was chosen: variants of the old quickstart recipe trained for the same steps.
 
-Each probe is `deepnmt train --recipe quickstart` (the recipe as it stood before this search: 6-layer encoder,
-2-layer decoder, d_model 128, dropout 0.1, lr 3e-3, 2048-token batches, 1400 steps, seed 42) with a few options
-changed, one CPU thread, no checkpoints. The table reports validation BLEU (greedy, 200 verses) at every evaluation
-and the final test BLEU (998 verses, beam 4) — equal steps; equal time is the quickstart's own measurement (README).
+Each probe is `deepnmt train --recipe miniature` (the quickstart recipe as it stood before this search, kept under
+that name: 6-layer encoder, 2-layer decoder, d_model 128, dropout 0.1, lr 3e-3, 2048-token batches, 1400 steps,
+seed 42; the probes of 2026-11-23 ran it as `--recipe quickstart`, the same file then) with a few options changed,
+one CPU thread, no checkpoints. The table reports validation BLEU (greedy, 200 verses) at every evaluation and the
+final test BLEU (998 verses, beam 4) — equal steps; equal time is the quickstart's own measurement (README).
 
     python -m training.experiments.quickstart_probes --probes dropout0,dropout0-4-4     # train these probes
     python -m training.experiments.quickstart_probes --collect                          # table of what finished
@@ -35,17 +36,66 @@ PROBES: dict[str, list[str]] = {
 }
 
 
+# Probes whose folder this table cannot read, with where their figures come from.
+NOT_IN_A_FOLDER = {
+    "old-quickstart-6-2": "the quickstart as README reports it (2 threads, same recipe and seed): validation BLEU "
+                          "350: 0.3, 700: 1.3, 1050: 2.5, 1400: 4.5; test BLEU 4.93, chrF 23.56",
+    "dropout0-lr6e-3": "stopped at step ~870 as clearly worse (its log): validation BLEU 350: 0.62, 700: 1.46",
+}
+
+
 def command(name: str, work: Path) -> list[str]:
-    return [sys.executable, "-m", "training.cli", "train", "--recipe", "quickstart", "--output_dir",
+    return [sys.executable, "-m", "training.cli", "train", "--recipe", "miniature", "--output_dir",
             str(work / name), "--max_steps", "1400", "--eval_steps", "350", "--max_eval_samples", "200",
             "--learning_rate", "0.003", "--seed", "42", "--save_strategy", "no", "--disable_tqdm", "true",
             *PROBES[name]]
+
+
+def step_times(repeats: int = 8) -> dict[str, float]:
+    """Median seconds of one training step (forward, backward, AdamW) of each probe's model, on one synthetic
+    64 × 32-token batch (34 target tokens), 1 thread, the models' steps interleaved so that load affects all alike."""
+    import statistics
+    import time
+
+    import torch
+
+    import hf_deepnmt
+    from training.recipes import load_recipe, parse_overrides
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    recipe = load_recipe("miniature")["model"]
+    recipe.pop("model_type")
+    models = {}
+    for name, options in PROBES.items():
+        fields = {**recipe, **parse_overrides(options[options.index("--config_overrides") + 1]), "vocab_size": 4000,
+                  "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2, "decoder_start_token_id": 0}
+        model = hf_deepnmt.DeepTransformerForConditionalGeneration(hf_deepnmt.DeepTransformerConfig(**fields)).train()
+        models[name] = (model, torch.optim.AdamW(model.parameters(), lr=1e-3))
+    sources, targets = torch.randint(3, 4000, (64, 32)), torch.randint(3, 4000, (64, 34))
+
+    def step(model, optimizer) -> None:
+        model(input_ids=sources, attention_mask=torch.ones_like(sources), labels=targets).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    seconds: dict[str, list[float]] = {name: [] for name in models}
+    for name, pair in models.items():
+        step(*pair)  # warm-up
+    for _ in range(repeats):
+        for name, pair in models.items():
+            started = time.perf_counter()
+            step(*pair)
+            seconds[name].append(time.perf_counter() - started)
+    return {name: statistics.median(values) for name, values in seconds.items()}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--probes", default="", help=f"Comma-separated probes to train, of {list(PROBES)}.")
     parser.add_argument("--collect", action="store_true", help="Only build the table from finished probes.")
+    parser.add_argument("--step_times", action="store_true",
+                        help="Also time one training step of every probe's model (1 thread) for the table.")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--work_dir", default="runs/probe")
     parser.add_argument("--results", default=str(RESULTS))
@@ -72,22 +122,39 @@ def main() -> None:
                       "steps": json.loads((folder / "trainer_state.json").read_text())["global_step"],
                       "test": metrics.get("test"), "timings_seconds": metrics.get("timings_seconds")}
     results = Path(args.results)
-    (results / "quickstart_probes.json").write_text(json.dumps(rows, indent=2) + "\n")
-    lines = ["# Quickstart probes: variants of the old quickstart recipe at equal steps", "",
+    previous = results / "quickstart_probes.json"
+    timed = step_times() if args.step_times else (
+        json.loads(previous.read_text()).get("step_seconds", {}) if previous.exists() else {})
+    (results / "quickstart_probes.json").write_text(json.dumps({"probes": rows, "step_seconds": timed}, indent=2)
+                                                    + "\n")
+    lines = ["# Quickstart probes: variants of the old quickstart recipe (now `miniature`) at equal steps", "",
              "One CPU thread each, on the shared 2-core machine (other runs beside them), seed 42, 1400 steps, "
              "2048-token batches, lr 3e-3 inverse-sqrt unless the row says otherwise. Validation: 200 verses, greedy; "
              "test: the 998 held-out verses, beam 4. Command of each row below the table "
              "(`python -m training.experiments.quickstart_probes --probes NAME`).", "",
-             "| probe | steps | validation BLEU (step: value) | validation loss (last) | test BLEU | test chrF |",
-             "|---|---|---|---|---|---|"]
+             "| probe | steps | validation BLEU (step: value) | validation loss (last) | test BLEU | test chrF | "
+             "step time vs old |",
+             "|---|---|---|---|---|---|---|"]
     for name, row in rows.items():
         curve = ", ".join(f"{step}: {value}" for step, value in row["eval_bleu"])
         loss = f"{row['eval_loss'][-1][1]:.3f}" if row["eval_loss"] else "–"
         test = row["test"] or {}
         lines.append(f"| {name} | {row['steps']} | {curve} | {loss} | {test.get('bleu', '– (stopped)')} | "
-                     f"{test.get('chrf', '–')} |")
+                     f"{test.get('chrf', '–')} | {_ratio(timed, name)} |")
+    for name, note in NOT_IN_A_FOLDER.items():
+        if name not in rows:
+            lines.append(f"| {name} | {note} | | | | | {_ratio(timed, name)} |")
+    if timed:
+        lines += ["", "*step time vs old*: median time of one training step (forward, backward, AdamW) of the probe's "
+                  "model over that of the old quickstart model, one synthetic 64 × 32-token batch, 1 thread, 8 "
+                  "interleaved repeats (`--step_times`)."]
     lines += [""] + [f"- {name}: `{row['command']}`" for name, row in rows.items()]
     (results / "quickstart_probes.md").write_text("\n".join(lines) + "\n")
+
+
+def _ratio(timed: dict[str, float], name: str) -> str:
+    base = timed.get("old-quickstart-6-2")
+    return f"{timed[name] / base:.2f}×" if base and name in timed else "–"
 
 
 if __name__ == "__main__":
