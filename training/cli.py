@@ -287,7 +287,8 @@ def _quickstart(argv: Sequence[str]) -> int:
 
     parser = CommandParser(
         prog="deepnmt quickstart",
-        description="The main job: train a small deep Transformer on the embedded WEB ↔ RV1909 (en→es) corpus on "
+        description="The main job: train a small Transformer with a deep decoder (2-layer encoder, 6-layer decoder) on "
+        "the embedded WEB ↔ RV1909 (en→es) corpus on "
         "this machine's CPU, evaluate BLEU/chrF/TER on the test books with beam search, translate a few sentences, "
         "and write the model, its card, metrics.json and plots to --output_dir. Any `deepnmt train` option may "
         "follow and overrides the quickstart recipe (e.g. --max_steps 200).",
