@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from .common import RESULTS, history, series
+from .common import add_output_arguments, history, render_only, series
 
 
 def train_command(args: argparse.Namespace, output_dir: Path, bf16: bool) -> list[str]:
@@ -38,13 +38,10 @@ def main() -> None:
     parser.add_argument("--max_steps", type=int, default=400)
     parser.add_argument("--test_samples", type=int, default=200)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--work_dir", default="runs/bf16_cpu")
-    parser.add_argument("--results", default=str(RESULTS))
-    parser.add_argument("--render_only", action="store_true", help="Rewrite the markdown from the results' JSON.")
+    add_output_arguments(parser, "runs/bf16_cpu")
     args = parser.parse_args()
     results_dir = Path(args.results)
-    if args.render_only:
-        render(json.loads((results_dir / "bf16_cpu.json").read_text()), results_dir)
+    if render_only(args, "bf16_cpu", render):
         return
     work = Path(args.work_dir)
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), HF_HUB_OFFLINE="1")

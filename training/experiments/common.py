@@ -2,11 +2,28 @@
 
 from __future__ import annotations
 
+import argparse
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
+
+
+def add_output_arguments(parser: argparse.ArgumentParser, work_dir: str) -> None:
+    """``--work_dir`` (the runs), ``--results`` (the committed JSON/markdown) and ``--render_only``."""
+    parser.add_argument("--work_dir", default=work_dir)
+    parser.add_argument("--results", default=str(RESULTS))
+    parser.add_argument("--render_only", action="store_true", help="Rewrite the markdown from the results' JSON.")
+
+
+def render_only(args: argparse.Namespace, name: str, render: Callable[[dict, Path], None]) -> bool:
+    """With ``--render_only``: re-render ``<results>/<name>.json`` and say so (the caller stops)."""
+    if not args.render_only:
+        return False
+    results_dir = Path(args.results)
+    render(json.loads((results_dir / f"{name}.json").read_text()), results_dir)
+    return True
 
 
 def history(folder: Path) -> list[dict]:

@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from .common import RESULTS, history, series
+from .common import add_output_arguments, history, render_only, series
 
 SETUPS = {
     "nmt_defaults": ["--nmt_defaults", "true"],
@@ -55,13 +55,10 @@ def main() -> None:
     parser.add_argument("--source_lang", default="es")
     parser.add_argument("--target_lang", default="en")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads of each run (they run at once).")
-    parser.add_argument("--work_dir", default="runs/train_defaults")
-    parser.add_argument("--results", default=str(RESULTS))
-    parser.add_argument("--render_only", action="store_true", help="Rewrite the markdown from the results' JSON.")
+    add_output_arguments(parser, "runs/train_defaults")
     args = parser.parse_args()
     results_dir = Path(args.results)
-    if args.render_only:
-        render(json.loads((results_dir / "train_defaults.json").read_text()), results_dir)
+    if render_only(args, "train_defaults", render):
         return
     work = Path(args.work_dir) / time.strftime("%Y%m%d-%H%M%S")
     work.mkdir(parents=True, exist_ok=True)
