@@ -619,7 +619,7 @@ def _engines(results: dict) -> list[str]:
         lines += ["### Output quality through each engine (a trained model, the embedded test set)", "",
                   f"`{quality['model_dir']}` on the first {quality['sentences']} sentences of "
                   "`corpus:web-sparv/test.jsonl.gz` (en→es), beam 4, `deepnmt translate`'s batching "
-                  f"({quality['batch_size']} length-sorted sentences per batch), {quality['threads']} threads. "
+                  f"({quality['batch_size']} length-sorted sentences per batch), {quality['threads']} thread(s). "
                   "Identical = the same output string. Time: the whole test set, one pass (not interleaved: "
                   "read it as indicative).", ""]
         rows = []
