@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
 import os
 import platform
 import sys
@@ -251,6 +252,9 @@ def parse_train_args(argv: Sequence[str]) -> tuple[ModelArguments, DataArguments
         value = getattr(model_args, name)
         if not (isinstance(value, int) and value >= 1):
             raise ValueError(f"`--{name}` = {value!r} is not allowed; use a positive integer.")
+    minutes = model_args.max_train_minutes
+    if minutes is not None and not (math.isfinite(minutes) and minutes > 0):
+        raise ValueError(f"`--max_train_minutes` = {minutes!r} is not allowed; use a positive number of minutes.")
     for name in ("train_file", "validation_file", "test_file"):
         setattr(data_args, name, resolve_path(getattr(data_args, name)))
     return model_args, data_args, training_args, recipe
@@ -466,6 +470,13 @@ def environment_summary() -> dict[str, str]:
 
 # ------------------------------------------------------------------------------------------------ translate / evaluate
 @torch.no_grad()
+def new_token_budget(source_tokens: int, limit: int) -> int:
+    """How many tokens a translation of a ``source_tokens``-token source may have: 1.5 × the source + 10, at most
+    ``limit`` − 1 (the decoder start token takes one position). `deepnmt translate`'s default and, applied to the
+    longest validation source, the NMT default ``generation_max_length`` (= this + 1) of evaluation in training."""
+    return min(limit - 1, int(1.5 * source_tokens) + 10)
+
+
 def translate_sentences(
     model,
     tokenizer,
@@ -493,7 +504,7 @@ def translate_sentences(
     batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
     for batch in tqdm(batches, desc=desc, disable=not progress, file=sys.stderr):
         encoded = tokenizer([sentences[i] for i in batch], truncation=True, max_length=limit)["input_ids"]
-        new_tokens = max_new_tokens or min(limit - 1, int(1.5 * max(map(len, encoded))) + 10)
+        new_tokens = max_new_tokens or new_token_budget(max(map(len, encoded)), limit)
         output = engine.generate(encoded, num_beams=num_beams, max_new_tokens=new_tokens)
         for i, text in zip(batch, tokenizer.batch_decode(output, skip_special_tokens=True)):
             results[i] = text.strip()
@@ -626,12 +637,13 @@ def train(argv: Sequence[str]) -> TrainOutcome:
     }
     if model_args.nmt_defaults and "validation" in datasets and training_args.generation_max_length is None:
         # transformers' default (20 tokens) cuts most translations short, the truncation length (256) lets an
-        # untrained model babble for minutes: translate's rule, 1.5 × source length + 10, for the longest source
+        # untrained model babble for minutes: translate's rule for the longest validation source
         longest = max((len(ids) for ids in datasets["validation"]["input_ids"]), default=0)
         limit = data_args.val_max_target_length or data_args.max_target_length
-        training_args.generation_max_length = min(limit, int(1.5 * longest) + 10)
-        print(f"[deepnmt]   --generation_max_length {training_args.generation_max_length} (1.5 × the longest "
-              f"validation source, {longest} tokens, + 10)", file=sys.stderr)
+        training_args.generation_max_length = new_token_budget(longest, limit) + 1  # + the decoder start token
+        print(f"[deepnmt]   --generation_max_length {training_args.generation_max_length} (translate's length "
+              f"rule, 1.5 × source + 10 new tokens, for the longest validation source: {longest} tokens)",
+              file=sys.stderr)
     for split, corpus in corpora.items():
         print(f"[deepnmt] {split}: {len(datasets[split])} pairs from {corpus.origin} "
               f"(dropped {corpus.dropped_empty} empty, {corpus.dropped_length} by length filters)", file=sys.stderr)
@@ -658,9 +670,6 @@ def train(argv: Sequence[str]) -> TrainOutcome:
         max_tokens=data_args.max_tokens,
     )
     if model_args.max_train_minutes is not None:
-        if not model_args.max_train_minutes > 0:
-            raise ValueError(f"`--max_train_minutes` = {model_args.max_train_minutes!r} is not allowed; use a "
-                             "positive number of minutes.")
         trainer.add_callback(TimeBudget(model_args.max_train_minutes))
     # Seq2SeqTrainer's evaluation writes transformers' global defaults (max_length=20, …) into the model's
     # generation config; save the model with the one it was built with.
