@@ -55,42 +55,27 @@ def command(name: str, work: Path) -> list[str]:
 
 
 def step_times(repeats: int = 8) -> dict[str, float]:
-    """Median seconds of one training step (forward, backward, AdamW) of each probe's model, on one synthetic
-    64 × 32-token batch (34 target tokens), 1 thread, the models' steps interleaved so that load affects all alike."""
-    import statistics
-    import time
-
+    """Median seconds of one training step (forward, backward, AdamW) of each probe's model, with the benchmark
+    harness's timing (`benchmarks.measure.training_throughput`: the models' steps interleaved, so load affects all
+    alike) on its synthetic 2048-source-token batch and 8000-token vocabulary, 1 thread."""
     import torch
 
-    import hf_deepnmt
+    from benchmarks.common import build_ours, synthetic_batch
+    from benchmarks.measure import training_throughput
     from training.recipes import load_recipe, parse_overrides
 
     torch.set_num_threads(1)
-    torch.manual_seed(0)
     recipe = load_recipe("miniature")["model"]
-    recipe.pop("model_type")
+    dims = {key: recipe[key] for key in ("d_model", "encoder_ffn_dim", "decoder_ffn_dim", "encoder_attention_heads",
+                                         "decoder_attention_heads")}
     models = {}
     for name, options in PROBES.items():
-        fields = {**recipe, **parse_overrides(options[options.index("--config_overrides") + 1]), "vocab_size": 4000,
-                  "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2, "decoder_start_token_id": 0}
-        model = hf_deepnmt.DeepTransformerForConditionalGeneration(hf_deepnmt.DeepTransformerConfig(**fields)).train()
-        models[name] = (model, torch.optim.AdamW(model.parameters(), lr=1e-3))
-    sources, targets = torch.randint(3, 4000, (64, 32)), torch.randint(3, 4000, (64, 34))
-
-    def step(model, optimizer) -> None:
-        model(input_ids=sources, attention_mask=torch.ones_like(sources), labels=targets).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-
-    seconds: dict[str, list[float]] = {name: [] for name in models}
-    for name, pair in models.items():
-        step(*pair)  # warm-up
-    for _ in range(repeats):
-        for name, pair in models.items():
-            started = time.perf_counter()
-            step(*pair)
-            seconds[name].append(time.perf_counter() - started)
-    return {name: statistics.median(values) for name, values in seconds.items()}
+        probe = parse_overrides(options[options.index("--config_overrides") + 1])  # dropout and the layer counts
+        layers = {key: probe.pop(key) for key in ("encoder_layers", "decoder_layers")}
+        models[name] = build_ours({**dims, **layers, "vocab_size": 8000, "max_position_embeddings": 512},
+                                  layer_norm_position=recipe["layer_norm_position"], **probe)
+    measured = training_throughput(models, synthetic_batch(tokens=2048), repeats=repeats)
+    return measured["median_s"]
 
 
 def main() -> None:
@@ -149,8 +134,8 @@ def main() -> None:
             lines.append(f"| {name} | {note} | | | | | {_ratio(timed, name)} |")
     if timed:
         lines += ["", "*step time vs old*: median time of one training step (forward, backward, AdamW) of the probe's "
-                  "model over that of the old quickstart model, one synthetic 64 × 32-token batch, 1 thread, 8 "
-                  "interleaved repeats (`--step_times`)."]
+                  "model over that of the old quickstart model: the benchmark harness's synthetic batch of 2048 source "
+                  "tokens (8000-token vocabulary), 1 thread, median of 8 interleaved repeats (`--step_times`)."]
     lines += [""] + [f"- {name}: `{row['command']}`" for name, row in rows.items()]
     (results / "quickstart_probes.md").write_text("\n".join(lines) + "\n")
 
