@@ -31,7 +31,7 @@ PARSE_TIME_DEFAULTS: dict[str, Any] = {
     "generation_num_beams": 1,  # greedy during training (fast); the final test uses --eval_num_beams
     "per_device_eval_batch_size": 64,  # 8
     "logging_steps": 50,  # 500
-    "save_total_limit": 3,  # None: keep the newest three checkpoints (the best model is kept by the trainer)
+    "save_total_limit": 3,  # None: keep the newest three checkpoints
 }
 
 
@@ -95,7 +95,7 @@ def given_options(argv: Sequence[str]) -> set[str]:
 
 @dataclass
 class Resolution:
-    """What `resolve` chose: the model fields and the options it set, with the reason for each."""
+    """What `resolve` chose: the size row, the model fields and the options it set."""
 
     size: SizeClass
     device: str
@@ -124,7 +124,8 @@ def resolve(pairs: int, device: str, given: set[str], model_fields_given: bool, 
     """The data- and device-dependent defaults of a from-scratch run without a recipe.
 
     ``given``: options the command line set (they are never changed); ``model_fields_given``: the model comes from
-    ``--config_name``/``--config_overrides``/``--model_type`` (then only the training options are chosen here).
+    ``--config_name`` or ``--model_type`` (then only the training options are chosen here; ``--config_overrides``
+    applies on top of the row's model instead).
     """
     size = size_class(pairs, device)
     resolution = Resolution(size=size, device=device, pairs=pairs)
