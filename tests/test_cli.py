@@ -571,3 +571,42 @@ def test_push_without_the_hub_says_so_in_one_sentence(trained, failure, words):
         push_folder(trained.output_dir, "someone/x", api=FailingHub())
     message = str(info.value)
     assert words in message and f"the model stays in {trained.output_dir}" in message and "\n" not in message
+
+
+def test_bf16_translation_and_training_run_under_bfloat16_autocast_on_cpu(tiny_folder, small_corpus, tmp_path,
+                                                                          monkeypatch):
+    """`deepnmt translate --bf16` and `deepnmt train --bf16 true --use_cpu true` work on this CPU
+    (docs/fast-inference.md, "bf16 on the CPU"): every forward of the model runs under CPU bfloat16 autocast, so its
+    logits come out in bfloat16; without the flag (the default, chosen from the measurements) everything is float32."""
+    import functools
+    import math
+
+    import torch
+
+    from hf_deepnmt import DeepTransformerForConditionalGeneration
+    from training.run import train
+
+    seen: list[tuple[bool, torch.dtype]] = []
+    forward = DeepTransformerForConditionalGeneration.forward
+
+    @functools.wraps(forward)  # the Trainer reads the signature to keep the dataset's columns
+    def recording(self, *args, **kwargs):
+        output = forward(self, *args, **kwargs)
+        seen.append((torch.is_autocast_enabled("cpu"), output.logits.dtype))
+        return output
+
+    monkeypatch.setattr(DeepTransformerForConditionalGeneration, "forward", recording)
+    (tmp_path / "in.txt").write_text("In the beginning God created the heavens.\nAnd God saw the light.\n",
+                                     encoding="utf-8")
+    common = ["translate", "--model", str(tiny_folder), "--input", str(tmp_path / "in.txt"), "--num_beams", "2",
+              "--max_new_tokens", "6", "--threads", "1"]
+    for flag, expected in (([], (False, torch.float32)), (["--bf16"], (True, torch.bfloat16))):
+        seen.clear()
+        assert main([*common, "--output", str(tmp_path / f"out{len(flag)}.txt"), *flag]) == 0
+        assert seen and set(seen) == {expected}, flag
+        assert (tmp_path / f"out{len(flag)}.txt").read_text(encoding="utf-8").count("\n") == 2
+    seen.clear()
+    outcome = train(train_argv(small_corpus, tmp_path / "run", "--max_steps", "2", "--bf16", "true"))
+    assert outcome.trainer.args.bf16 and seen and set(seen) == {(True, torch.bfloat16)}
+    losses = [entry["loss"] for entry in outcome.trainer.state.log_history if "loss" in entry]
+    assert losses and all(math.isfinite(loss) for loss in losses)
