@@ -5,8 +5,9 @@ the paper-named models are thin subclasses that only set ``model_type`` and defa
 
 Read top to bottom:
 
-1. `sinusoidal_positions`, masks and the attention kernel (SDPA; an explicit product when weights are requested
-   and for many-row decoding steps on CPU);
+1. `sinusoidal_positions`, masks and the attention kernels (SDPA; an explicit product when weights are requested
+   and for many-row decoding steps on CPU; flex, flash and registered kernels through transformers'
+   `AttentionInterface`, `interface_attention`);
 2. `DeepTransformerAttention` (self- and cross-attention, `EncoderDecoderCache` aware);
 3. the residual sub-layer rule (post-LN or pre-LN) shared by both layer types;
 4. encoder / decoder layers and stacks, `DeepTransformerModel`, `DeepTransformerForConditionalGeneration`.
@@ -169,6 +170,111 @@ def attention(
     return out, weights if need_weights else None
 
 
+
+def is_flash_implementation(implementation: str) -> bool:
+    """FlashAttention 2/3/4 and the Hub's flash kernels (``kernels-community/flash-attn…``, ``vllm-flash-attn3``)
+    all take transformers' flash convention: a 2-D key padding mask or packed sequences, never an additive mask."""
+    return "flash" in implementation
+
+
+def interface_attention(module: nn.Module, implementation: str, query: torch.Tensor, key: torch.Tensor,
+                        value: torch.Tensor, mask: torch.Tensor | None, is_causal: bool,
+                        dropout_p: float) -> torch.Tensor:
+    """Attention through the kernel registered under ``implementation`` in transformers' `AttentionInterface`
+    (docs/transformer.md, "Attention"); ``(B, H, Tq, d_h)`` tensors in, ``(B, Tq, H, d_h)`` out.
+
+    * flash kernels (`is_flash_implementation`) get what FlashAttention can express: no mask (plus its own causal
+      flag, aligned bottom-right like `causal_mask`), or the batch packed into one varlen sequence per sentence
+      with only the unmasked keys (`flash_varlen_attention`);
+    * ``flex_attention`` gets the mask (the causal one made explicit) as a `BlockMask` (`flex_block_mask`);
+    * every other kernel (``sdpa``/``eager`` of transformers, a user's) gets the additive mask expanded to
+      ``(B, 1, Tq, Tk)``, with the causal mask made explicit.
+    """
+    kernel = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, None)
+    if kernel is None:
+        raise ValueError(f"`attn_implementation` = {implementation!r} is not registered with transformers' "
+                         "AttentionInterface; use 'sdpa', 'eager', 'flex_attention', a flash implementation, or "
+                         "register the kernel first (`AttentionInterface.register`).")
+    scaling = query.size(-1) ** -0.5
+    if is_flash_implementation(implementation):
+        return flash_varlen_attention(module, kernel, query, key, value, mask, is_causal, dropout_p, scaling)
+    batch, _, query_length, _ = query.shape
+    key_length = key.size(-2)
+    if is_causal and mask is None:
+        mask = additive_mask(causal_mask(query_length, key_length, query.device), query.dtype)
+    if mask is not None:
+        mask = mask.expand(batch, 1, query_length, key_length)  # (B, 1, Tq, Tk), a view
+        if implementation == "flex_attention":
+            mask = flex_block_mask(mask == 0)
+    if implementation == "flex_attention" and query.device.type == "cpu":
+        logger.warning_once("attn_implementation='flex_attention' on CPU: torch's compiled CPU flex kernel fails to "
+                            "build for some shapes (torch 2.13, e.g. when beam search changes the batch size); 'sdpa' "
+                            "is the tested and faster CPU path (docs/transformer.md, \"Attention\").")
+    out, _ = kernel(module, query, key, value, mask, dropout=dropout_p, scaling=scaling, is_causal=False)
+    return out  # (B, Tq, H, d_h)
+
+
+def flex_block_mask(keep: torch.Tensor) -> Any:
+    """The boolean ``(B, 1, Tq, Tk)`` mask (True = attend) as flex attention's `BlockMask`: fully masked blocks are
+    skipped, partial ones read ``keep``. (transformers' alternative for a tensor mask, a ``score_mod`` that indexes
+    it as ``mask[b][0][q][kv]``, aborts in torch 2.13's CPU flex kernel — docs/transformer.md, "Attention".)"""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    keep = keep.contiguous()
+    batch, _, query_length, key_length = keep.shape
+
+    def mask_mod(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+        return keep[b, 0, q, kv]
+
+    return create_block_mask(mask_mod, batch, None, query_length, key_length, device=keep.device)
+
+
+def flash_varlen_attention(module: nn.Module, kernel: Any, query: torch.Tensor, key: torch.Tensor,
+                           value: torch.Tensor, mask: torch.Tensor | None, is_causal: bool, dropout_p: float,
+                           scaling: float) -> torch.Tensor:
+    """A flash kernel of transformers' interface on this model's masks; ``(B, H, Tq, d_h)`` in, ``(B, Tq, H, d_h)``
+    out.
+
+    transformers' own unpadding of a 2-D mask assumes the query is padded like the keys (self-attention); a
+    cross-attention's queries (target) and keys (source) are padded differently. So the batch is packed here: every
+    query of sentence b, and only its unmasked keys, form sequence b of one varlen batch (``cu_seq_lens_q/k``),
+    which is exactly the masked softmax for any key padding (left or right). A causal mask is passed as the kernel's
+    causal flag; a mask that is neither key padding nor causal (+ right padding, where the padded keys are only seen
+    by padded queries) cannot be expressed and is refused.
+    """
+    batch, heads, query_length, head_dim = query.shape
+    key_length = key.size(-2)
+    keep = None if mask is None else mask == 0  # (B or 1, 1, Tq or 1, Tk), True = attend
+    if keep is not None and keep.size(-2) > 1:
+        keys = keep[:, :, -1:, :]  # the last query of a causal mask sees every unmasked key
+        causal = causal_mask(query_length, key_length, query.device)
+        right_padded = not bool((keys[..., 1:] & ~keys[..., :-1]).any())  # 1…1 0…0 per sentence
+        if not (right_padded and torch.equal(keep, (keys & causal) | ~(keys & causal).any(-1, keepdim=True))):
+            raise ValueError(
+                f"attn_implementation={module.config._attn_implementation!r}: FlashAttention can express key padding "
+                "and causal masks only, not this (left-padded or custom 4-D) decoder self-attention mask; use "
+                "attn_implementation='sdpa' or 'eager'.")
+        keep, is_causal = None, True  # right padding under a causal mask: real queries never see a padded key
+    if keep is None:
+        out, _ = kernel(module, query, key, value, None, dropout=dropout_p, scaling=scaling, is_causal=is_causal)
+        return out  # (B, Tq, H, d_h)
+    valid = keep[:, 0, 0, :].expand(batch, key_length)  # (B, Tk)
+    lengths = valid.sum(-1)  # (B,) unmasked keys per sentence
+    cu_seq_lens_k = F.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
+    cu_seq_lens_q = torch.arange(0, (batch + 1) * query_length, query_length, dtype=torch.int32,
+                                 device=query.device)
+    kept = valid.reshape(-1).nonzero().squeeze(-1)  # positions of the unmasked keys in (B·Tk)
+
+    def packed(x: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        x = x.transpose(0, 1).reshape(heads, -1, head_dim)  # (B, H, T, d_h) -> (H, B·T, d_h)
+        return (x if rows is None else x.index_select(1, rows)).unsqueeze(0)  # (1, H, N, d_h)
+
+    out, _ = kernel(module, packed(query), packed(key, kept), packed(value, kept), None, dropout=dropout_p,
+                    scaling=scaling, is_causal=False, cu_seq_lens_q=cu_seq_lens_q, cu_seq_lens_k=cu_seq_lens_k,
+                    max_length_q=query_length, max_length_k=int(lengths.max()))
+    return out.reshape(batch, query_length, heads, head_dim)  # (1, B·Tq, H, d_h) -> (B, Tq, H, d_h)
+
+
 def check_token_ids(name: str, ids: torch.Tensor | None, vocab_size: int, check_values: bool = True,
                     allow_ignore_index: bool = False) -> None:
     """One clear sentence for bad token ids (docs/training.md, "Bad input"): not an integer tensor, not 2-D, empty,
@@ -294,11 +400,9 @@ class DeepTransformerAttention(nn.Module):
                                      eager=implementation == "eager")
             out = out.transpose(1, 2)  # (B, Tq, H, d_h)
         else:  # a kernel registered with transformers' AttentionInterface (docs/transformer.md, "Attention")
-            kernel = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, None)
-            if is_causal and attention_mask is None:
-                attention_mask = additive_mask(causal_mask(query.size(-2), key.size(-2), query.device), query.dtype)
-            out, weights = kernel(self, query, key, value, attention_mask, dropout=dropout,
-                                  scaling=self.head_dim ** -0.5, is_causal=False)  # (B, Tq, H, d_h)
+            out = interface_attention(self, implementation, query, key, value, attention_mask, is_causal,
+                                      dropout)  # (B, Tq, H, d_h)
+            weights = None
         out = out.reshape(batch, length, self.embed_dim)  # (B, Tq, d)
         return self.out_proj(out), weights
 
@@ -899,6 +1003,9 @@ class DeepTransformerPreTrainedModel(HubReadyMixin, PreTrainedModel):
     main_input_name = "input_ids"
     supports_gradient_checkpointing = True
     _supports_sdpa = True
+    # Kernels of transformers' AttentionInterface, dispatched at call time by `interface_attention`.
+    _supports_flex_attn = True
+    _supports_flash_attn = True
     _no_split_modules = ["DeepTransformerEncoderLayer", "DeepTransformerDecoderLayer"]
     # forward divides its training objective by `num_items_in_batch` (the optimizer step's target tokens) when
     # transformers' Trainer passes it, so the Trainer must not divide by the accumulation steps again.

@@ -412,3 +412,99 @@ def test_attention_implementation_is_honoured_at_call_time(switches, tmp_path):
     assert loaded.config._attn_implementation == "eager"
     with torch.no_grad():
         torch.testing.assert_close(loaded(**kwargs).logits, sdpa, atol=1e-5, rtol=1e-5)
+
+
+def _reference_flash_kernels():
+    """FlashAttention's documented semantics in plain torch (no GPU here): ``flash_attn_func`` on (B, T, H, d) and
+    ``flash_attn_varlen_func`` on packed (N, H, d) sequences, causal aligned to the bottom-right (flash-attn ≥ 2.1)."""
+    import torch.nn.functional as F
+
+    def attend(q, k, v, scale, causal):  # (T, H, d) each
+        mask = torch.ones(q.size(0), k.size(0), dtype=torch.bool).tril(k.size(0) - q.size(0)) if causal else None
+        return F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask,
+                                              scale=scale).transpose(0, 1)
+
+    def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False):
+        return torch.stack([attend(*rows, softmax_scale, causal) for rows in zip(q, k, v)])
+
+    def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                               softmax_scale=None, causal=False):
+        calls.append((cu_seqlens_q.tolist(), cu_seqlens_k.tolist()))
+        spans = zip(cu_seqlens_q[:-1], cu_seqlens_q[1:], cu_seqlens_k[:-1], cu_seqlens_k[1:])
+        return torch.cat([attend(q[a:b], k[c:d], v[c:d], softmax_scale, causal) for a, b, c, d in spans])
+
+    calls: list = []
+    return flash_attn_func, flash_attn_varlen_func, calls
+
+
+@pytest.mark.parametrize("switches", [dict(), dict(layer_norm_position="pre", cross_attention_drop_depth=1,
+                                                    cross_attention_drop_ratio=0.5),
+                                      dict(encoder_layers=3, decoder_layers=3, multi_layer_attention_k=2)])
+def test_flash_attention_path_packs_padded_batches_exactly(switches, monkeypatch):
+    """attn_implementation='flash_attention_2' goes through transformers' real `flash_attention_forward` (only the
+    CUDA kernels are replaced by their documented semantics): padded sources (encoder and cross-attention, where the
+    queries are not padded like the keys), causal decoding, beam search and a right-padded decoder mask give sdpa's
+    results; a left-padded decoder mask is refused with one sentence."""
+    from transformers import modeling_flash_attention_utils as fa
+
+    dense, varlen, calls = _reference_flash_kernels()
+    monkeypatch.setattr(fa, "_lazy_imports", lambda *args, **kwargs: (dense, varlen, None, fa._pad_input,
+                                                                     fa._unpad_input))
+    monkeypatch.setattr(fa, "_loaded_implementation", None)
+    model = tiny_model(**switches)
+    input_ids = torch.tensor([[5, 6, 7, 8, 9, 2], [10, 11, 2, 0, 0, 0], [0, 0, 12, 13, 14, 2]])  # right, left padding
+    labels = torch.tensor([[13, 14, 15, 2], [17, 18, 2, -100], [19, 2, -100, -100]])
+    kwargs = dict(input_ids=input_ids, attention_mask=(input_ids != 0).long(), labels=labels)
+    real = labels != -100
+    decoder_mask = torch.cat([torch.ones(3, 1, dtype=torch.long), real[:, :-1].long()], dim=1)  # right-padded
+    with torch.no_grad():
+        sdpa = model(**kwargs).logits
+        sdpa_masked = model(**kwargs, decoder_attention_mask=decoder_mask).logits
+        sdpa_beams = model.generate(input_ids=input_ids, attention_mask=kwargs["attention_mask"], num_beams=3,
+                                    max_new_tokens=6, output_scores=True, return_dict_in_generate=True)
+        model.config._attn_implementation = "flash_attention_2"
+        flash = model(**kwargs).logits
+        flash_masked = model(**kwargs, decoder_attention_mask=decoder_mask).logits
+        flash_beams = model.generate(input_ids=input_ids, attention_mask=kwargs["attention_mask"], num_beams=3,
+                                     max_new_tokens=6, output_scores=True, return_dict_in_generate=True)
+        with pytest.raises(ValueError, match="FlashAttention can express key padding and causal masks only"):
+            model(**kwargs, decoder_attention_mask=decoder_mask.flip(1))
+    assert calls and any(k[-1] < 3 * 6 for _, k in calls)  # the padded keys were packed away
+    torch.testing.assert_close(flash[real], sdpa[real], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(flash_masked[real], sdpa_masked[real], atol=1e-5, rtol=1e-5)
+    assert torch.equal(flash_beams.sequences, sdpa_beams.sequences)
+    torch.testing.assert_close(flash_beams.sequences_scores, sdpa_beams.sequences_scores, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("switches", [dict(), dict(layer_norm_position="pre", cross_attention_drop_depth=1,
+                                                    cross_attention_drop_ratio=0.5),
+                                      dict(encoder_layers=3, decoder_layers=3, multi_layer_attention_k=2)])
+def test_flex_attention_path_matches_sdpa_on_padded_batches(switches, monkeypatch):
+    """attn_implementation='flex_attention' goes through transformers' `flex_attention_forward` with this model's
+    masks as a `BlockMask`; torch's flex_attention runs uncompiled here (its compiled CPU kernel fails to build for
+    some shapes in torch 2.13, docs/transformer.md), which evaluates the same mask and scores. Logits and beams equal
+    sdpa's on a batch with right and left source padding and a right-padded decoder mask."""
+    import warnings
+
+    from torch.nn.attention.flex_attention import flex_attention
+    from transformers.integrations import flex_attention as hf_flex
+
+    monkeypatch.setattr(hf_flex.WrappedFlexAttention, "__call__", lambda self: flex_attention)
+    model = tiny_model(**switches)
+    input_ids = torch.tensor([[5, 6, 7, 8, 9, 2], [10, 11, 2, 0, 0, 0], [0, 0, 12, 13, 14, 2]])
+    labels = torch.tensor([[13, 14, 15, 2], [17, 18, 2, -100], [19, 2, -100, -100]])
+    real = labels != -100
+    decoder_mask = torch.cat([torch.ones(3, 1, dtype=torch.long), real[:, :-1].long()], dim=1)
+    kwargs = dict(input_ids=input_ids, attention_mask=(input_ids != 0).long(), labels=labels,
+                  decoder_attention_mask=decoder_mask)
+    generation = dict(input_ids=input_ids, attention_mask=kwargs["attention_mask"], num_beams=3, max_new_tokens=6,
+                      output_scores=True, return_dict_in_generate=True)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*flex_attention.*")  # torch: "called without torch.compile"
+        sdpa, sdpa_beams = model(**kwargs).logits, model.generate(**generation)
+        model.set_attn_implementation("flex_attention")
+        assert model.config._attn_implementation == "flex_attention"
+        flex, flex_beams = model(**kwargs).logits, model.generate(**generation)
+    torch.testing.assert_close(flex[real], sdpa[real], atol=1e-5, rtol=1e-5)
+    assert torch.equal(flex_beams.sequences, sdpa_beams.sequences)
+    torch.testing.assert_close(flex_beams.sequences_scores, sdpa_beams.sequences_scores, atol=1e-5, rtol=1e-5)
