@@ -121,6 +121,8 @@ def test_ctranslate2_export_gives_generates_beams_and_scores(variant, tiny_token
         if model is _TRAINED.get(variant):
             assert sum(ids[-1] == model.config.eos_token_id for ids in got) >= 2  # </s> ends some: the rule matters
             assert got == reference.generate(sources, num_beams=4, max_new_tokens=NEW_TOKENS, early_stopping=True)
+            with pytest.raises(ValueError, match="`early_stopping` = False is not available with the ctranslate2"):
+                engine.generate(sources, num_beams=4, max_new_tokens=NEW_TOKENS, early_stopping=False)
         else:
             assert same_fraction(reference.generate(sources, num_beams=4, max_new_tokens=NEW_TOKENS), got) >= 0.99
         greedy = reference.generate(sources, num_beams=1, max_new_tokens=NEW_TOKENS)
