@@ -295,3 +295,109 @@ def bf16_training(threads: int, tokens: int, repeats: int) -> dict[str, object]:
     return {"target_tokens": batch.target_tokens, "threads": threads, "seconds": times,
             "median_s": {name: median(values) for name, values in times.items()},
             "loss_fp32": loss_fp32, "loss_bf16": loss_bf16}
+
+
+# aten kernels that do the matrix products of a decoding step (projections, FFN, output layer, attention)
+MATRIX_KERNELS = ("aten::addmm", "aten::mm", "aten::bmm", "aten::_scaled_dot_product_flash_attention_for_cpu")
+
+
+def decode_limits(threads: int, label: str, new_tokens: int, repeats: int) -> dict[str, object]:
+    """How fast can our torch ``generate`` get, at most, on this CPU in float32? For the ``label`` model of the
+    engines section, beam 4, each batch of `BATCHES`: Marian's and our time (interleaved), the self time of the
+    matrix-product kernels in one profiled call of ours (`MATRIX_KERNELS`), and the FLOPs of one call
+    (FlopCounterMode). Two ceilings on ours / Marian follow: with the same kernels (everything but the matrix
+    products removed: Marian time / matrix-kernel time) and at the machine's fp32 matmul peak (Marian time /
+    (FLOPs / peak))."""
+    from torch.profiler import ProfilerActivity, profile
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from .measure import _cpu_flash_mapping
+
+    torch.set_num_threads(threads)
+    size, encoder_layers, decoder_layers = MODELS[label]
+    dims = model_dims(size, encoder_layers=encoder_layers, decoder_layers=decoder_layers)
+    ours, marian = build_ours(dims).eval(), build_marian(dims).eval()
+    copy_weights(ours, marian)
+    peak = gemm_peaks(threads)["fp32_gflops"]
+    result: dict[str, object] = {"model": label, "threads": threads, "new_tokens": new_tokens, "num_beams": 4,
+                                 "fp32_peak_gflops": peak, "batches": {}}
+    for batch in BATCHES:
+        source = synthetic_batch(sentences=batch, seed=2)
+        calls = {name: contender_call(name, source, new_tokens, threads, {"ours": ours, "marian": marian}, {})
+                 for name in ("marian", "ours")}
+        times = interleaved(calls, repeats=repeats, warmup=1)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            calls["ours"]()
+        matrix_ms = sum(e.self_cpu_time_total for e in prof.key_averages() if e.key in MATRIX_KERNELS) / 1e3
+        counter = FlopCounterMode(display=False, custom_mapping=_cpu_flash_mapping())
+        with counter:
+            calls["ours"]()
+        flops = int(counter.get_total_flops())
+        marian_s, ours_s = median(times["marian"]), median(times["ours"])
+        result["batches"][str(batch)] = {
+            "seconds": times, "marian_s": marian_s, "ours_s": ours_s, "matrix_kernels_s": matrix_ms / 1e3,
+            "flops": flops, "peak_bound_s": flops / (peak * 1e9),
+            "ours_x_marian": marian_s / ours_s, "ceiling_same_kernels": marian_s / (matrix_ms / 1e3),
+            "ceiling_peak": marian_s / (flops / (peak * 1e9)), "matrix_gflops": flops / (matrix_ms / 1e3) / 1e9}
+    return result
+
+
+def stock_converter_check(threads: int, label: str, new_tokens: int, repeats: int) -> dict[str, object]:
+    """Is our CTranslate2 export as fast as CTranslate2's own conversion of the same weights? The ``label`` model's
+    weights copied into `MarianMTModel`, converted by ``ctranslate2.converters.TransformersConverter`` (its Marian
+    loader) and by `hf_deepnmt.export` from our model; both at float32 and int8, beam 4, batch 16, exactly
+    ``new_tokens`` tokens, timed interleaved with `MarianMTModel.generate`. (The stock conversion starts the decoder
+    from a zero embedding, Marian's convention: the same work, not the same outputs.)"""
+    import ctranslate2
+    from ctranslate2.converters import TransformersConverter
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+
+    from hf_deepnmt.export import load_engine
+
+    torch.set_num_threads(threads)
+    size, encoder_layers, decoder_layers = MODELS[label]
+    dims = model_dims(size, encoder_layers=encoder_layers, decoder_layers=decoder_layers)
+    ours, marian = build_ours(dims).eval(), build_marian(dims).eval()
+    copy_weights(ours, marian)
+    source = synthetic_batch(sentences=16, seed=2)
+    ids = source_ids(source)
+    # CTranslate2's Marian loader drops the last embedding row and expects the token "<pad>" there
+    words = SyntheticTokenizer(dims["vocab_size"]).convert_ids_to_tokens(list(range(dims["vocab_size"])))
+    words[PAD], words[-1] = "<blank>", "<pad>"
+    calls: dict[str, Callable[[], object]] = {"marian": contender_call("marian", source, new_tokens, threads,
+                                                                      {"marian": marian}, {})}
+    with tempfile.TemporaryDirectory(prefix="deepnmt_stock_") as scratch:
+        marian.save_pretrained(Path(scratch) / "marian")
+        tokenizer = PreTrainedTokenizerFast(
+            tokenizer_object=Tokenizer(WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>")),
+            pad_token="<pad>", eos_token="</s>", unk_token="<unk>", bos_token="<s>")
+        tokenizer.save_pretrained(Path(scratch) / "marian")
+        for quantization in (None, "int8"):
+            suffix = quantization or "fp32"
+            stock = Path(scratch) / f"stock_{suffix}"
+            TransformersConverter(str(Path(scratch) / "marian")).convert(str(stock), quantization=quantization)
+            translator = ctranslate2.Translator(str(stock), device="cpu", inter_threads=1, intra_threads=threads)
+            batch = [[words[i] if i != len(words) - 1 else "<unk>" for i in row] for row in ids]
+            calls[f"stock_ct2_{suffix}"] = lambda t=translator, b=batch: t.translate_batch(
+                b, beam_size=4, max_decoding_length=new_tokens, min_decoding_length=new_tokens, max_input_length=0)
+            export = export_all_one(ours, Path(scratch) / f"ours_{suffix}", quantization)
+            engine = load_engine(export, "ctranslate2", intra_threads=threads)
+            calls[f"ct2_{suffix}"] = lambda e=engine: e.generate(ids, num_beams=4, max_new_tokens=new_tokens,
+                                                                 min_new_tokens=new_tokens)
+        lengths = {name: len(call()[0].hypotheses[0]) if name.startswith("stock") else None
+                   for name, call in calls.items() if name.startswith("stock")}
+        times = interleaved(calls, repeats=repeats, warmup=1)
+    return {"model": label, "threads": threads, "new_tokens": new_tokens, "batch": 16, "num_beams": 4,
+            "stock_output_tokens": lengths, "seconds": times,
+            "median_s": {name: median(values) for name, values in times.items()},
+            "best_s": {name: min(values) for name, values in times.items()}}
+
+
+def export_all_one(model: torch.nn.Module, folder: Path, quantization: str | None) -> Path:
+    """One CTranslate2 export of ``model`` (benchmark vocabulary) into ``folder``."""
+    from hf_deepnmt.export import export_model
+
+    export_model(model, SyntheticTokenizer(model.config.vocab_size), folder, "ctranslate2", quantization)
+    return folder

@@ -46,7 +46,8 @@ from .common import (  # noqa: E402
 from .probe import run_probe  # noqa: E402
 
 SECTIONS = ("equivalence", "train", "decode", "flat", "memory", "scaling", "profile", "flops", "compile", "deep_memory",
-            "crt_cost", "dou2018", "dou2018_flops", "dtmt", "engines", "engine_quality", "bf16_train")
+            "crt_cost", "dou2018", "dou2018_flops", "dtmt", "engines", "engine_quality", "bf16_train", "decode_limit",
+            "ct2_stock")
 QUICK_SECTIONS = ("equivalence", "train", "decode", "flat", "memory", "scaling", "profile", "flops")
 
 
@@ -60,7 +61,7 @@ def settings(quick: bool) -> dict[str, object]:
                     compile_repeats=2, crt_tokens=256, crt_repeats=1, dou2018_size="d256", dou2018_repeats=1,
                     dtmt_size="d256", dtmt_repeats=2, dtmt_decode_repeats=1, dtmt_compile=False,
                     engine_models=["6-6 d256"], engine_new_tokens=8, engine_repeats={16: 1, 1: 2}, engine_memory=False,
-                    quality_samples=32, bf16_tokens=512, bf16_repeats=1)
+                    quality_samples=32, bf16_tokens=512, bf16_repeats=1, decode_limit_model="6-6 d256")
     return dict(sizes=list(SIZES), train_tokens=4096, train_repeats={"d256": 5, "d512": 5}, new_tokens=32,
                 decode_repeats={1: 7, 32: 3}, flat_steps=200, flat_repeats=2, flat_batch=32,
                 memory_workloads=["train", "greedy_b32", "beam4_b32"], depths=[6, 12, 24, 48],
@@ -70,8 +71,8 @@ def settings(quick: bool) -> dict[str, object]:
                 flops_size="d512", compile_repeats=3, crt_tokens=2048, crt_repeats=3, dou2018_size="d256",
                 dou2018_repeats=3, dtmt_size="d256", dtmt_repeats=5, dtmt_decode_repeats=3, dtmt_compile=True,
                 engine_models=["6-6 d256", "6-6 d512", "24-6 d512"], engine_new_tokens=32,
-                engine_repeats={16: 3, 1: 5}, engine_memory=True, quality_samples=None, bf16_tokens=2048,
-                bf16_repeats=3)
+                engine_repeats={16: 7, 1: 7}, engine_memory=True, quality_samples=None, bf16_tokens=2048,
+                bf16_repeats=3, decode_limit_model="6-6 d512")
 
 
 def log(message: str) -> None:
@@ -208,7 +209,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
             f"{', plus torch.compile rows' if cfg['dtmt_compile'] else ''}")
         results["dtmt"] = measure.dtmt_speed(cfg["dtmt_size"], train_batch, sources[32], cfg["dtmt_repeats"],
                                              cfg["dtmt_decode_repeats"], cfg["new_tokens"], cfg["dtmt_compile"])
-    if {"engines", "engine_quality", "bf16_train"} & set(args.sections):
+    if {"engines", "engine_quality", "bf16_train", "decode_limit", "ct2_stock"} & set(args.sections):
         from . import engines
 
         # The engine comparison runs at --engine-threads (2: the issue's setting), whatever --threads says.
@@ -226,6 +227,15 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         if "bf16_train" in args.sections:
             log("bf16_train: 6-6 d512 training step, fp32 vs bf16 autocast")
             results["bf16_train"] = engines.bf16_training(engine_threads, cfg["bf16_tokens"], cfg["bf16_repeats"])
+        if "decode_limit" in args.sections:
+            log(f"decode_limit: {cfg['decode_limit_model']}, beam 4: our generate vs Marian, matrix-kernel time, "
+                "FLOPs, fp32 peak")
+            results["decode_limit"] = engines.decode_limits(engine_threads, cfg["decode_limit_model"],
+                                                            cfg["engine_new_tokens"], cfg["engine_repeats"][16])
+        if "ct2_stock" in args.sections:
+            log(f"ct2_stock: {cfg['decode_limit_model']}: our CTranslate2 export vs CTranslate2's own Marian conversion")
+            results["ct2_stock"] = engines.stock_converter_check(engine_threads, cfg["decode_limit_model"],
+                                                                 cfg["engine_new_tokens"], cfg["engine_repeats"][16])
         torch.set_num_threads(threads)
 
     results["duration_s"] = time.perf_counter() - started
