@@ -501,6 +501,8 @@ def test_flex_attention_path_matches_sdpa_on_padded_batches(switches, monkeypatc
                       output_scores=True, return_dict_in_generate=True)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*flex_attention.*")  # torch: "called without torch.compile"
+        # transformers sets up torch.compile for flex (unused here); importing inductor warns about torch.jit
+        warnings.filterwarnings("ignore", message=".*torch.jit.script_method.*", category=DeprecationWarning)
         sdpa, sdpa_beams = model(**kwargs).logits, model.generate(**generation)
         model.set_attn_implementation("flex_attention")
         assert model.config._attn_implementation == "flex_attention"
