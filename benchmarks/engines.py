@@ -62,17 +62,30 @@ class SyntheticTokenizer:
         """Nothing to save: the benchmark feeds token ids."""
 
 
-def export_all(model: torch.nn.Module, folder: Path) -> dict[str, Path]:
-    """CTranslate2 fp32/int8 and ONNX fp32/int8 exports of ``model`` under ``folder``."""
+def same_weights(label: str) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """Our model of `MODELS` ``label`` (random weights) and a `MarianMTModel` holding the same weights, in eval mode."""
+    size, encoder_layers, decoder_layers = MODELS[label]
+    dims = model_dims(size, encoder_layers=encoder_layers, decoder_layers=decoder_layers)
+    ours, marian = build_ours(dims).eval(), build_marian(dims).eval()
+    copy_weights(ours, marian)
+    return ours, marian
+
+
+def export_one(model: torch.nn.Module, folder: Path, export_format: str, quantization: str | None) -> Path:
+    """One export of ``model`` (the benchmark vocabulary, `SyntheticTokenizer`) into ``folder``."""
     from hf_deepnmt.export import export_model
 
-    tokenizer = SyntheticTokenizer(model.config.vocab_size)
-    paths = {}
-    for name, (export_format, quantization) in {"ct2_fp32": ("ctranslate2", None), "ct2_int8": ("ctranslate2", "int8"),
-                                                "onnx_fp32": ("onnx", None), "onnx_int8": ("onnx", "int8")}.items():
-        paths[name] = folder / name
-        export_model(model, tokenizer, paths[name], export_format, quantization)
-    return paths
+    export_model(model, SyntheticTokenizer(model.config.vocab_size), folder, export_format, quantization)
+    return folder
+
+
+def export_all(model: torch.nn.Module, folder: Path) -> dict[str, Path]:
+    """CTranslate2 fp32/int8 and ONNX fp32/int8 exports of ``model`` under ``folder``."""
+    return {name: export_one(model, folder / name, export_format, quantization)
+            for name, (export_format, quantization) in {"ct2_fp32": ("ctranslate2", None),
+                                                        "ct2_int8": ("ctranslate2", "int8"),
+                                                        "onnx_fp32": ("onnx", None),
+                                                        "onnx_int8": ("onnx", "int8")}.items()}
 
 
 def source_ids(source: Batch) -> list[list[int]]:
@@ -134,10 +147,7 @@ def engines_section(threads: int, new_tokens: int, repeats: dict[int, int], mode
     sources = {batch: synthetic_batch(sentences=batch, seed=2) for batch in BATCHES}
     for label in models_to_run:
         size, encoder_layers, decoder_layers = MODELS[label]
-        dims = model_dims(size, encoder_layers=encoder_layers, decoder_layers=decoder_layers)
-        ours = build_ours(dims)
-        marian = build_marian(dims)
-        copy_weights(ours, marian)
+        ours, marian = same_weights(label)
         entry: dict[str, object] = {"size": size, "encoder_layers": encoder_layers, "decoder_layers": decoder_layers,
                                     "parameters_m": sum(p.numel() for p in ours.parameters()) / 1e6, "batches": {}}
         with tempfile.TemporaryDirectory(prefix="deepnmt_engines_") as scratch:
@@ -314,10 +324,7 @@ def decode_limits(threads: int, label: str, new_tokens: int, repeats: int) -> di
     from .measure import _cpu_flash_mapping
 
     torch.set_num_threads(threads)
-    size, encoder_layers, decoder_layers = MODELS[label]
-    dims = model_dims(size, encoder_layers=encoder_layers, decoder_layers=decoder_layers)
-    ours, marian = build_ours(dims).eval(), build_marian(dims).eval()
-    copy_weights(ours, marian)
+    ours, marian = same_weights(label)
     peak = gemm_peaks(threads)["fp32_gflops"]
     result: dict[str, object] = {"model": label, "threads": threads, "new_tokens": new_tokens, "num_beams": 4,
                                  "fp32_peak_gflops": peak, "batches": {}}
@@ -357,14 +364,12 @@ def stock_converter_check(threads: int, label: str, new_tokens: int, repeats: in
     from hf_deepnmt.export import load_engine
 
     torch.set_num_threads(threads)
-    size, encoder_layers, decoder_layers = MODELS[label]
-    dims = model_dims(size, encoder_layers=encoder_layers, decoder_layers=decoder_layers)
-    ours, marian = build_ours(dims).eval(), build_marian(dims).eval()
-    copy_weights(ours, marian)
+    ours, marian = same_weights(label)
     source = synthetic_batch(sentences=16, seed=2)
     ids = source_ids(source)
+    vocab_size = ours.config.vocab_size
     # CTranslate2's Marian loader drops the last embedding row and expects the token "<pad>" there
-    words = SyntheticTokenizer(dims["vocab_size"]).convert_ids_to_tokens(list(range(dims["vocab_size"])))
+    words = SyntheticTokenizer(vocab_size).convert_ids_to_tokens(list(range(vocab_size)))
     words[PAD], words[-1] = "<blank>", "<pad>"
     calls: dict[str, Callable[[], object]] = {"marian": contender_call("marian", source, new_tokens, threads,
                                                                       {"marian": marian}, {})}
@@ -382,22 +387,14 @@ def stock_converter_check(threads: int, label: str, new_tokens: int, repeats: in
             batch = [[words[i] if i != len(words) - 1 else "<unk>" for i in row] for row in ids]
             calls[f"stock_ct2_{suffix}"] = lambda t=translator, b=batch: t.translate_batch(
                 b, beam_size=4, max_decoding_length=new_tokens, min_decoding_length=new_tokens, max_input_length=0)
-            export = export_all_one(ours, Path(scratch) / f"ours_{suffix}", quantization)
+            export = export_one(ours, Path(scratch) / f"ours_{suffix}", "ctranslate2", quantization)
             engine = load_engine(export, "ctranslate2", intra_threads=threads)
             calls[f"ct2_{suffix}"] = lambda e=engine: e.generate(ids, num_beams=4, max_new_tokens=new_tokens,
                                                                  min_new_tokens=new_tokens)
-        lengths = {name: len(call()[0].hypotheses[0]) if name.startswith("stock") else None
-                   for name, call in calls.items() if name.startswith("stock")}
+        # equal work: the stock models also produce exactly new_tokens tokens
+        lengths = {name: len(call()[0].hypotheses[0]) for name, call in calls.items() if name.startswith("stock")}
         times = interleaved(calls, repeats=repeats, warmup=1)
     return {"model": label, "threads": threads, "new_tokens": new_tokens, "batch": 16, "num_beams": 4,
             "stock_output_tokens": lengths, "seconds": times,
             "median_s": {name: median(values) for name, values in times.items()},
             "best_s": {name: min(values) for name, values in times.items()}}
-
-
-def export_all_one(model: torch.nn.Module, folder: Path, quantization: str | None) -> Path:
-    """One CTranslate2 export of ``model`` (benchmark vocabulary) into ``folder``."""
-    from hf_deepnmt.export import export_model
-
-    export_model(model, SyntheticTokenizer(model.config.vocab_size), folder, "ctranslate2", quantization)
-    return folder
