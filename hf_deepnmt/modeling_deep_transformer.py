@@ -203,9 +203,12 @@ def interface_attention(module: nn.Module, implementation: str, query: torch.Ten
     if is_causal and mask is None:
         mask = additive_mask(causal_mask(query_length, key_length, query.device), query.dtype)
     if mask is not None:
+        shared = mask
         mask = mask.expand(batch, 1, query_length, key_length)  # (B, 1, Tq, Tk), a view
         if implementation == "flex_attention":
-            mask = flex_block_mask(mask == 0)
+            expanded = mask
+            mask = derived_from_mask(shared, f"flex:{batch}x{query_length}x{key_length}",
+                                     lambda: flex_block_mask(expanded == 0))
     if implementation == "flex_attention" and query.device.type == "cpu":
         logger.warning_once("attn_implementation='flex_attention' on CPU: torch's compiled CPU flex kernel fails to "
                             "build for some shapes (torch 2.13, e.g. when beam search changes the batch size); 'sdpa' "
@@ -229,6 +232,45 @@ def flex_block_mask(keep: torch.Tensor) -> Any:
     return create_block_mask(mask_mod, batch, None, query_length, key_length, device=keep.device)
 
 
+def derived_from_mask(mask: torch.Tensor, name: str, build: Any) -> Any:
+    """What a kernel derives from a mask (flash packing, a flex `BlockMask`), built once per mask tensor: the stacks
+    build each mask once per forward and share it between their layers (`additive_mask`), so this runs once per
+    forward instead of once per layer. Kept on the tensor itself, so it dies with the mask; under torch.compile it is
+    simply rebuilt."""
+    if torch.compiler.is_compiling():
+        return build()
+    cache = mask.__dict__.setdefault("_deepnmt_derived", {})
+    if name not in cache:
+        cache[name] = build()
+    return cache[name]
+
+
+def flash_packing(mask: torch.Tensor, batch: int, query_length: int) -> dict[str, Any] | None:
+    """How `flash_varlen_attention` runs a mask: None for a causal mask over right padding (the kernel's causal flag
+    alone), else the varlen packing of the unmasked keys. Refuses a mask FlashAttention cannot express."""
+    keep = mask == 0  # (B or 1, 1, Tq or 1, Tk), True = attend
+    key_length = keep.size(-1)
+    if keep.size(-2) > 1:
+        keys = keep[:, :, -1:, :]  # the last query of a causal mask sees every unmasked key
+        causal = causal_mask(query_length, key_length, mask.device)
+        right_padded = not bool((keys[..., 1:] & ~keys[..., :-1]).any())  # 1…1 0…0 per sentence
+        if not (right_padded and torch.equal(keep, (keys & causal) | ~(keys & causal).any(-1, keepdim=True))):
+            raise ValueError(
+                "FlashAttention can express key padding and causal masks only, not this (left-padded or custom 4-D) "
+                "decoder self-attention mask; use attn_implementation='sdpa' or 'eager'.")
+        return None  # right padding under a causal mask: real queries never see a padded key
+    valid = keep[:, 0, 0, :].expand(batch, key_length)  # (B, Tk)
+    lengths = valid.sum(-1)  # (B,) unmasked keys per sentence
+    return {
+        "kept": valid.reshape(-1).nonzero().squeeze(-1),  # positions of the unmasked keys in (B·Tk)
+        "cu_seq_lens_q": torch.arange(0, (batch + 1) * query_length, query_length, dtype=torch.int32,
+                                      device=mask.device),
+        "cu_seq_lens_k": F.pad(lengths.cumsum(0), (1, 0)).to(torch.int32),
+        "max_length_q": query_length,
+        "max_length_k": int(lengths.max()),
+    }
+
+
 def flash_varlen_attention(module: nn.Module, kernel: Any, query: torch.Tensor, key: torch.Tensor,
                            value: torch.Tensor, mask: torch.Tensor | None, is_causal: bool, dropout_p: float,
                            scaling: float) -> torch.Tensor:
@@ -240,40 +282,26 @@ def flash_varlen_attention(module: nn.Module, kernel: Any, query: torch.Tensor, 
     query of sentence b, and only its unmasked keys, form sequence b of one varlen batch (``cu_seq_lens_q/k``),
     which is exactly the masked softmax for any key padding (left or right). A causal mask is passed as the kernel's
     causal flag; a mask that is neither key padding nor causal (+ right padding, where the padded keys are only seen
-    by padded queries) cannot be expressed and is refused.
+    by padded queries) cannot be expressed and is refused (`flash_packing`).
     """
     batch, heads, query_length, head_dim = query.shape
-    key_length = key.size(-2)
-    keep = None if mask is None else mask == 0  # (B or 1, 1, Tq or 1, Tk), True = attend
-    if keep is not None and keep.size(-2) > 1:
-        keys = keep[:, :, -1:, :]  # the last query of a causal mask sees every unmasked key
-        causal = causal_mask(query_length, key_length, query.device)
-        right_padded = not bool((keys[..., 1:] & ~keys[..., :-1]).any())  # 1…1 0…0 per sentence
-        if not (right_padded and torch.equal(keep, (keys & causal) | ~(keys & causal).any(-1, keepdim=True))):
-            raise ValueError(
-                f"attn_implementation={module.config._attn_implementation!r}: FlashAttention can express key padding "
-                "and causal masks only, not this (left-padded or custom 4-D) decoder self-attention mask; use "
-                "attn_implementation='sdpa' or 'eager'.")
-        keep, is_causal = None, True  # right padding under a causal mask: real queries never see a padded key
-    if keep is None:
+    packing = None
+    if mask is not None:
+        packing = derived_from_mask(mask, f"flash:{batch}x{query_length}",
+                                    lambda: flash_packing(mask, batch, query_length))
+        is_causal = is_causal or packing is None
+    if packing is None:
         out, _ = kernel(module, query, key, value, None, dropout=dropout_p, scaling=scaling, is_causal=is_causal)
         return out  # (B, Tq, H, d_h)
-    valid = keep[:, 0, 0, :].expand(batch, key_length)  # (B, Tk)
-    lengths = valid.sum(-1)  # (B,) unmasked keys per sentence
-    cu_seq_lens_k = F.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
-    cu_seq_lens_q = torch.arange(0, (batch + 1) * query_length, query_length, dtype=torch.int32,
-                                 device=query.device)
-    kept = valid.reshape(-1).nonzero().squeeze(-1)  # positions of the unmasked keys in (B·Tk)
 
     def packed(x: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
         x = x.transpose(0, 1).reshape(heads, -1, head_dim)  # (B, H, T, d_h) -> (H, B·T, d_h)
         return (x if rows is None else x.index_select(1, rows)).unsqueeze(0)  # (1, H, N, d_h)
 
-    out, _ = kernel(module, packed(query), packed(key, kept), packed(value, kept), None, dropout=dropout_p,
-                    scaling=scaling, is_causal=False, cu_seq_lens_q=cu_seq_lens_q, cu_seq_lens_k=cu_seq_lens_k,
-                    max_length_q=query_length, max_length_k=int(lengths.max()))
+    varlen = {name: setting for name, setting in packing.items() if name != "kept"}
+    out, _ = kernel(module, packed(query), packed(key, packing["kept"]), packed(value, packing["kept"]), None,
+                    dropout=dropout_p, scaling=scaling, is_causal=False, **varlen)
     return out.reshape(batch, query_length, heads, head_dim)  # (1, B·Tq, H, d_h) -> (B, Tq, H, d_h)
-
 
 def check_token_ids(name: str, ids: torch.Tensor | None, vocab_size: int, check_values: bool = True,
                     allow_ignore_index: bool = False) -> None:

@@ -447,6 +447,9 @@ def test_flash_attention_path_packs_padded_batches_exactly(switches, monkeypatch
     results; a left-padded decoder mask is refused with one sentence."""
     from transformers import modeling_flash_attention_utils as fa
 
+    from hf_deepnmt import modeling_deep_transformer as modeling
+
+    plan = modeling.flash_packing
     dense, varlen, calls = _reference_flash_kernels()
     monkeypatch.setattr(fa, "_lazy_imports", lambda *args, **kwargs: (dense, varlen, None, fa._pad_input,
                                                                      fa._unpad_input))
@@ -463,7 +466,10 @@ def test_flash_attention_path_packs_padded_batches_exactly(switches, monkeypatch
         sdpa_beams = model.generate(input_ids=input_ids, attention_mask=kwargs["attention_mask"], num_beams=3,
                                     max_new_tokens=6, output_scores=True, return_dict_in_generate=True)
         model.config._attn_implementation = "flash_attention_2"
+        packings = []
+        monkeypatch.setattr(modeling, "flash_packing", lambda *args: packings.append(args) or plan(*args))
         flash = model(**kwargs).logits
+        assert len(packings) == 2  # once per mask and forward (encoder, cross-attention), not once per layer
         flash_masked = model(**kwargs, decoder_attention_mask=decoder_mask).logits
         flash_beams = model.generate(input_ids=input_ids, attention_mask=kwargs["attention_mask"], num_beams=3,
                                      max_new_tokens=6, output_scores=True, return_dict_in_generate=True)
