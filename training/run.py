@@ -469,7 +469,6 @@ def environment_summary() -> dict[str, str]:
 
 
 # ------------------------------------------------------------------------------------------------ translate / evaluate
-@torch.no_grad()
 def new_token_budget(source_tokens: int, limit: int) -> int:
     """How many tokens a translation of a ``source_tokens``-token source may have: 1.5 × the source + 10, at most
     ``limit`` − 1 (the decoder start token takes one position). `deepnmt translate`'s default and, applied to the
@@ -477,6 +476,7 @@ def new_token_budget(source_tokens: int, limit: int) -> int:
     return min(limit - 1, int(1.5 * source_tokens) + 10)
 
 
+@torch.no_grad()
 def translate_sentences(
     model,
     tokenizer,
