@@ -9,7 +9,7 @@ transformers' defaults (and this package's label smoothing 0.1 stays: see ``--la
 
 Two stages, because the model size depends on the data:
 
-* `parse_time_defaults` — before the arguments are parsed: options that depend on nothing (the schedule, Adam's β₂,
+* `PARSE_TIME_DEFAULTS` — before the arguments are parsed: options that depend on nothing (the schedule, Adam's β₂,
   evaluation with generation, logging);
 * `resolve` — after the training data is read: the model size, learning rate, warm-up, token batch, vocabulary,
   evaluation interval and evaluation sample count.
