@@ -20,6 +20,7 @@ from .configuration_deep_transformer import (
     DeepTransformerConfig,
 )
 from .configuration_dtmt import DTMTConfig
+from .errors import UserInputError
 from .modeling_deep_transformer import (
     AdminTransformerForConditionalGeneration,
     AdminTransformerModel,
@@ -30,8 +31,8 @@ from .modeling_deep_transformer import (
     DeepTransformerForConditionalGeneration,
     DeepTransformerModel,
     DeepTransformerPreTrainedModel,
-    shift_tokens_right,
 )
+from .modeling_common import shift_tokens_right
 from .modeling_dtmt import DTMTForConditionalGeneration, DTMTModel, DTMTPreTrainedModel
 from .pipeline_translation import (
     TranslationPipeline,
@@ -39,6 +40,7 @@ from .pipeline_translation import (
     recorded_language_pairs,
     register_translation_pipeline,
 )
+from .registry import MODEL_TYPES, ModelTypeEntry, model_type_entry, model_type_names
 from .warm_start import warm_start
 
 __version__ = "0.1.0"
@@ -52,6 +54,8 @@ __all__ = [
     "export_marian",
     "fold_admin",
     "losses",
+    "model_type_entry",
+    "model_type_names",
     "omega_values",
     "DeepDecoderTransformerConfig",
     "DeepDecoderTransformerForConditionalGeneration",
@@ -68,7 +72,10 @@ __all__ = [
     "DTMTForConditionalGeneration",
     "DTMTModel",
     "DTMTPreTrainedModel",
+    "MODEL_TYPES",
+    "ModelTypeEntry",
     "TranslationPipeline",
+    "UserInputError",
     "record_language_pair",
     "recorded_language_pairs",
     "register_translation_pipeline",
@@ -78,20 +85,13 @@ __all__ = [
 
 
 def _register() -> None:
-    for config_class, base_class, seq2seq_class in (
-        (DeepTransformerConfig, DeepTransformerModel, DeepTransformerForConditionalGeneration),
-        (AdminTransformerConfig, AdminTransformerModel, AdminTransformerForConditionalGeneration),
-        (DeepDecoderTransformerConfig, DeepDecoderTransformerModel, DeepDecoderTransformerForConditionalGeneration),
-        (DeepRepresentationTransformerConfig, DeepRepresentationTransformerModel,
-         DeepRepresentationTransformerForConditionalGeneration),
-        (DTMTConfig, DTMTModel, DTMTForConditionalGeneration),
-    ):
-        AutoConfig.register(config_class.model_type, config_class, exist_ok=True)
-        AutoModel.register(config_class, base_class, exist_ok=True)
-        AutoModelForSeq2SeqLM.register(config_class, seq2seq_class, exist_ok=True)
-        config_class.register_for_auto_class("AutoConfig")
-        base_class.register_for_auto_class("AutoModel")
-        seq2seq_class.register_for_auto_class("AutoModelForSeq2SeqLM")
+    for entry in MODEL_TYPES.values():
+        AutoConfig.register(entry.model_type, entry.config_class, exist_ok=True)
+        AutoModel.register(entry.config_class, entry.base_model_class, exist_ok=True)
+        AutoModelForSeq2SeqLM.register(entry.config_class, entry.seq2seq_class, exist_ok=True)
+        entry.config_class.register_for_auto_class("AutoConfig")
+        entry.base_model_class.register_for_auto_class("AutoModel")
+        entry.seq2seq_class.register_for_auto_class("AutoModelForSeq2SeqLM")
     register_translation_pipeline()
 
 

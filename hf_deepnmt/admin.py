@@ -34,6 +34,7 @@ from torch import nn
 
 from .configuration_deep_transformer import DeepTransformerConfig, admin_omega_closed_form
 from .modeling_deep_transformer import DeepTransformerForConditionalGeneration
+from .errors import UserInputError
 
 __all__ = ["admin_omega_closed_form", "admin_profile", "export_marian", "fold_admin", "iter_sublayers",
            "non_standard_features", "omega_values"]
@@ -125,7 +126,7 @@ def admin_profile(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> dict[s
     model = _core(model)
     config = model.config
     if getattr(config, "residual_scaling", "none") != "admin":
-        raise ValueError("admin_profile: the model's `residual_scaling` is not 'admin'; there is no ω to profile.")
+        raise UserInputError("admin_profile: the model's `residual_scaling` is not 'admin'; there is no ω to profile.")
     labels = batch["labels"]
     pad = config.pad_token_id
     masks = {
@@ -181,9 +182,9 @@ def fold_admin(model: nn.Module) -> nn.Module:
     function as the ADMIN ``model`` (see the module docstring; exact up to float rounding)."""
     model = _core(model)
     if getattr(model.config, "residual_scaling", "none") != "admin":
-        raise ValueError("fold_admin: the model's `residual_scaling` is not 'admin'; there is nothing to fold.")
+        raise UserInputError("fold_admin: the model's `residual_scaling` is not 'admin'; there is nothing to fold.")
     if model.config.uses_deep_representations():
-        raise ValueError(
+        raise UserInputError(
             "fold_admin: this model uses dou2018's layer aggregation or multi-layer attention, where a layer's "
             "output also feeds aggregation nodes or lower-layer attentions, so ω cannot be folded into the LayerNorm "
             "before each sub-layer without changing them; keep the ADMIN model (docs/liu2020.md, 'Folding').")
@@ -242,13 +243,13 @@ def export_marian(model: nn.Module):
     model = _core(model)
     features = non_standard_features(model.config)
     if features:
-        raise ValueError(f"export_marian: this model uses {', '.join(features)}, which MarianMTModel cannot express.")
+        raise UserInputError(f"export_marian: this model uses {', '.join(features)}, which MarianMTModel cannot express.")
     if getattr(model.config, "residual_scaling", "none") == "admin":
         model = fold_admin(model)
     config = model.config
     features = non_standard_features(config)
     if features:
-        raise ValueError(f"export_marian: this model uses {', '.join(features)}, which MarianMTModel cannot express.")
+        raise UserInputError(f"export_marian: this model uses {', '.join(features)}, which MarianMTModel cannot express.")
     marian_config = MarianConfig(
         vocab_size=config.vocab_size,
         decoder_vocab_size=config.vocab_size,

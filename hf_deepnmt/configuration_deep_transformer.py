@@ -22,6 +22,7 @@ from transformers import PreTrainedConfig
 from transformers.utils import logging
 
 from .aggregation import AGGREGATION_ACTIVATIONS, LAYER_AGGREGATIONS
+from .errors import UserInputError
 
 logger = logging.get_logger(__name__)
 
@@ -50,14 +51,14 @@ def admin_omega_closed_form(num_sublayers: int) -> float:
     """ω = sqrt((N+1)/ln(N+1) − 1) for a stack of N residual sub-layers, ADMIN without profiling (docs/liu2020.md;
     admin-torch's "O(logn)" default)."""
     if not (_is_int(num_sublayers) and num_sublayers >= 1):
-        raise ValueError(f"admin_omega_closed_form: `num_sublayers` = {num_sublayers!r} is not allowed; use ≥ 1.")
+        raise UserInputError(f"admin_omega_closed_form: `num_sublayers` = {num_sublayers!r} is not allowed; use ≥ 1.")
     n = num_sublayers
     return math.sqrt((n + 1) / math.log(n + 1) - 1)
 
 
 def _fail(config_name: str, field: str, value: Any, allowed: str) -> None:
     """Raise the project's one-sentence validation error."""
-    raise ValueError(f"{config_name}: `{field}` = {value!r} is not allowed; {allowed}.")
+    raise UserInputError(f"{config_name}: `{field}` = {value!r} is not allowed; {allowed}.")
 
 
 def _is_int(value: Any) -> bool:

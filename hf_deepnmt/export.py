@@ -46,6 +46,7 @@ import torch
 from torch import nn
 
 from .admin import fold_admin, non_standard_features
+from .errors import UserInputError
 
 EXPORT_FORMATS: tuple[str, ...] = ("ctranslate2", "onnx", "marian")
 ENGINES: tuple[str, ...] = ("torch", "ctranslate2", "onnx")
@@ -85,7 +86,7 @@ def export_blockers(config: Any, export_format: str) -> list[str]:
     builds layers without cross-attention, which every format encodes exactly; DDR and ALD are losses).
     """
     if export_format not in EXPORT_FORMATS:
-        raise ValueError(f"`export_format` = {export_format!r} is not allowed; use one of {', '.join(EXPORT_FORMATS)}.")
+        raise UserInputError(f"`export_format` = {export_format!r} is not allowed; use one of {', '.join(EXPORT_FORMATS)}.")
     model_type = getattr(config, "model_type", None)
     if model_type == "dtmt":
         return ["meng2019 DTMT's deep-transition recurrent layers (L-GRU/T-GRU encoder and decoder; no converter "
@@ -114,7 +115,7 @@ def check_exportable(config: Any, export_format: str) -> None:
     """Raise one `ValueError` sentence naming every mechanism ``export_format`` cannot express."""
     blockers = export_blockers(config, export_format)
     if blockers:
-        raise ValueError(f"cannot export to {export_format}: the model uses {'; '.join(blockers)}, which a standard "
+        raise UserInputError(f"cannot export to {export_format}: the model uses {'; '.join(blockers)}, which a standard "
                          f"Transformer cannot express exactly; translate it with the torch engine instead.")
 
 
@@ -129,7 +130,7 @@ def standard_model(model: nn.Module) -> nn.Module:
 
 def _positions(model: nn.Module) -> torch.Tensor:
     """The sinusoidal position table the model adds, ``(max_position_embeddings, d)``, Marian's layout."""
-    from .modeling_deep_transformer import sinusoidal_positions
+    from .modeling_common import sinusoidal_positions
 
     config = model.config
     return sinusoidal_positions(0, config.max_position_embeddings, config.d_model, torch.device("cpu"), torch.float32)
@@ -140,7 +141,7 @@ def vocabulary_tokens(tokenizer: Any, vocab_size: int) -> list[str]:
     tokens = tokenizer.convert_ids_to_tokens(list(range(min(vocab_size, len(tokenizer)))))
     tokens += [f"<deepnmt_unused_{i}>" for i in range(len(tokens), vocab_size)]
     if len(set(tokens)) != len(tokens):
-        raise ValueError("the tokenizer maps two ids to the same token string; CTranslate2 needs unique tokens.")
+        raise UserInputError("the tokenizer maps two ids to the same token string; CTranslate2 needs unique tokens.")
     return tokens
 
 
@@ -295,7 +296,7 @@ def _feed_forward(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 def _require_standard(model: nn.Module) -> None:
     if getattr(model.config, "residual_scaling", "none") != "none":
-        raise ValueError("the ONNX graphs need a standard Transformer: fold ADMIN first (`standard_model(model)`).")
+        raise UserInputError("the ONNX graphs need a standard Transformer: fold ADMIN first (`standard_model(model)`).")
 
 
 class OnnxEncoderGraph(nn.Module):
@@ -445,7 +446,7 @@ def export_onnx(model: nn.Module, output_dir: str | os.PathLike, quantization: s
             quantize_dynamic(str(path), str(quantized), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"])
             quantized.replace(path)
     elif quantization is not None:
-        raise ValueError(f"`quantization` = {quantization!r} is not allowed for onnx; use int8 or none.")
+        raise UserInputError(f"`quantization` = {quantization!r} is not allowed for onnx; use int8 or none.")
     return output_dir
 
 
@@ -456,9 +457,9 @@ def export_model(model: nn.Module, tokenizer: Any, output_dir: str | os.PathLike
     ``deepnmt_export.json`` manifest beside it. Unknown formats, quantizations the format cannot store and models
     with a mechanism the format cannot express raise one `ValueError` sentence (see `export_blockers`)."""
     if export_format not in EXPORT_FORMATS:
-        raise ValueError(f"`format` = {export_format!r} is not allowed; use one of {', '.join(EXPORT_FORMATS)}.")
+        raise UserInputError(f"`format` = {export_format!r} is not allowed; use one of {', '.join(EXPORT_FORMATS)}.")
     if quantization is not None and quantization not in QUANTIZATIONS[export_format]:
-        raise ValueError(f"`quantization` = {quantization!r} is not allowed for {export_format}; use "
+        raise UserInputError(f"`quantization` = {quantization!r} is not allowed for {export_format}; use "
                          f"{' or '.join(QUANTIZATIONS[export_format])}, or leave it unset for float32.")
     check_exportable(model.config, export_format)
     output_dir = Path(output_dir)
@@ -625,7 +626,7 @@ class OnnxEngine:
         folder = Path(folder)
         self.manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
         if self.manifest["format"] != "onnx":
-            raise ValueError(f"{folder} holds a {self.manifest['format']} export, not an onnx one.")
+            raise UserInputError(f"{folder} holds a {self.manifest['format']} export, not an onnx one.")
         options = ort.SessionOptions()
         options.intra_op_num_threads = intra_threads
         options.inter_op_num_threads = 1
@@ -696,7 +697,7 @@ def _search_settings(manifest: dict[str, Any], length_penalty: float | None,
     if early_stopping is None:
         early_stopping = generation.get("early_stopping", False)
     if early_stopping not in (True, False):
-        raise ValueError(f"`early_stopping` = {early_stopping!r} is not supported by the exported engines; use "
+        raise UserInputError(f"`early_stopping` = {early_stopping!r} is not supported by the exported engines; use "
                          "True or False.")
     return float(length_penalty), bool(early_stopping)
 
@@ -734,7 +735,7 @@ class CTranslate2Engine:
         folder = Path(folder)
         self.manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
         if self.manifest["format"] != "ctranslate2":
-            raise ValueError(f"{folder} holds a {self.manifest['format']} export, not a ctranslate2 one.")
+            raise UserInputError(f"{folder} holds a {self.manifest['format']} export, not a ctranslate2 one.")
         self.translator = ctranslate2.Translator(str(folder), device="cpu", compute_type=compute_type,
                                                  inter_threads=1, intra_threads=intra_threads)
         self.tokens = json.loads((folder / "shared_vocabulary.json").read_text(encoding="utf-8"))
@@ -751,7 +752,7 @@ class CTranslate2Engine:
         """As `OnnxEngine.generate`; CTranslate2's search is ``early_stopping=True``, so an explicit ``False`` is
         refused (None, the default, runs CTranslate2's search whatever the model's generation config says)."""
         if early_stopping is False:
-            raise ValueError("`early_stopping` = False is not available with the ctranslate2 engine: CTranslate2 stops "
+            raise UserInputError("`early_stopping` = False is not available with the ctranslate2 engine: CTranslate2 stops "
                              "a sentence's beam once num_beams hypotheses have finished (early_stopping=True); use "
                              "the onnx or torch engine for generate's default search.")
         length_penalty, _ = _search_settings(self.manifest, length_penalty, None)
@@ -816,16 +817,16 @@ def load_engine(folder: str | os.PathLike, engine: str, intra_threads: int = 2, 
     """The ``engine`` (one of `ENGINES`) for ``folder``: a saved model for ``torch``, an export of that format
     for the others. Each has ``generate(list of source id lists, num_beams, max_new_tokens, ...)``."""
     if engine not in ENGINES:
-        raise ValueError(f"`engine` = {engine!r} is not allowed; use one of {', '.join(ENGINES)}.")
+        raise UserInputError(f"`engine` = {engine!r} is not allowed; use one of {', '.join(ENGINES)}.")
     folder = Path(folder) if os.path.isdir(folder) else folder
     if engine == "torch":
         from transformers import AutoModelForSeq2SeqLM
 
         return TorchEngine(AutoModelForSeq2SeqLM.from_pretrained(folder), bf16=bf16)
     if bf16:
-        raise ValueError(f"`--bf16` is not allowed with the {engine} engine; it runs the weights the export stored.")
+        raise UserInputError(f"`--bf16` is not allowed with the {engine} engine; it runs the weights the export stored.")
     if not (Path(folder) / MANIFEST).is_file():
-        raise ValueError(f"{folder} is not an hf_deepnmt export (no {MANIFEST}); make one with "
+        raise UserInputError(f"{folder} is not an hf_deepnmt export (no {MANIFEST}); make one with "
                          f"`deepnmt export --format {engine} MODEL OUT`.")
     if engine == "onnx":
         return OnnxEngine(folder, intra_threads)

@@ -37,6 +37,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .errors import UserInputError
+
 IGNORE_INDEX = -100
 
 # The units a loss term averages over; `LossNormalizers` counts each per optimizer step.
@@ -135,9 +137,9 @@ def combine_terms(
     counts: dict[str, torch.Tensor] = {}
     for term in terms:
         if term.unit not in UNITS:
-            raise ValueError(f"LossTerm {term.name!r}: `unit` = {term.unit!r} is not allowed; use one of {list(UNITS)}.")
+            raise UserInputError(f"LossTerm {term.name!r}: `unit` = {term.unit!r} is not allowed; use one of {list(UNITS)}.")
         if term.name in components:
-            raise ValueError(f"compute_losses: loss component name {term.name!r} is used twice.")
+            raise UserInputError(f"compute_losses: loss component name {term.name!r} is used twice.")
         count = term.count.to(torch.float32)
         components[term.name] = (term.total.detach().float() / count.clamp(min=1))
         counts[term.name] = count.detach()
@@ -145,7 +147,7 @@ def combine_terms(
             value = term.weight * term.total / normalizers[term.unit]
             loss = value if loss is None else loss + value
     if loss is None:
-        raise ValueError("combine_terms: no term has a non-zero weight.")
+        raise UserInputError("combine_terms: no term has a non-zero weight.")
     return loss, components, counts
 
 
@@ -201,7 +203,7 @@ def label_smoothed_nll_loss(
     is that log-softmax of ``logits``, computed once and shared with other terms).
     """
     if not 0.0 <= epsilon < 1.0:
-        raise ValueError(f"label_smoothed_nll_loss: `epsilon` = {epsilon!r} is not allowed; use a value in [0, 1).")
+        raise UserInputError(f"label_smoothed_nll_loss: `epsilon` = {epsilon!r} is not allowed; use a value in [0, 1).")
     mask = target_mask(labels, pad_token_id)  # (B, T)
     lprobs = F.log_softmax(logits.float(), dim=-1) if log_probs is None else log_probs  # (B, T, V)
     safe_labels = labels.masked_fill(~mask, 0)
@@ -260,7 +262,7 @@ def layer_diversity_sum(states: Sequence[torch.Tensor], mask: torch.Tensor) -> t
     cosine-squared distance of Eq. (10). Computed in float32.
     """
     if len(states) < 2:
-        raise ValueError(f"layer_diversity_sum: it compares adjacent layers; got {len(states)} layer(s).")
+        raise UserInputError(f"layer_diversity_sum: it compares adjacent layers; got {len(states)} layer(s).")
     per_position = None
     for lower, upper in zip(states[:-1], states[1:]):
         cosine = F.cosine_similarity(lower.float(), upper.float(), dim=-1)  # (R, T)
@@ -371,7 +373,7 @@ def compute_losses(
             ``num_items_in_batch``.
     """
     if "labels" not in batch:
-        raise ValueError("compute_losses: the batch has no `labels`; training needs target sequences.")
+        raise UserInputError("compute_losses: the batch has no `labels`; training needs target sequences.")
     outputs = model(**batch, smoothing_epsilon=label_smoothing, num_items_in_batch=num_items_in_batch,
                     loss_normalizers=loss_normalizers, use_cache=False)
     components = dict(outputs.loss_components)
@@ -388,11 +390,11 @@ def compute_losses(
         share = local / step.clamp(min=1)  # this micro-batch's share of the step's target tokens
         for term in auxiliary:
             if term.name in components:
-                raise ValueError(
+                raise UserInputError(
                     f"compute_losses: auxiliary loss name {term.name!r} is already used by another component.")
             value = term.fn(model, batch, outputs)
             if value.dim() != 0:
-                raise ValueError(
+                raise UserInputError(
                     f"compute_losses: auxiliary loss {term.name!r} must return a scalar, got {tuple(value.shape)}.")
             components[term.name] = value.detach().float()
             counts[term.name] = num_tokens

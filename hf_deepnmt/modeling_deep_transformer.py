@@ -1,16 +1,15 @@
-"""The one Transformer encoder-decoder of hf_deepnmt.
+"""The one Transformer encoder-decoder of hf_deepnmt: its layers, stacks and models.
 
 Every Transformer variant of the package is this file with switches of `DeepTransformerConfig` (docs/transformer.md):
 the paper-named models are thin subclasses that only set ``model_type`` and defaults.
 
 Read top to bottom:
 
-1. `sinusoidal_positions`, masks and the attention kernels (SDPA; an explicit product when weights are requested
-   and for many-row decoding steps on CPU; flex, flash and registered kernels through transformers'
-   `AttentionInterface`, `interface_attention`);
-2. `DeepTransformerAttention` (self- and cross-attention, `EncoderDecoderCache` aware);
-3. the residual sub-layer rule (post-LN or pre-LN) shared by both layer types;
-4. encoder / decoder layers and stacks, `DeepTransformerModel`, `DeepTransformerForConditionalGeneration`.
+1. the cache slots of dou2018's multi-layer attention (the attention module itself, `DeepTransformerAttention`, and
+   its kernels and masks live in `attention.py`);
+2. the residual sub-layer rule (post-LN or pre-LN, liu2020's ADMIN ω) shared by both layer types;
+3. encoder / decoder layers and stacks, `DeepTransformerModel`, `DeepTransformerForConditionalGeneration`;
+4. the paper-named models.
 
 Where the deep-NMT methods live (each validated in the config, each decision explained in docs/):
 
@@ -23,6 +22,7 @@ Where the deep-NMT methods live (each validated in the config, each decision exp
   `DeepTransformerForConditionalGeneration.forward` in training mode, built from `hf_deepnmt.losses`
   (docs/training.md).
 
+Positions, input checks and the Hub/generation plumbing shared with DTMT are in `modeling_common.py`.
 This file is copied next to the weights by ``save_pretrained`` (trust_remote_code): it imports only torch,
 transformers and same-folder modules with ``from .module import Name``.
 """
@@ -30,8 +30,6 @@ transformers and same-folder modules with ``from .module import Name``.
 from __future__ import annotations
 
 import math
-import os
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -39,17 +37,16 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn import init
 from transformers import GenerationMixin, PreTrainedModel
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.activations import ACT2FN
 from transformers.cache_utils import DynamicCache, DynamicLayer, EncoderDecoderCache
 from transformers.utils import logging
 from transformers.modeling_outputs import (
     BaseModelOutput,
     BaseModelOutputWithPastAndCrossAttentions,
-    Seq2SeqLMOutput,
     Seq2SeqModelOutput,
 )
 
+from .attention import DeepTransformerAttention, additive_mask, causal_mask, padding_mask
 from .aggregation import AggregationFunction, AggregationRun, LayerAggregation, LinearCombination
 from .configuration_deep_transformer import (
     AdminTransformerConfig,
@@ -72,282 +69,22 @@ from .losses import (
     target_mask,
     translation_nll_objective,
 )
-from .pipeline_translation import TRANSLATION_PIPELINE_SPEC
+from .modeling_common import (
+    DeepTransformerSeq2SeqLMOutput,
+    HubReadyMixin,
+    TranslationGenerationMixin,
+    check_attention_mask,
+    check_token_ids,
+    sinusoidal_positions,
+)
+from .errors import UserInputError
 
 logger = logging.get_logger(__name__)
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# 1. Positions, masks, attention kernel
+# 1. The cache slots of dou2018's multi-layer attention
 # ----------------------------------------------------------------------------------------------------------------
-def sinusoidal_positions(start: int, length: int, dim: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """Sinusoidal position encodings for positions ``start .. start+length-1``, shape ``(length, dim)``.
-
-    Vaswani et al. (2017) §3.5: PE(pos, 2i) = sin(pos / 10000^{2i/d}), PE(pos, 2i+1) = cos(pos / 10000^{2i/d}).
-    Layout follows Marian (all sines, then all cosines), so a model without deep-NMT features exports exactly to
-    `transformers.MarianMTModel`. Computed in float64 and cast, as Marian's table is.
-    """
-    half = dim // 2
-    inv_freq = torch.pow(10000.0, -torch.arange(half, device=device, dtype=torch.float64) * 2.0 / dim)  # (d/2,)
-    positions = torch.arange(start, start + length, device=device, dtype=torch.float64)
-    angles = positions[:, None] * inv_freq[None, :]  # (T, d/2)
-    return torch.cat([angles.sin(), angles.cos()], dim=-1).to(dtype)  # (T, d)
-
-
-def padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
-    """``(B, S)`` 1/0 key mask -> boolean ``(B, 1, 1, S)`` (True = attend), or None when there is none.
-
-    A row with no real key at all (an all-padding sequence) would give NaN in softmax; such rows attend to every
-    position instead (their outputs are padding and never used).
-    """
-    if attention_mask is None:
-        return None
-    if attention_mask.dim() == 4:  # already a (B, 1, Tq, Tk) mask: bool, or additive (0 = attend)
-        mask = attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0
-    else:
-        mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, S)
-    return mask | ~mask.any(dim=-1, keepdim=True)
-
-
-def causal_mask(query_length: int, key_length: int, device: torch.device) -> torch.Tensor:
-    """Boolean ``(1, 1, Tq, Tk)`` mask where query i (absolute position Tk-Tq+i) sees keys 0 .. Tk-Tq+i."""
-    return torch.ones(query_length, key_length, dtype=torch.bool, device=device).tril(key_length - query_length)[
-        None, None
-    ]
-
-
-def additive_mask(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
-    """Boolean mask (True = attend) -> additive ``dtype`` mask (0 = attend, -inf = masked), or None.
-
-    Built once per stack forward and shared by every layer: SDPA would otherwise convert a boolean mask into exactly
-    this tensor again in every attention call (benchmarks/RESULTS.md, "Profile and fixes").
-    """
-    if mask is None:
-        return None
-    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
-
-
-# From this many (batch x heads) rows on, a single-query attention on CPU is faster as two batched matmuls than
-# through SDPA's CPU flash kernel (measured with torch 2.13, head dim 64, 10-200 keys: SDPA wins below ~100 rows,
-# e.g. 0.4-0.9x at 4-32 rows; the matmuls win above, 1.2-2.5x at 256-1024 rows).
-EXPLICIT_SINGLE_QUERY_MIN_ROWS = 128
-
-
-def attention(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    mask: torch.Tensor | None,
-    is_causal: bool,
-    dropout_p: float,
-    need_weights: bool,
-    eager: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """softmax(Q Kᵀ / sqrt(d_h) + M) V (Vaswani et al. Eq. 1) on ``(B, H, T, d_h)`` tensors.
-
-    ``mask`` M is additive (0 = attend, -inf = masked, see `additive_mask`) and broadcasts to ``(B, H, Tq, Tk)``;
-    ``is_causal`` is only used with Tq == Tk. Uses `torch.nn.functional.scaled_dot_product_attention`
-    (docs/transformer.md), except in two cases that take the explicit product below:
-
-    * the weights are requested (``output_attentions=True``) or ``eager`` (``attn_implementation="eager"``);
-    * one incremental decoding step (a single query) of many (batch, head) rows on CPU, where the CPU flash kernel's
-      per-row overhead makes SDPA up to 2x slower than two batched matmuls (with few rows SDPA is the faster one;
-      `EXPLICIT_SINGLE_QUERY_MIN_ROWS`, benchmarks/RESULTS.md "Profile and fixes").
-    """
-    batch_heads = query.size(0) * query.size(1)
-    explicit_decoding_step = (query.size(-2) == 1 and batch_heads >= EXPLICIT_SINGLE_QUERY_MIN_ROWS
-                              and query.device.type == "cpu")
-    if not need_weights and not explicit_decoding_step and not eager:
-        out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
-        return out, None
-    scores = torch.matmul(query, key.transpose(-1, -2)) * query.size(-1) ** -0.5  # (B, H, Tq, Tk)
-    if is_causal and mask is None:
-        mask = additive_mask(causal_mask(query.size(-2), key.size(-2), query.device), scores.dtype)
-    if mask is not None:
-        scores = scores + mask
-    weights = torch.softmax(scores.float(), dim=-1).to(query.dtype)
-    out = torch.matmul(F.dropout(weights, p=dropout_p, training=dropout_p > 0.0), value)  # (B, H, Tq, d_h)
-    return out, weights if need_weights else None
-
-
-
-def is_flash_implementation(implementation: str) -> bool:
-    """FlashAttention 2/3/4 and the Hub's flash kernels (``kernels-community/flash-attn…``, ``vllm-flash-attn3``)
-    all take transformers' flash convention: a 2-D key padding mask or packed sequences, never an additive mask."""
-    return "flash" in implementation
-
-
-def interface_attention(module: nn.Module, implementation: str, query: torch.Tensor, key: torch.Tensor,
-                        value: torch.Tensor, mask: torch.Tensor | None, is_causal: bool,
-                        dropout_p: float) -> torch.Tensor:
-    """Attention through the kernel registered under ``implementation`` in transformers' `AttentionInterface`
-    (docs/transformer.md, "Attention"); ``(B, H, Tq, d_h)`` tensors in, ``(B, Tq, H, d_h)`` out.
-
-    * flash kernels (`is_flash_implementation`) get what FlashAttention can express: no mask (plus its own causal
-      flag, aligned bottom-right like `causal_mask`), or the batch packed into one varlen sequence per sentence
-      with only the unmasked keys (`flash_varlen_attention`);
-    * ``flex_attention`` gets the mask (the causal one made explicit) as a `BlockMask` (`flex_block_mask`);
-    * every other kernel (``sdpa``/``eager`` of transformers, a user's) gets the additive mask expanded to
-      ``(B, 1, Tq, Tk)``, with the causal mask made explicit.
-    """
-    kernel = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, None)
-    if kernel is None:
-        raise ValueError(f"`attn_implementation` = {implementation!r} is not registered with transformers' "
-                         "AttentionInterface; use 'sdpa', 'eager', 'flex_attention', a flash implementation, or "
-                         "register the kernel first (`AttentionInterface.register`).")
-    scaling = query.size(-1) ** -0.5
-    if is_flash_implementation(implementation):
-        return flash_varlen_attention(module, kernel, query, key, value, mask, is_causal, dropout_p, scaling)
-    batch, _, query_length, _ = query.shape
-    key_length = key.size(-2)
-    if is_causal and mask is None:
-        mask = additive_mask(causal_mask(query_length, key_length, query.device), query.dtype)
-    if mask is not None:
-        shared = mask
-        mask = mask.expand(batch, 1, query_length, key_length)  # (B, 1, Tq, Tk), a view
-        if implementation == "flex_attention":
-            expanded = mask
-            mask = derived_from_mask(shared, f"flex:{batch}x{query_length}x{key_length}",
-                                     lambda: flex_block_mask(expanded == 0))
-    if implementation == "flex_attention" and query.device.type == "cpu":
-        logger.warning_once("attn_implementation='flex_attention' on CPU: torch's compiled CPU flex kernel fails to "
-                            "build for some shapes (torch 2.13, e.g. when beam search changes the batch size); 'sdpa' "
-                            "is the tested and faster CPU path (docs/transformer.md, \"Attention\").")
-    out, _ = kernel(module, query, key, value, mask, dropout=dropout_p, scaling=scaling, is_causal=False)
-    return out  # (B, Tq, H, d_h)
-
-
-def flex_block_mask(keep: torch.Tensor) -> Any:
-    """The boolean ``(B, 1, Tq, Tk)`` mask (True = attend) as flex attention's `BlockMask`: fully masked blocks are
-    skipped, partial ones read ``keep``. (transformers' alternative for a tensor mask, a ``score_mod`` that indexes
-    it as ``mask[b][0][q][kv]``, aborts in torch 2.13's CPU flex kernel — docs/transformer.md, "Attention".)"""
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    keep = keep.contiguous()
-    batch, _, query_length, key_length = keep.shape
-
-    def mask_mod(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
-        return keep[b, 0, q, kv]
-
-    return create_block_mask(mask_mod, batch, None, query_length, key_length, device=keep.device)
-
-
-def derived_from_mask(mask: torch.Tensor, name: str, build: Any) -> Any:
-    """What a kernel derives from a mask (flash packing, a flex `BlockMask`), built once per mask tensor: the stacks
-    build each mask once per forward and share it between their layers (`additive_mask`), so this runs once per
-    forward instead of once per layer. Kept on the tensor itself, so it dies with the mask; under torch.compile it is
-    simply rebuilt."""
-    if torch.compiler.is_compiling():
-        return build()
-    cache = mask.__dict__.setdefault("_deepnmt_derived", {})
-    if name not in cache:
-        cache[name] = build()
-    return cache[name]
-
-
-def flash_packing(mask: torch.Tensor, batch: int, query_length: int) -> dict[str, Any] | None:
-    """How `flash_varlen_attention` runs a mask: None for a causal mask over right padding (the kernel's causal flag
-    alone), else the varlen packing of the unmasked keys. Refuses a mask FlashAttention cannot express."""
-    keep = mask == 0  # (B or 1, 1, Tq or 1, Tk), True = attend
-    key_length = keep.size(-1)
-    if keep.size(-2) > 1:
-        keys = keep[:, :, -1:, :]  # the last query of a causal mask sees every unmasked key
-        causal = causal_mask(query_length, key_length, mask.device)
-        right_padded = not bool((keys[..., 1:] & ~keys[..., :-1]).any())  # 1…1 0…0 per sentence
-        if not (right_padded and torch.equal(keep, (keys & causal) | ~(keys & causal).any(-1, keepdim=True))):
-            raise ValueError(
-                "FlashAttention can express key padding and causal masks only, not this (left-padded or custom 4-D) "
-                "decoder self-attention mask; use attn_implementation='sdpa' or 'eager'.")
-        return None  # right padding under a causal mask: real queries never see a padded key
-    valid = keep[:, 0, 0, :].expand(batch, key_length)  # (B, Tk)
-    lengths = valid.sum(-1)  # (B,) unmasked keys per sentence
-    return {
-        "kept": valid.reshape(-1).nonzero().squeeze(-1),  # positions of the unmasked keys in (B·Tk)
-        "cu_seq_lens_q": torch.arange(0, (batch + 1) * query_length, query_length, dtype=torch.int32,
-                                      device=mask.device),
-        "cu_seq_lens_k": F.pad(lengths.cumsum(0), (1, 0)).to(torch.int32),
-        "max_length_q": query_length,
-        "max_length_k": int(lengths.max()),
-    }
-
-
-def flash_varlen_attention(module: nn.Module, kernel: Any, query: torch.Tensor, key: torch.Tensor,
-                           value: torch.Tensor, mask: torch.Tensor | None, is_causal: bool, dropout_p: float,
-                           scaling: float) -> torch.Tensor:
-    """A flash kernel of transformers' interface on this model's masks; ``(B, H, Tq, d_h)`` in, ``(B, Tq, H, d_h)``
-    out.
-
-    transformers' own unpadding of a 2-D mask assumes the query is padded like the keys (self-attention); a
-    cross-attention's queries (target) and keys (source) are padded differently. So the batch is packed here: every
-    query of sentence b, and only its unmasked keys, form sequence b of one varlen batch (``cu_seq_lens_q/k``),
-    which is exactly the masked softmax for any key padding (left or right). A causal mask is passed as the kernel's
-    causal flag; a mask that is neither key padding nor causal (+ right padding, where the padded keys are only seen
-    by padded queries) cannot be expressed and is refused (`flash_packing`).
-    """
-    batch, heads, query_length, head_dim = query.shape
-    packing = None
-    if mask is not None:
-        packing = derived_from_mask(mask, f"flash:{batch}x{query_length}",
-                                    lambda: flash_packing(mask, batch, query_length))
-        is_causal = is_causal or packing is None
-    if packing is None:
-        out, _ = kernel(module, query, key, value, None, dropout=dropout_p, scaling=scaling, is_causal=is_causal)
-        return out  # (B, Tq, H, d_h)
-
-    def packed(x: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
-        x = x.transpose(0, 1).reshape(heads, -1, head_dim)  # (B, H, T, d_h) -> (H, B·T, d_h)
-        return (x if rows is None else x.index_select(1, rows)).unsqueeze(0)  # (1, H, N, d_h)
-
-    varlen = {name: setting for name, setting in packing.items() if name != "kept"}
-    out, _ = kernel(module, packed(query), packed(key, packing["kept"]), packed(value, packing["kept"]), None,
-                    dropout=dropout_p, scaling=scaling, is_causal=False, **varlen)
-    return out.reshape(batch, query_length, heads, head_dim)  # (1, B·Tq, H, d_h) -> (B, Tq, H, d_h)
-
-def check_token_ids(name: str, ids: torch.Tensor | None, vocab_size: int, check_values: bool = True,
-                    allow_ignore_index: bool = False) -> None:
-    """One clear sentence for bad token ids (docs/training.md, "Bad input"): not an integer tensor, not 2-D, empty,
-    or an id outside [0, vocab_size) (labels may also be -100). ``check_values=False`` skips the value scan (it
-    synchronises a GPU), e.g. for the ids `generate` itself feeds back."""
-    if ids is None:
-        return
-    if not isinstance(ids, torch.Tensor):
-        raise ValueError(f"`{name}` must be a torch.LongTensor of token ids (batch, length), got {type(ids).__name__}.")
-    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
-        raise ValueError(f"`{name}` has dtype {ids.dtype}; token ids must be integers (torch.long).")
-    if ids.dim() != 2:
-        raise ValueError(f"`{name}` has shape {tuple(ids.shape)}; it must be 2-D (batch, length): for one sentence use "
-                         "`ids.unsqueeze(0)`, or the tokenizer with return_tensors='pt'.")
-    if ids.size(0) == 0 or ids.size(1) == 0:
-        raise ValueError(f"`{name}` has shape {tuple(ids.shape)}: an empty batch or a zero-length sequence has nothing "
-                         "to translate (every tokenized sentence holds at least its </s>).")
-    if check_values and not torch.compiler.is_compiling():  # a data-dependent branch would break the graph
-        bad = (ids >= vocab_size) | ((ids < 0) & ~(ids == -100) if allow_ignore_index else ids < 0)
-        if bool(bad.any()):
-            value = int(ids[bad][0])
-            allowed = f"[0, vocab_size={vocab_size})" + (" or -100 (ignored)" if allow_ignore_index else "")
-            raise ValueError(f"`{name}` holds the id {value}, which is not allowed; ids must lie in {allowed} (a "
-                             "tokenizer that does not match the model?).")
-
-
-def check_attention_mask(name: str, mask: torch.Tensor | None, ids_name: str, shape: tuple[int, ...]) -> None:
-    """A 2-D padding mask must have the shape of its ids (4-D masks are taken as given)."""
-    if mask is None or not isinstance(mask, torch.Tensor) or mask.dim() == 4:
-        return
-    if tuple(mask.shape) != tuple(shape):
-        raise ValueError(f"`{name}` has shape {tuple(mask.shape)} but `{ids_name}` has shape {tuple(shape)}; the mask "
-                         "needs one 1/0 entry per token.")
-
-
-def check_generation_arguments(kwargs: dict[str, Any]) -> None:
-    """``num_beams``, ``num_return_sequences``, ``max_new_tokens`` and ``max_length`` (given directly or through
-    ``generation_config``) must be integers ≥ 1."""
-    config = kwargs.get("generation_config")
-    for name in ("num_beams", "num_return_sequences", "max_new_tokens", "max_length"):
-        value = kwargs.get(name, getattr(config, name, None) if config is not None else None)
-        if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
-            raise ValueError(f"generate: `{name}` = {value!r} is not allowed; it must be an integer ≥ 1.")
-
-
 def multi_layer_cache_slot(layer_idx: int, source: int, num_layers: int) -> int:
     """Self-attention cache slot of dou2018 multi-layer attention to H^{l−source} in decoder layer ``layer_idx``:
     slots 0 … L−1 are the layers' own self-attention, then one block of L slots per extra source (j = 2 … k)."""
@@ -362,81 +99,7 @@ def _ensure_cache_slots(cache: DynamicCache, slots: int) -> None:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# 2. Multi-head attention
-# ----------------------------------------------------------------------------------------------------------------
-class DeepTransformerAttention(nn.Module):
-    """Multi-head attention, Vaswani et al. (2017) Eq. (1)-(2), with Marian/BART parameter names.
-
-    Three uses: self-attention (keys/values from the query's own sequence, appended to
-    ``cache.self_attention_cache`` at ``layer_idx``); cross-attention (``is_cross_attention``: the encoder states,
-    projected once and read back from ``cache.cross_attention_cache``); and dou2018's multi-layer attention to a lower
-    layer (``key_value_states`` given without ``is_cross_attention``: a sequence as long as the query's, whose
-    keys/values are appended per decoding step to the self-attention cache slot ``layer_idx``, see
-    `multi_layer_cache_slot`).
-    """
-
-    def __init__(self, embed_dim: int, num_heads: int, dropout: float, layer_idx: int, is_cross_attention: bool,
-                 config: DeepTransformerConfig | None = None):
-        super().__init__()
-        self.config = config  # read at call time: `set_attn_implementation` takes effect at once
-        self.embed_dim = embed_dim
-        self.num_heads = num_heads
-        self.head_dim = embed_dim // num_heads
-        self.dropout = dropout
-        self.layer_idx = layer_idx
-        self.is_cross_attention = is_cross_attention
-        self.q_proj = nn.Linear(embed_dim, embed_dim)
-        self.k_proj = nn.Linear(embed_dim, embed_dim)
-        self.v_proj = nn.Linear(embed_dim, embed_dim)
-        self.out_proj = nn.Linear(embed_dim, embed_dim)
-
-    def _heads(self, x: torch.Tensor) -> torch.Tensor:
-        batch, length, _ = x.shape
-        return x.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, d_h)
-
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        key_value_states: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        is_causal: bool = False,
-        cache: EncoderDecoderCache | None = None,
-        output_attentions: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        batch, length, _ = hidden_states.shape
-        query = self._heads(self.q_proj(hidden_states))  # (B, H, Tq, d_h)
-        if self.is_cross_attention:
-            if cache is not None and cache.is_updated.get(self.layer_idx):
-                layer = cache.cross_attention_cache.layers[self.layer_idx]
-                key, value = layer.keys, layer.values  # (B, H, S, d_h), projected on the first step
-            else:
-                key = self._heads(self.k_proj(key_value_states))  # (B, H, S, d_h)
-                value = self._heads(self.v_proj(key_value_states))
-                if cache is not None:
-                    key, value = cache.cross_attention_cache.update(key, value, self.layer_idx)
-                    cache.is_updated[self.layer_idx] = True
-        else:
-            source = hidden_states if key_value_states is None else key_value_states  # (B, Tq, d)
-            key = self._heads(self.k_proj(source))  # (B, H, Tq, d_h)
-            value = self._heads(self.v_proj(source))
-            if cache is not None:
-                key, value = cache.self_attention_cache.update(key, value, self.layer_idx)  # (B, H, past+Tq, d_h)
-        implementation = getattr(self.config, "_attn_implementation", None) or "sdpa"
-        dropout = self.dropout if self.training else 0.0
-        if implementation in ("sdpa", "eager") or output_attentions:
-            out, weights = attention(query, key, value, attention_mask, is_causal, dropout, output_attentions,
-                                     eager=implementation == "eager")
-            out = out.transpose(1, 2)  # (B, Tq, H, d_h)
-        else:  # a kernel registered with transformers' AttentionInterface (docs/transformer.md, "Attention")
-            out = interface_attention(self, implementation, query, key, value, attention_mask, is_causal,
-                                      dropout)  # (B, Tq, H, d_h)
-            weights = None
-        out = out.reshape(batch, length, self.embed_dim)  # (B, Tq, d)
-        return self.out_proj(out), weights
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# 3. The residual sub-layer rule, shared by encoder and decoder layers
+# 2. The residual sub-layer rule, shared by encoder and decoder layers
 # ----------------------------------------------------------------------------------------------------------------
 class DeepTransformerSublayerMixin:
     """x_k = LN(x_{k-1} + f_k(x_{k-1})) (post-LN) or x_k = x_{k-1} + f_k(LN(x_{k-1})) (pre-LN).
@@ -669,7 +332,7 @@ class DeepTransformerDecoderLayer(DeepTransformerSublayerMixin, nn.Module):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# 4. Stacks and models
+# 3. Stacks and models
 # ----------------------------------------------------------------------------------------------------------------
 class ScaledEmbedding(nn.Embedding):
     """The shared token embedding, with its ``embed_scale`` (sqrt(d_model) when ``scale_embedding``, Vaswani et al.
@@ -735,14 +398,14 @@ class _DeepTransformerStack(nn.Module):
     def _embed(self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, past_length: int,
                name: str = "input_ids"):
         if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError(f"{type(self).__name__}: pass exactly one of `input_ids` and `inputs_embeds`.")
+            raise UserInputError(f"{type(self).__name__}: pass exactly one of `input_ids` and `inputs_embeds`.")
         # the value scan runs on every full pass; incremental steps feed back ids generate itself chose
         check_token_ids(name, input_ids, self.config.vocab_size, check_values=past_length == 0)
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)  # (B, T, d), scaled by `ScaledEmbedding`
         length = inputs_embeds.size(1)
         if past_length + length > self.config.max_position_embeddings:
-            raise ValueError(
+            raise UserInputError(
                 f"{type(self).__name__}: a sequence of {past_length + length} tokens is longer than "
                 f"max_position_embeddings={self.config.max_position_embeddings}; truncate the input (the tokenizer "
                 "and the translation pipeline do this with truncation=True)."
@@ -897,7 +560,7 @@ class DeepTransformerDecoder(_DeepTransformerStack):
                 f"{type(self).__name__}: `past_key_values` must be an EncoderDecoderCache, got {type(cache).__name__}."
             )
         if encoder_hidden_states is None:
-            raise ValueError(f"{type(self).__name__}: `encoder_hidden_states` is required (run the encoder first).")
+            raise UserInputError(f"{type(self).__name__}: `encoder_hidden_states` is required (run the encoder first).")
         if cache is not None and self.config.multi_layer_attention_k > 1:
             _ensure_cache_slots(cache.self_attention_cache, self.config.multi_layer_attention_k * len(self.layers))
         past_length = cache.get_seq_length() if cache is not None else 0
@@ -905,7 +568,7 @@ class DeepTransformerDecoder(_DeepTransformerStack):
         hidden_states = self._embed(input_ids, inputs_embeds, past_length, name="decoder_input_ids")
         if attention_mask is not None and attention_mask.dim() == 2 and attention_mask.shape != (
                 hidden_states.size(0), past_length + hidden_states.size(1)):
-            raise ValueError(f"`decoder_attention_mask` has shape {tuple(attention_mask.shape)}; it needs one 1/0 entry "
+            raise UserInputError(f"`decoder_attention_mask` has shape {tuple(attention_mask.shape)}; it needs one 1/0 entry "
                              f"per target token so far, {(hidden_states.size(0), past_length + hidden_states.size(1))}.")
         self_mask, is_causal = self._self_attention_mask(attention_mask, hidden_states.size(1), past_length,
                                                           hidden_states.device)
@@ -914,7 +577,7 @@ class DeepTransformerDecoder(_DeepTransformerStack):
         all_self: list[torch.Tensor] = []
         all_cross: list[torch.Tensor] = []
         if drop_net_group_sizes is not None and sum(drop_net_group_sizes) != hidden_states.size(0):
-            raise ValueError(f"{type(self).__name__}: `drop_net_group_sizes` = {list(drop_net_group_sizes)} must sum "
+            raise UserInputError(f"{type(self).__name__}: `drop_net_group_sizes` = {list(drop_net_group_sizes)} must sum "
                              f"to the batch size {hidden_states.size(0)}.")
         use_cross = dict(zip(self.layers, self.draw_cross_attention(drop_net_group_sizes, hidden_states.device)))
 
@@ -937,90 +600,6 @@ class DeepTransformerDecoder(_DeepTransformerStack):
             cross_attentions=tuple(all_cross) if output_attentions else None,
         )
         return output if return_dict is not False else output.to_tuple()
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Shared by every model family of the package (the Transformer here, DTMT in modeling_dtmt)
-# ----------------------------------------------------------------------------------------------------------------
-def _unsharded_class(cls: type) -> type:
-    """``cls`` itself, or for the class FSDP2's `fully_shard` generates (``FSDP<Name>``), the model class it wraps."""
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # a torch without FSDP2 cannot have wrapped it
-        return cls
-    return next(base for base in cls.__mro__ if not issubclass(base, FSDPModule))
-
-
-class HubReadyMixin:
-    """`save_pretrained` that makes the folder self-sufficient on the Hub: the `translation` pipeline
-    (``custom_pipelines``) and ``auto_map`` entries for both Auto classes. Put before `PreTrainedModel`.
-
-    The ``custom_pipelines`` entry is written into the saved config.json only; the live config is left as it was,
-    because in a process that imported hf_deepnmt the package's configs never carry it (see
-    ``configuration_deep_transformer.without_pipelines_served_in_process``), so a reloaded config equals the saved
-    model's."""
-
-    base_model_class_name: str
-    seq2seq_class_name: str
-
-    def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> None:
-        wrapper, defining = type(self), _unsharded_class(type(self))
-        if defining is not wrapper:
-            # FSDP2 (`fully_shard`) gave this instance a generated subclass, `FSDP<Name>`, defined in torch: saved as
-            # is, the folder's `auto_map` and code files would be torch's. Save it as the class it wraps.
-            self.__class__ = defining
-            try:
-                return self.save_pretrained(save_directory, *args, **kwargs)
-            finally:
-                self.__class__ = wrapper
-        if self._auto_class is None:
-            super().save_pretrained(save_directory, *args, **kwargs)
-            return
-        module = type(self).__module__.rsplit(".", 1)[-1]
-        self.config.auto_map = {
-            **(getattr(self.config, "auto_map", None) or {}),
-            "AutoModel": f"{module}.{self.base_model_class_name}",
-            "AutoModelForSeq2SeqLM": f"{module}.{self.seq2seq_class_name}",
-        }
-        had_pipelines = "custom_pipelines" in self.config.__dict__
-        previous = self.config.__dict__.get("custom_pipelines")
-        self.config.custom_pipelines = {"translation": dict(TRANSLATION_PIPELINE_SPEC)}
-        try:
-            super().save_pretrained(save_directory, *args, **kwargs)
-        finally:
-            if had_pipelines:
-                self.config.custom_pipelines = previous
-            else:
-                del self.config.custom_pipelines
-
-
-class TranslationGenerationMixin:
-    """What every seq2seq class of the package shares on top of its base model ``self.model`` and ``lm_head``:
-    the output embedding accessors, the encoder/decoder, labels → decoder inputs, and `generate` with checked
-    arguments. Put before the `PreTrainedModel` subclass."""
-
-    def get_output_embeddings(self) -> nn.Linear:
-        return self.lm_head
-
-    def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
-        self.lm_head = new_embeddings
-
-    def get_encoder(self, modality: str | None = None) -> nn.Module:
-        return self.model.encoder
-
-    def get_decoder(self) -> nn.Module:
-        return self.model.decoder
-
-    def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
-        return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
-
-    def generate(self, *args: Any, **kwargs: Any) -> Any:
-        """`GenerationMixin.generate`; an explicit ``max_length`` replaces the default ``max_new_tokens`` instead
-        of being overridden by it, and bad lengths or beam counts get one clear sentence."""
-        check_generation_arguments(kwargs)
-        if kwargs.get("max_length") is not None and "max_new_tokens" not in kwargs:
-            kwargs["max_new_tokens"] = None
-        return super().generate(*args, **kwargs)
 
 
 class DeepTransformerPreTrainedModel(HubReadyMixin, PreTrainedModel):
@@ -1176,29 +755,6 @@ class DeepTransformerModel(DeepTransformerPreTrainedModel):
         return output if return_dict is not False else output.to_tuple()
 
 
-def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
-    """Teacher-forcing decoder inputs: ``<s> y_1 … y_{n-1}`` from labels ``y_1 … y_n`` (-100 becomes pad)."""
-    shifted = labels.new_full(labels.shape, pad_token_id)
-    shifted[:, 1:] = labels[:, :-1]
-    shifted[:, 0] = decoder_start_token_id
-    return shifted.masked_fill(shifted == -100, pad_token_id)
-
-
-@dataclass
-class DeepTransformerSeq2SeqLMOutput(Seq2SeqLMOutput):
-    """`Seq2SeqLMOutput` plus, with labels, every term of the loss (in evaluation mode only ``nll``).
-
-    Args:
-        loss_components (`dict[str, torch.Tensor]`, *optional*):
-            Detached per-unit mean of each term of this batch: ``nll`` (unsmoothed), ``smoothed_nll`` and one entry
-            per auxiliary term switched on (``ddr`` per target token, ``ald`` per sentence, ``div_encoder`` per source
-            token and ``div_decoder`` per target token, each L_div itself, not its negation), unweighted.
-        loss_component_counts (`dict[str, torch.Tensor]`, *optional*):
-            How many units (target tokens, source tokens or sentences) each component averages over in this batch.
-    """
-
-    loss_components: dict[str, torch.Tensor] | None = None
-    loss_component_counts: dict[str, torch.Tensor] | None = None
 
 
 class DeepTransformerForConditionalGeneration(TranslationGenerationMixin, DeepTransformerPreTrainedModel, GenerationMixin):
@@ -1210,10 +766,11 @@ class DeepTransformerForConditionalGeneration(TranslationGenerationMixin, DeepTr
     """
 
     _tied_weights_keys = {"lm_head.weight": "model.shared.weight"}
+    base_model_class: type[DeepTransformerModel] = DeepTransformerModel
 
     def __init__(self, config: DeepTransformerConfig):
         super().__init__(config)
-        self.model = globals()[self.base_model_class_name](config)  # DeepTransformerModel or a paper subclass
+        self.model = self.base_model_class(config)  # DeepTransformerModel or a paper subclass
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.post_init()
         # MT-sized defaults (a saved generation_config.json overrides them): beam 4 and up to 256 new tokens instead
@@ -1369,7 +926,7 @@ class DeepTransformerForConditionalGeneration(TranslationGenerationMixin, DeepTr
                  "decoder_inputs_embeds": decoder_inputs_embeds}
         if (ddr or ald) and any(value is not None for value in extra.values()):
             given = sorted(name for name, value in extra.items() if value is not None)
-            raise ValueError(f"{type(self).__name__}: li2022's DDR/ALD training objective needs input_ids and "
+            raise UserInputError(f"{type(self).__name__}: li2022's DDR/ALD training objective needs input_ids and "
                              f"decoder ids (it builds several views of them); got {given} instead.")
         if num_items_in_batch is not None and loss_normalizers is None and pad is not None and bool((labels == pad).any()):
             logger.warning_once(
@@ -1476,7 +1033,7 @@ class DeepTransformerForConditionalGeneration(TranslationGenerationMixin, DeepTr
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# 5. Paper-named models: the same implementation with their own model_type and defaults
+# 4. Paper-named models: the same implementation with their own model_type and defaults
 # ----------------------------------------------------------------------------------------------------------------
 class AdminTransformerModel(DeepTransformerModel):
     """`DeepTransformerModel` with liu2020's defaults (`AdminTransformerConfig`)."""
@@ -1496,6 +1053,7 @@ class AdminTransformerForConditionalGeneration(DeepTransformerForConditionalGene
     config_class = AdminTransformerConfig
     base_model_class_name = "AdminTransformerModel"
     seq2seq_class_name = "AdminTransformerForConditionalGeneration"
+    base_model_class = AdminTransformerModel
 
 
 class DeepDecoderTransformerModel(DeepTransformerModel):
@@ -1517,6 +1075,7 @@ class DeepDecoderTransformerForConditionalGeneration(DeepTransformerForCondition
     config_class = DeepDecoderTransformerConfig
     base_model_class_name = "DeepDecoderTransformerModel"
     seq2seq_class_name = "DeepDecoderTransformerForConditionalGeneration"
+    base_model_class = DeepDecoderTransformerModel
 
 
 class DeepRepresentationTransformerModel(DeepTransformerModel):
@@ -1539,3 +1098,4 @@ class DeepRepresentationTransformerForConditionalGeneration(DeepTransformerForCo
     config_class = DeepRepresentationTransformerConfig
     base_model_class_name = "DeepRepresentationTransformerModel"
     seq2seq_class_name = "DeepRepresentationTransformerForConditionalGeneration"
+    base_model_class = DeepRepresentationTransformerModel

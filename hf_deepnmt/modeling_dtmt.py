@@ -39,7 +39,7 @@ from transformers.modeling_outputs import BaseModelOutput, Seq2SeqModelOutput
 from .cache_dtmt import DTMTCache
 from .configuration_dtmt import DTMTConfig
 from .losses import LossNormalizers, translation_nll_objective
-from .modeling_deep_transformer import (
+from .modeling_common import (
     DeepTransformerSeq2SeqLMOutput,
     HubReadyMixin,
     TranslationGenerationMixin,
@@ -47,6 +47,7 @@ from .modeling_deep_transformer import (
     check_token_ids,
     sinusoidal_positions,
 )
+from .errors import UserInputError
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -242,12 +243,12 @@ class _DTMTStack(nn.Module):
 
     def _embed(self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, start: int) -> torch.Tensor:
         if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError(f"{type(self).__name__}: pass exactly one of `input_ids` and `inputs_embeds`.")
+            raise UserInputError(f"{type(self).__name__}: pass exactly one of `input_ids` and `inputs_embeds`.")
         x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         x = x + self.embed_bias  # (B, T, d)
         length, d = x.size(1), x.size(2)
         if start + length > self.config.max_position_embeddings:
-            raise ValueError(
+            raise UserInputError(
                 f"{type(self).__name__}: a sequence of {start + length} tokens is longer than "
                 f"max_position_embeddings={self.config.max_position_embeddings}; truncate the input (the tokenizer "
                 "and the translation pipeline do this with truncation=True)."
@@ -435,7 +436,7 @@ class DTMTDecoder(_DTMTStack):
             cache = past_key_values
         else:  # training, an uncached call, or the first decoding step (generate may hand over an unused cache)
             if encoder_hidden_states is None:
-                raise ValueError(f"{type(self).__name__}: `encoder_hidden_states` is required (run the encoder first).")
+                raise UserInputError(f"{type(self).__name__}: `encoder_hidden_states` is required (run the encoder first).")
             cache = self.start(encoder_hidden_states, encoder_attention_mask)
         y = self._embed(input_ids, inputs_embeds, start=cache.seen_tokens)  # (B, T, d): y_{t-1}
         batch, length, d = y.shape

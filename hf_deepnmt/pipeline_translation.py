@@ -42,6 +42,8 @@ from typing import Any
 import torch
 from transformers import Pipeline
 
+from .errors import UserInputError
+
 # The `custom_pipelines` entry written into config.json by DeepTransformer models' save_pretrained
 # (configuration_deep_transformer.OUR_PIPELINE_IMPL repeats its "impl").
 TRANSLATION_PIPELINE_SPEC: dict[str, Any] = {
@@ -83,7 +85,7 @@ def record_language_pair(config: Any, source_lang: str, target_lang: str) -> Non
     """
     for field, value in (("source_lang", source_lang), ("target_lang", target_lang)):
         if not isinstance(value, str) or not value.strip() or "_to_" in value or value != value.strip():
-            raise ValueError(f"record_language_pair: `{field}` = {_preview(value)} is not allowed; use a language "
+            raise UserInputError(f"record_language_pair: `{field}` = {_preview(value)} is not allowed; use a language "
                              "code such as 'en' (a non-empty string without surrounding spaces or '_to_').")
     params = getattr(config, "task_specific_params", None)
     params = dict(params) if isinstance(params, dict) else {}
@@ -153,7 +155,7 @@ class TranslationPipeline(Pipeline):
         else:
             what = "the pair" if len(pairs) == 1 else "the pairs"
             allowed = f"this model translates {recorded} ({what} recorded in its config's task_specific_params)"
-        raise ValueError(f"TranslationPipeline: `{argument}` = {_preview(value)} is not allowed; {allowed}.")
+        raise UserInputError(f"TranslationPipeline: `{argument}` = {_preview(value)} is not allowed; {allowed}.")
 
     def _sanitize_parameters(
         self,
@@ -166,7 +168,7 @@ class TranslationPipeline(Pipeline):
     ) -> tuple[dict, dict, dict]:
         for argument, language in (("src_lang", src_lang), ("tgt_lang", tgt_lang)):
             if language is not None and not isinstance(language, str):
-                raise ValueError(f"TranslationPipeline: `{argument}` = {_preview(language)} "
+                raise UserInputError(f"TranslationPipeline: `{argument}` = {_preview(language)} "
                                  f"({type(language).__name__}) is not allowed; pass a language code such as 'en'.")
         if src_lang is not None:
             self._check_languages("src_lang", src_lang, src_lang, None)
@@ -188,12 +190,12 @@ class TranslationPipeline(Pipeline):
         """Translate one string or a list of strings; see the class docstring for the output format."""
         single = isinstance(inputs, str)
         if not single and not isinstance(inputs, (list, tuple)):
-            raise ValueError(f"TranslationPipeline: `inputs` = {_preview(inputs)} ({type(inputs).__name__}) is not "
+            raise UserInputError(f"TranslationPipeline: `inputs` = {_preview(inputs)} ({type(inputs).__name__}) is not "
                              "allowed; pass a string or a list of strings.")
         texts = [inputs] if single else list(inputs)
         for index, text in enumerate(texts):
             if not isinstance(text, str):
-                raise ValueError(f"TranslationPipeline: `inputs[{index}]` = {_preview(text)} "
+                raise UserInputError(f"TranslationPipeline: `inputs[{index}]` = {_preview(text)} "
                                  f"({type(text).__name__}) is not allowed; every item must be a string.")
         n_return = int(kwargs.get("num_return_sequences", 1) or 1)
         filled = [i for i, text in enumerate(texts) if text.strip()]
@@ -222,7 +224,7 @@ class TranslationPipeline(Pipeline):
         length = encoded["input_ids"].shape[-1]
         if length > limit:
             if not truncation:
-                raise ValueError(
+                raise UserInputError(
                     f"TranslationPipeline: the input has {length} tokens, more than the model accepts ({limit}); "
                     "pass truncation=True to cut it."
                 )

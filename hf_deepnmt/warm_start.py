@@ -17,6 +17,7 @@ import torch
 from transformers import AutoConfig, AutoModelForSeq2SeqLM, PreTrainedModel
 
 from .configuration_deep_transformer import DeepTransformerConfig
+from .errors import UserInputError
 
 # The fields a warm-started model takes over from the trained one: its shape, tokens and regularisation. The
 # method switches (aggregation, multi-layer attention, diversity, CAD, CRT, ADMIN) come from the new model type's
@@ -55,17 +56,17 @@ def warm_start(
         fields.update(overrides)
         config = AutoConfig.for_model(model_type, **fields)
     elif overrides:
-        raise ValueError("warm_start: pass either a complete `config` or field `overrides`, not both.")
+        raise UserInputError("warm_start: pass either a complete `config` or field `overrides`, not both.")
     target = AutoModelForSeq2SeqLM.from_config(config)
     target_state = target.state_dict()
     copied = {}
     for name, tensor in source.state_dict().items():
         if name not in target_state:
-            raise ValueError(f"warm_start: the trained weight `{name}` has no place in the new "
+            raise UserInputError(f"warm_start: the trained weight `{name}` has no place in the new "
                              f"{config.model_type} model, so it would be lost; the two configs differ in more than "
                              "the added mechanisms.")
         if target_state[name].shape != tensor.shape:
-            raise ValueError(f"warm_start: the trained weight `{name}` has shape {tuple(tensor.shape)}, the new model's "
+            raise UserInputError(f"warm_start: the trained weight `{name}` has shape {tuple(tensor.shape)}, the new model's "
                              f"{tuple(target_state[name].shape)}; keep the trained model's dimensions.")
         copied[name] = tensor
     with torch.no_grad():

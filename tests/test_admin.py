@@ -60,7 +60,7 @@ def hand_profile(model, batch) -> dict[str, list[float]]:
     with torch.no_grad():
         enc_mask = batch["attention_mask"].bool()
         x = core.encoder.embed_tokens(batch["input_ids"])
-        x = x + hf_deepnmt.modeling_deep_transformer.sinusoidal_positions(0, x.shape[1], x.shape[2], x.device, x.dtype)
+        x = x + hf_deepnmt.modeling_common.sinusoidal_positions(0, x.shape[1], x.shape[2], x.device, x.dtype)
         additive = torch.zeros(enc_mask.shape).masked_fill(~enc_mask, float("-inf"))[:, None, None, :]
         for layer in core.encoder.layers:
             branch, _ = layer.self_attn(x, attention_mask=additive)
@@ -73,7 +73,7 @@ def hand_profile(model, batch) -> dict[str, list[float]]:
         dec_mask = labels != -100
         y_in = model.prepare_decoder_input_ids_from_labels(labels)
         y = core.decoder.embed_tokens(y_in)
-        y = y + hf_deepnmt.modeling_deep_transformer.sinusoidal_positions(0, y.shape[1], y.shape[2], y.device, y.dtype)
+        y = y + hf_deepnmt.modeling_common.sinusoidal_positions(0, y.shape[1], y.shape[2], y.device, y.dtype)
         for layer in core.decoder.layers:
             branch, _ = layer.self_attn(y, is_causal=True)
             y = sublayer("decoder", y, branch, layer.self_attn_layer_norm, dec_mask, None if layer.layer_idx == 0
@@ -253,7 +253,7 @@ ADMIN_ARGS = ["--config_overrides", "d_model=16,encoder_layers=2,decoder_layers=
 
 
 def test_trainer_profiles_once_before_the_first_step(small_corpus, tmp_path, capsys):
-    from training.run import train
+    from training.train import train
 
     outcome = train(train_argv(small_corpus, tmp_path / "run", *ADMIN_ARGS))
     model = outcome.trainer.model

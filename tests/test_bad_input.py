@@ -6,6 +6,7 @@ import pytest
 import torch
 from conftest import tiny_model
 
+from hf_deepnmt.errors import UserInputError
 from hf_deepnmt import DeepDecoderTransformerConfig, DeepTransformerConfig, DTMTConfig, DTMTForConditionalGeneration
 
 IDS = torch.tensor([[5, 6, 2], [7, 2, 0]])
@@ -85,7 +86,7 @@ def test_a_fully_padded_row_gives_finite_outputs():
 def test_wrong_config_types_get_our_sentence_before_transformers_validators(field, value, words):
     with pytest.raises(ValueError) as error:
         DeepTransformerConfig(**{field: value})
-    assert words in str(error.value) and type(error.value) is ValueError
+    assert words in str(error.value) and type(error.value) is UserInputError  # ours, not transformers' validator
 
 
 def test_deep_decoder_config_with_a_shallower_decoder_just_works():

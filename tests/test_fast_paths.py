@@ -47,7 +47,7 @@ def test_cross_attention_cache_rows_are_identical_within_a_beam_group(batch):
 
 def test_explicit_single_query_attention_equals_sdpa():
     """Decoding steps with many (batch, head) rows skip SDPA's CPU kernel; the result is the same attention."""
-    from hf_deepnmt.modeling_deep_transformer import EXPLICIT_SINGLE_QUERY_MIN_ROWS, additive_mask, attention
+    from hf_deepnmt.attention import EXPLICIT_SINGLE_QUERY_MIN_ROWS, additive_mask, attention
 
     torch.manual_seed(0)
     batch, heads, keys = EXPLICIT_SINGLE_QUERY_MIN_ROWS // 4, 4, 7

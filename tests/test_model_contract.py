@@ -447,7 +447,7 @@ def test_flash_attention_path_packs_padded_batches_exactly(switches, monkeypatch
     results; a left-padded decoder mask is refused with one sentence."""
     from transformers import modeling_flash_attention_utils as fa
 
-    from hf_deepnmt import modeling_deep_transformer as modeling
+    from hf_deepnmt import attention as modeling
 
     plan = modeling.flash_packing
     dense, varlen, calls = _reference_flash_kernels()

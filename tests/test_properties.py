@@ -37,6 +37,7 @@ from hf_deepnmt.configuration_deep_transformer import (
     ALLOWED_RESIDUAL_SCALINGS,
 )
 from hf_deepnmt.configuration_dtmt import ALLOWED_RNN_CELLS, TRANSFORMER_ONLY_FIELDS
+from hf_deepnmt.errors import UserInputError
 from training.data import DataError, read_parallel_file
 
 settings.register_profile(
@@ -544,7 +545,7 @@ DTMT_FIELDS: dict[str, tuple[st.SearchStrategy, st.SearchStrategy, dict]] = {
 
 def assert_names(error: BaseException, field: str, value) -> None:
     message = str(error)
-    assert type(error) is ValueError, f"{type(error).__name__}: {message}"
+    assert type(error) is UserInputError, f"{type(error).__name__}: {message}"  # ours, not a validator's
     assert f"`{field}` = {value!r}" in message and "\n" not in message, message
 
 
@@ -710,9 +711,11 @@ def check_padding_invariance(family, config, sentences, extra, decoder_ids, garb
         for row, sentence in enumerate(sentences):
             alone = model(input_ids=torch.tensor([sentence]), attention_mask=torch.ones(1, len(sentence), dtype=torch.long),
                           decoder_input_ids=decoder_input_ids[:1])
-            torch.testing.assert_close(batched.logits[row], alone.logits[0], atol=1e-5, rtol=0)
+            # equal up to float32 rounding: dou2018's dense connection under post-LN grows the states layer by layer
+            # (docs/dou2018.md), so the tolerance is relative as well as absolute
+            torch.testing.assert_close(batched.logits[row], alone.logits[0], atol=1e-5, rtol=1e-5)
             torch.testing.assert_close(batched.encoder_last_hidden_state[row, : len(sentence)],
-                                       alone.encoder_last_hidden_state[0], atol=1e-5, rtol=0)
+                                       alone.encoder_last_hidden_state[0], atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("aggregation", LAYER_AGGREGATIONS)

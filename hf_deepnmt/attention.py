@@ -1,0 +1,325 @@
+"""Multi-head attention of the Transformer family, softmax(Q Kᵀ / √d_h + M) V (Vaswani et al. 2017, Eq. (1)-(2)):
+the module with its projections (`DeepTransformerAttention`), the masks and the kernels it calls.
+
+`DeepTransformerAttention` lives here, not in modeling_deep_transformer.py, for a second reason: transformers decides
+whether ``set_attn_implementation`` may switch kernels at run time by reading the *model class's* module source — if
+that file defines an ``*Attention*(nn.Module)`` class it must also call ``ALL_ATTENTION_FUNCTIONS.get_interface(``
+(``PreTrainedModel._can_set_attn_implementation``, transformers 5.2x). Keeping the attention module and the
+interface dispatch together here keeps that check true.
+
+What the module calls once it has projected queries, keys and values:
+
+* the masks — boolean key-padding and causal masks, turned once per stack forward into the additive mask every
+  layer shares (`additive_mask`);
+* `attention`: SDPA, or the explicit product when weights are requested, for ``attn_implementation="eager"`` and for
+  many-row single-query decoding steps on CPU (docs/transformer.md, "Attention");
+* `interface_attention`: any kernel registered with transformers' `AttentionInterface` — flex attention (the mask as a
+  `BlockMask`) and FlashAttention (the batch packed into varlen sequences, exact for cross-attention and any key
+  padding).
+
+transformers' own `masking_utils` builds masks for decoder-only self-attention from cache positions; it has no
+cross-attention mask over a source padded differently from the target, no per-row li2022 drop-net and no dou2018
+multi-layer attention slots, so the masks here stay our own (docs/transformer.md, "Attention").
+
+This file is copied next to the weights by ``save_pretrained`` (trust_remote_code): it imports only torch and
+transformers.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.cache_utils import EncoderDecoderCache
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.utils import logging
+
+from .errors import UserInputError
+
+if TYPE_CHECKING:
+    from .configuration_deep_transformer import DeepTransformerConfig
+
+logger = logging.get_logger(__name__)
+
+
+def padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """``(B, S)`` 1/0 key mask -> boolean ``(B, 1, 1, S)`` (True = attend), or None when there is none.
+
+    A row with no real key at all (an all-padding sequence) would give NaN in softmax; such rows attend to every
+    position instead (their outputs are padding and never used).
+    """
+    if attention_mask is None:
+        return None
+    if attention_mask.dim() == 4:  # already a (B, 1, Tq, Tk) mask: bool, or additive (0 = attend)
+        mask = attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0
+    else:
+        mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, S)
+    return mask | ~mask.any(dim=-1, keepdim=True)
+
+
+def causal_mask(query_length: int, key_length: int, device: torch.device) -> torch.Tensor:
+    """Boolean ``(1, 1, Tq, Tk)`` mask where query i (absolute position Tk-Tq+i) sees keys 0 .. Tk-Tq+i."""
+    return torch.ones(query_length, key_length, dtype=torch.bool, device=device).tril(key_length - query_length)[
+        None, None
+    ]
+
+
+def additive_mask(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """Boolean mask (True = attend) -> additive ``dtype`` mask (0 = attend, -inf = masked), or None.
+
+    Built once per stack forward and shared by every layer: SDPA would otherwise convert a boolean mask into exactly
+    this tensor again in every attention call (benchmarks/RESULTS.md, "Profile and fixes").
+    """
+    if mask is None:
+        return None
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+
+
+# From this many (batch x heads) rows on, a single-query attention on CPU is faster as two batched matmuls than
+# through SDPA's CPU flash kernel (measured with torch 2.13, head dim 64, 10-200 keys: SDPA wins below ~100 rows,
+# e.g. 0.4-0.9x at 4-32 rows; the matmuls win above, 1.2-2.5x at 256-1024 rows).
+EXPLICIT_SINGLE_QUERY_MIN_ROWS = 128
+
+
+def attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    is_causal: bool,
+    dropout_p: float,
+    need_weights: bool,
+    eager: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """softmax(Q Kᵀ / sqrt(d_h) + M) V (Vaswani et al. Eq. 1) on ``(B, H, T, d_h)`` tensors.
+
+    ``mask`` M is additive (0 = attend, -inf = masked, see `additive_mask`) and broadcasts to ``(B, H, Tq, Tk)``;
+    ``is_causal`` is only used with Tq == Tk. Uses `torch.nn.functional.scaled_dot_product_attention`
+    (docs/transformer.md), except in two cases that take the explicit product below:
+
+    * the weights are requested (``output_attentions=True``) or ``eager`` (``attn_implementation="eager"``);
+    * one incremental decoding step (a single query) of many (batch, head) rows on CPU, where the CPU flash kernel's
+      per-row overhead makes SDPA up to 2x slower than two batched matmuls (with few rows SDPA is the faster one;
+      `EXPLICIT_SINGLE_QUERY_MIN_ROWS`, benchmarks/RESULTS.md "Profile and fixes").
+    """
+    batch_heads = query.size(0) * query.size(1)
+    explicit_decoding_step = (query.size(-2) == 1 and batch_heads >= EXPLICIT_SINGLE_QUERY_MIN_ROWS
+                              and query.device.type == "cpu")
+    if not need_weights and not explicit_decoding_step and not eager:
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
+        return out, None
+    scores = torch.matmul(query, key.transpose(-1, -2)) * query.size(-1) ** -0.5  # (B, H, Tq, Tk)
+    if is_causal and mask is None:
+        mask = additive_mask(causal_mask(query.size(-2), key.size(-2), query.device), scores.dtype)
+    if mask is not None:
+        scores = scores + mask
+    weights = torch.softmax(scores.float(), dim=-1).to(query.dtype)
+    out = torch.matmul(F.dropout(weights, p=dropout_p, training=dropout_p > 0.0), value)  # (B, H, Tq, d_h)
+    return out, weights if need_weights else None
+
+
+
+def is_flash_implementation(implementation: str) -> bool:
+    """FlashAttention 2/3/4 and the Hub's flash kernels (``kernels-community/flash-attn…``, ``vllm-flash-attn3``)
+    all take transformers' flash convention: a 2-D key padding mask or packed sequences, never an additive mask."""
+    return "flash" in implementation
+
+
+def interface_attention(module: nn.Module, implementation: str, query: torch.Tensor, key: torch.Tensor,
+                        value: torch.Tensor, mask: torch.Tensor | None, is_causal: bool,
+                        dropout_p: float) -> torch.Tensor:
+    """Attention through the kernel registered under ``implementation`` in transformers' `AttentionInterface`
+    (docs/transformer.md, "Attention"); ``(B, H, Tq, d_h)`` tensors in, ``(B, Tq, H, d_h)`` out.
+
+    * flash kernels (`is_flash_implementation`) get what FlashAttention can express: no mask (plus its own causal
+      flag, aligned bottom-right like `causal_mask`), or the batch packed into one varlen sequence per sentence
+      with only the unmasked keys (`flash_varlen_attention`);
+    * ``flex_attention`` gets the mask (the causal one made explicit) as a `BlockMask` (`flex_block_mask`);
+    * every other kernel (``sdpa``/``eager`` of transformers, a user's) gets the additive mask expanded to
+      ``(B, 1, Tq, Tk)``, with the causal mask made explicit.
+    """
+    kernel = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, None)
+    if kernel is None:
+        raise UserInputError(f"`attn_implementation` = {implementation!r} is not registered with transformers' "
+                         "AttentionInterface; use 'sdpa', 'eager', 'flex_attention', a flash implementation, or "
+                         "register the kernel first (`AttentionInterface.register`).")
+    scaling = query.size(-1) ** -0.5
+    if is_flash_implementation(implementation):
+        return flash_varlen_attention(module, kernel, query, key, value, mask, is_causal, dropout_p, scaling)
+    batch, _, query_length, _ = query.shape
+    key_length = key.size(-2)
+    if is_causal and mask is None:
+        mask = additive_mask(causal_mask(query_length, key_length, query.device), query.dtype)
+    if mask is not None:
+        shared = mask
+        mask = mask.expand(batch, 1, query_length, key_length)  # (B, 1, Tq, Tk), a view
+        if implementation == "flex_attention":
+            expanded = mask
+            mask = derived_from_mask(shared, f"flex:{batch}x{query_length}x{key_length}",
+                                     lambda: flex_block_mask(expanded == 0))
+    if implementation == "flex_attention" and query.device.type == "cpu":
+        logger.warning_once("attn_implementation='flex_attention' on CPU: torch's compiled CPU flex kernel fails to "
+                            "build for some shapes (torch 2.13, e.g. when beam search changes the batch size); 'sdpa' "
+                            "is the tested and faster CPU path (docs/transformer.md, \"Attention\").")
+    out, _ = kernel(module, query, key, value, mask, dropout=dropout_p, scaling=scaling, is_causal=False)
+    return out  # (B, Tq, H, d_h)
+
+
+def flex_block_mask(keep: torch.Tensor) -> Any:
+    """The boolean ``(B, 1, Tq, Tk)`` mask (True = attend) as flex attention's `BlockMask`: fully masked blocks are
+    skipped, partial ones read ``keep``. (transformers' alternative for a tensor mask, a ``score_mod`` that indexes
+    it as ``mask[b][0][q][kv]``, aborts in torch 2.13's CPU flex kernel — docs/transformer.md, "Attention".)"""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    keep = keep.contiguous()
+    batch, _, query_length, key_length = keep.shape
+
+    def mask_mod(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+        return keep[b, 0, q, kv]
+
+    return create_block_mask(mask_mod, batch, None, query_length, key_length, device=keep.device)
+
+
+def derived_from_mask(mask: torch.Tensor, name: str, build: Any) -> Any:
+    """What a kernel derives from a mask (flash packing, a flex `BlockMask`), built once per mask tensor: the stacks
+    build each mask once per forward and share it between their layers (`additive_mask`), so this runs once per
+    forward instead of once per layer. Kept on the tensor itself, so it dies with the mask; under torch.compile it is
+    simply rebuilt."""
+    if torch.compiler.is_compiling():
+        return build()
+    cache = mask.__dict__.setdefault("_deepnmt_derived", {})
+    if name not in cache:
+        cache[name] = build()
+    return cache[name]
+
+
+def flash_packing(mask: torch.Tensor, batch: int, query_length: int) -> dict[str, Any] | None:
+    """How `flash_varlen_attention` runs a mask: None for a causal mask over right padding (the kernel's causal flag
+    alone), else the varlen packing of the unmasked keys. Refuses a mask FlashAttention cannot express."""
+    keep = mask == 0  # (B or 1, 1, Tq or 1, Tk), True = attend
+    key_length = keep.size(-1)
+    if keep.size(-2) > 1:
+        keys = keep[:, :, -1:, :]  # the last query of a causal mask sees every unmasked key
+        causal = causal_mask(query_length, key_length, mask.device)
+        right_padded = not bool((keys[..., 1:] & ~keys[..., :-1]).any())  # 1…1 0…0 per sentence
+        if not (right_padded and torch.equal(keep, (keys & causal) | ~(keys & causal).any(-1, keepdim=True))):
+            raise UserInputError(
+                "FlashAttention can express key padding and causal masks only, not this (left-padded or custom 4-D) "
+                "decoder self-attention mask; use attn_implementation='sdpa' or 'eager'.")
+        return None  # right padding under a causal mask: real queries never see a padded key
+    valid = keep[:, 0, 0, :].expand(batch, key_length)  # (B, Tk)
+    lengths = valid.sum(-1)  # (B,) unmasked keys per sentence
+    return {
+        "kept": valid.reshape(-1).nonzero().squeeze(-1),  # positions of the unmasked keys in (B·Tk)
+        "cu_seq_lens_q": torch.arange(0, (batch + 1) * query_length, query_length, dtype=torch.int32,
+                                      device=mask.device),
+        "cu_seq_lens_k": F.pad(lengths.cumsum(0), (1, 0)).to(torch.int32),
+        "max_length_q": query_length,
+        "max_length_k": int(lengths.max()),
+    }
+
+
+def flash_varlen_attention(module: nn.Module, kernel: Any, query: torch.Tensor, key: torch.Tensor,
+                           value: torch.Tensor, mask: torch.Tensor | None, is_causal: bool, dropout_p: float,
+                           scaling: float) -> torch.Tensor:
+    """A flash kernel of transformers' interface on this model's masks; ``(B, H, Tq, d_h)`` in, ``(B, Tq, H, d_h)``
+    out.
+
+    transformers' own unpadding of a 2-D mask assumes the query is padded like the keys (self-attention); a
+    cross-attention's queries (target) and keys (source) are padded differently. So the batch is packed here: every
+    query of sentence b, and only its unmasked keys, form sequence b of one varlen batch (``cu_seq_lens_q/k``),
+    which is exactly the masked softmax for any key padding (left or right). A causal mask is passed as the kernel's
+    causal flag; a mask that is neither key padding nor causal (+ right padding, where the padded keys are only seen
+    by padded queries) cannot be expressed and is refused (`flash_packing`).
+    """
+    batch, heads, query_length, head_dim = query.shape
+    packing = None
+    if mask is not None:
+        packing = derived_from_mask(mask, f"flash:{batch}x{query_length}",
+                                    lambda: flash_packing(mask, batch, query_length))
+        is_causal = is_causal or packing is None
+    if packing is None:
+        out, _ = kernel(module, query, key, value, None, dropout=dropout_p, scaling=scaling, is_causal=is_causal)
+        return out  # (B, Tq, H, d_h)
+
+    def packed(x: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        x = x.transpose(0, 1).reshape(heads, -1, head_dim)  # (B, H, T, d_h) -> (H, B·T, d_h)
+        return (x if rows is None else x.index_select(1, rows)).unsqueeze(0)  # (1, H, N, d_h)
+
+    varlen = {name: setting for name, setting in packing.items() if name != "kept"}
+    out, _ = kernel(module, packed(query), packed(key, packing["kept"]), packed(value, packing["kept"]), None,
+                    dropout=dropout_p, scaling=scaling, is_causal=False, **varlen)
+    return out.reshape(batch, query_length, heads, head_dim)  # (1, B·Tq, H, d_h) -> (B, Tq, H, d_h)
+
+
+class DeepTransformerAttention(nn.Module):
+    """Multi-head attention, Vaswani et al. (2017) Eq. (1)-(2), with Marian/BART parameter names.
+
+    Three uses: self-attention (keys/values from the query's own sequence, appended to
+    ``cache.self_attention_cache`` at ``layer_idx``); cross-attention (``is_cross_attention``: the encoder states,
+    projected once and read back from ``cache.cross_attention_cache``); and dou2018's multi-layer attention to a lower
+    layer (``key_value_states`` given without ``is_cross_attention``: a sequence as long as the query's, whose
+    keys/values are appended per decoding step to the self-attention cache slot ``layer_idx``, see
+    `multi_layer_cache_slot`).
+    """
+
+    def __init__(self, embed_dim: int, num_heads: int, dropout: float, layer_idx: int, is_cross_attention: bool,
+                 config: DeepTransformerConfig | None = None):
+        super().__init__()
+        self.config = config  # read at call time: `set_attn_implementation` takes effect at once
+        self.embed_dim = embed_dim
+        self.num_heads = num_heads
+        self.head_dim = embed_dim // num_heads
+        self.dropout = dropout
+        self.layer_idx = layer_idx
+        self.is_cross_attention = is_cross_attention
+        self.q_proj = nn.Linear(embed_dim, embed_dim)
+        self.k_proj = nn.Linear(embed_dim, embed_dim)
+        self.v_proj = nn.Linear(embed_dim, embed_dim)
+        self.out_proj = nn.Linear(embed_dim, embed_dim)
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length, _ = x.shape
+        return x.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, d_h)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        key_value_states: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        cache: EncoderDecoderCache | None = None,
+        output_attentions: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        batch, length, _ = hidden_states.shape
+        query = self._heads(self.q_proj(hidden_states))  # (B, H, Tq, d_h)
+        if self.is_cross_attention:
+            if cache is not None and cache.is_updated.get(self.layer_idx):
+                layer = cache.cross_attention_cache.layers[self.layer_idx]
+                key, value = layer.keys, layer.values  # (B, H, S, d_h), projected on the first step
+            else:
+                key = self._heads(self.k_proj(key_value_states))  # (B, H, S, d_h)
+                value = self._heads(self.v_proj(key_value_states))
+                if cache is not None:
+                    key, value = cache.cross_attention_cache.update(key, value, self.layer_idx)
+                    cache.is_updated[self.layer_idx] = True
+        else:
+            source = hidden_states if key_value_states is None else key_value_states  # (B, Tq, d)
+            key = self._heads(self.k_proj(source))  # (B, H, Tq, d_h)
+            value = self._heads(self.v_proj(source))
+            if cache is not None:
+                key, value = cache.self_attention_cache.update(key, value, self.layer_idx)  # (B, H, past+Tq, d_h)
+        implementation = getattr(self.config, "_attn_implementation", None) or "sdpa"
+        dropout = self.dropout if self.training else 0.0
+        if implementation in ("sdpa", "eager") or output_attentions:
+            out, weights = attention(query, key, value, attention_mask, is_causal, dropout, output_attentions,
+                                     eager=implementation == "eager")
+            out = out.transpose(1, 2)  # (B, Tq, H, d_h)
+        else:  # a kernel registered with transformers' AttentionInterface (docs/transformer.md, "Attention")
+            out = interface_attention(self, implementation, query, key, value, attention_mask, is_causal,
+                                      dropout)  # (B, Tq, H, d_h)
+            weights = None
+        out = out.reshape(batch, length, self.embed_dim)  # (B, Tq, d)
+        return self.out_proj(out), weights

@@ -1,0 +1,196 @@
+"""What every model family of the package shares: sinusoidal positions, input checks, the seq2seq output with loss
+components, Hub-ready saving (auto_map, the translation pipeline, FSDP2's generated classes), generation plumbing,
+and unwrapping a model from DDP / torch.compile wrappers.
+
+This file is copied next to the weights by ``save_pretrained`` (trust_remote_code): it imports only torch,
+transformers and same-folder modules with ``from .module import Name``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from transformers.modeling_outputs import Seq2SeqLMOutput
+
+from .pipeline_translation import TRANSLATION_PIPELINE_SPEC
+from .errors import UserInputError
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The model inside DDP / DataParallel (``.module``) and torch.compile (``._orig_mod``) wrappers."""
+    while True:
+        if hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):
+            model = model._orig_mod
+        elif hasattr(model, "module") and isinstance(model.module, nn.Module):
+            model = model.module
+        else:
+            return model
+
+
+def sinusoidal_positions(start: int, length: int, dim: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """Sinusoidal position encodings for positions ``start .. start+length-1``, shape ``(length, dim)``.
+
+    Vaswani et al. (2017) §3.5: PE(pos, 2i) = sin(pos / 10000^{2i/d}), PE(pos, 2i+1) = cos(pos / 10000^{2i/d}).
+    Layout follows Marian (all sines, then all cosines), so a model without deep-NMT features exports exactly to
+    `transformers.MarianMTModel`. Computed in float64 and cast, as Marian's table is.
+    """
+    half = dim // 2
+    inv_freq = torch.pow(10000.0, -torch.arange(half, device=device, dtype=torch.float64) * 2.0 / dim)  # (d/2,)
+    positions = torch.arange(start, start + length, device=device, dtype=torch.float64)
+    angles = positions[:, None] * inv_freq[None, :]  # (T, d/2)
+    return torch.cat([angles.sin(), angles.cos()], dim=-1).to(dtype)  # (T, d)
+
+
+def check_token_ids(name: str, ids: torch.Tensor | None, vocab_size: int, check_values: bool = True,
+                    allow_ignore_index: bool = False) -> None:
+    """One clear sentence for bad token ids (docs/training.md, "Bad input"): not an integer tensor, not 2-D, empty,
+    or an id outside [0, vocab_size) (labels may also be -100). ``check_values=False`` skips the value scan (it
+    synchronises a GPU), e.g. for the ids `generate` itself feeds back."""
+    if ids is None:
+        return
+    if not isinstance(ids, torch.Tensor):
+        raise UserInputError(f"`{name}` must be a torch.LongTensor of token ids (batch, length), got {type(ids).__name__}.")
+    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+        raise UserInputError(f"`{name}` has dtype {ids.dtype}; token ids must be integers (torch.long).")
+    if ids.dim() != 2:
+        raise UserInputError(f"`{name}` has shape {tuple(ids.shape)}; it must be 2-D (batch, length): for one sentence use "
+                         "`ids.unsqueeze(0)`, or the tokenizer with return_tensors='pt'.")
+    if ids.size(0) == 0 or ids.size(1) == 0:
+        raise UserInputError(f"`{name}` has shape {tuple(ids.shape)}: an empty batch or a zero-length sequence has nothing "
+                         "to translate (every tokenized sentence holds at least its </s>).")
+    if check_values and not torch.compiler.is_compiling():  # a data-dependent branch would break the graph
+        bad = (ids >= vocab_size) | ((ids < 0) & ~(ids == -100) if allow_ignore_index else ids < 0)
+        if bool(bad.any()):
+            value = int(ids[bad][0])
+            allowed = f"[0, vocab_size={vocab_size})" + (" or -100 (ignored)" if allow_ignore_index else "")
+            raise UserInputError(f"`{name}` holds the id {value}, which is not allowed; ids must lie in {allowed} (a "
+                             "tokenizer that does not match the model?).")
+
+
+def check_attention_mask(name: str, mask: torch.Tensor | None, ids_name: str, shape: tuple[int, ...]) -> None:
+    """A 2-D padding mask must have the shape of its ids (4-D masks are taken as given)."""
+    if mask is None or not isinstance(mask, torch.Tensor) or mask.dim() == 4:
+        return
+    if tuple(mask.shape) != tuple(shape):
+        raise UserInputError(f"`{name}` has shape {tuple(mask.shape)} but `{ids_name}` has shape {tuple(shape)}; the mask "
+                         "needs one 1/0 entry per token.")
+
+
+def check_generation_arguments(kwargs: dict[str, Any]) -> None:
+    """``num_beams``, ``num_return_sequences``, ``max_new_tokens`` and ``max_length`` (given directly or through
+    ``generation_config``) must be integers ≥ 1."""
+    config = kwargs.get("generation_config")
+    for name in ("num_beams", "num_return_sequences", "max_new_tokens", "max_length"):
+        value = kwargs.get(name, getattr(config, name, None) if config is not None else None)
+        if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+            raise UserInputError(f"generate: `{name}` = {value!r} is not allowed; it must be an integer ≥ 1.")
+
+
+def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
+    """Teacher-forcing decoder inputs: ``<s> y_1 … y_{n-1}`` from labels ``y_1 … y_n`` (-100 becomes pad)."""
+    shifted = labels.new_full(labels.shape, pad_token_id)
+    shifted[:, 1:] = labels[:, :-1]
+    shifted[:, 0] = decoder_start_token_id
+    return shifted.masked_fill(shifted == -100, pad_token_id)
+
+
+@dataclass
+class DeepTransformerSeq2SeqLMOutput(Seq2SeqLMOutput):
+    """`Seq2SeqLMOutput` plus, with labels, every term of the loss (in evaluation mode only ``nll``).
+
+    Args:
+        loss_components (`dict[str, torch.Tensor]`, *optional*):
+            Detached per-unit mean of each term of this batch: ``nll`` (unsmoothed), ``smoothed_nll`` and one entry
+            per auxiliary term switched on (``ddr`` per target token, ``ald`` per sentence, ``div_encoder`` per source
+            token and ``div_decoder`` per target token, each L_div itself, not its negation), unweighted.
+        loss_component_counts (`dict[str, torch.Tensor]`, *optional*):
+            How many units (target tokens, source tokens or sentences) each component averages over in this batch.
+    """
+
+    loss_components: dict[str, torch.Tensor] | None = None
+    loss_component_counts: dict[str, torch.Tensor] | None = None
+
+
+def _unsharded_class(cls: type) -> type:
+    """``cls`` itself, or for the class FSDP2's `fully_shard` generates (``FSDP<Name>``), the model class it wraps."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # a torch without FSDP2 cannot have wrapped it
+        return cls
+    return next(base for base in cls.__mro__ if not issubclass(base, FSDPModule))
+
+
+class HubReadyMixin:
+    """`save_pretrained` that makes the folder self-sufficient on the Hub: the `translation` pipeline
+    (``custom_pipelines``) and ``auto_map`` entries for both Auto classes. Put before `PreTrainedModel`.
+
+    The ``custom_pipelines`` entry is written into the saved config.json only; the live config is left as it was,
+    because in a process that imported hf_deepnmt the package's configs never carry it (see
+    ``configuration_deep_transformer.without_pipelines_served_in_process``), so a reloaded config equals the saved
+    model's."""
+
+    base_model_class_name: str
+    seq2seq_class_name: str
+
+    def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> None:
+        wrapper, defining = type(self), _unsharded_class(type(self))
+        if defining is not wrapper:
+            # FSDP2 (`fully_shard`) gave this instance a generated subclass, `FSDP<Name>`, defined in torch: saved as
+            # is, the folder's `auto_map` and code files would be torch's. Save it as the class it wraps.
+            self.__class__ = defining
+            try:
+                return self.save_pretrained(save_directory, *args, **kwargs)
+            finally:
+                self.__class__ = wrapper
+        if self._auto_class is None:
+            super().save_pretrained(save_directory, *args, **kwargs)
+            return
+        module = type(self).__module__.rsplit(".", 1)[-1]
+        self.config.auto_map = {
+            **(getattr(self.config, "auto_map", None) or {}),
+            "AutoModel": f"{module}.{self.base_model_class_name}",
+            "AutoModelForSeq2SeqLM": f"{module}.{self.seq2seq_class_name}",
+        }
+        had_pipelines = "custom_pipelines" in self.config.__dict__
+        previous = self.config.__dict__.get("custom_pipelines")
+        self.config.custom_pipelines = {"translation": dict(TRANSLATION_PIPELINE_SPEC)}
+        try:
+            super().save_pretrained(save_directory, *args, **kwargs)
+        finally:
+            if had_pipelines:
+                self.config.custom_pipelines = previous
+            else:
+                del self.config.custom_pipelines
+
+
+class TranslationGenerationMixin:
+    """What every seq2seq class of the package shares on top of its base model ``self.model`` and ``lm_head``:
+    the output embedding accessors, the encoder/decoder, labels → decoder inputs, and `generate` with checked
+    arguments. Put before the `PreTrainedModel` subclass."""
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
+        self.lm_head = new_embeddings
+
+    def get_encoder(self, modality: str | None = None) -> nn.Module:
+        return self.model.encoder
+
+    def get_decoder(self) -> nn.Module:
+        return self.model.decoder
+
+    def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        """`GenerationMixin.generate`; an explicit ``max_length`` replaces the default ``max_new_tokens`` instead
+        of being overridden by it, and bad lengths or beam counts get one clear sentence."""
+        check_generation_arguments(kwargs)
+        if kwargs.get("max_length") is not None and "max_new_tokens" not in kwargs:
+            kwargs["max_new_tokens"] = None
+        return super().generate(*args, **kwargs)
