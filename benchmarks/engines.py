@@ -215,7 +215,7 @@ def quality_section(model_dir: str, threads: int, samples: int | None, log: Call
     from training.data import read_parallel_file
     from training.metrics import score_translations
     from training.recipes import resolve_path
-    from training.run import translate_sentences
+    from training.translate import translate_sentences
 
     torch.set_num_threads(threads)
     model = AutoModelForSeq2SeqLM.from_pretrained(model_dir).eval()

@@ -27,7 +27,7 @@ OUR_ARGS = ("--recipe", "--config_name", "--config_overrides", "--max_tokens", "
 @pytest.fixture(scope="module")
 def trained(small_corpus, tmp_path_factory):
     """One tiny `deepnmt train` run with evaluation, reused by the tests below."""
-    from training.run import train
+    from training.train import train
 
     output_dir = tmp_path_factory.mktemp("cli") / "run"
     outcome = train(train_argv(small_corpus, output_dir, "--max_steps", "6", "--eval_strategy", "steps",
@@ -117,7 +117,7 @@ def test_evaluate_reproduces_the_training_runs_test_score(trained, small_corpus,
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     from training.data import read_parallel_file
-    from training.run import corpus_source_reliance
+    from training.translate import corpus_source_reliance
 
     corpus = read_parallel_file(small_corpus / "test.jsonl", "en", "es", 10)
     direct = corpus_source_reliance(AutoModelForSeq2SeqLM.from_pretrained(trained.output_dir),
@@ -141,7 +141,7 @@ def test_translate_from_file_and_stdin(trained, tmp_path, monkeypatch, capsys):
 def test_translate_reads_at_most_one_window_ahead_and_keeps_the_order(trained):
     """Bounded memory on inputs of any length: a window of lines is read, sorted and translated before the next is
     read; the output is in input order and equals translating everything at once."""
-    from training.run import translate_sentences, translate_windows
+    from training.translate import translate_sentences, translate_windows
 
     model, tokenizer = trained.trainer.model.eval(), trained.tokenizer
     sentences = [("And God said " * (i % 4 + 1)).strip() if i % 5 else "" for i in range(11)]
@@ -162,7 +162,7 @@ def test_translate_reads_at_most_one_window_ahead_and_keeps_the_order(trained):
 
 
 def test_translate_resumes_an_interrupted_output(trained, tmp_path, capsys, monkeypatch):
-    import training.run
+    import training.translate
 
     source, full, partial = tmp_path / "in.txt", tmp_path / "full.txt", tmp_path / "partial.txt"
     source.write_text("".join(f"{'In the beginning ' * (i % 3 + 1)}{i}.\n" for i in range(9)), encoding="utf-8")
@@ -173,8 +173,8 @@ def test_translate_resumes_an_interrupted_output(trained, tmp_path, capsys, monk
     assert len(expected) == 9
     partial.write_text("".join(expected[:3]) + "torn last li", encoding="utf-8")  # killed while writing line 4
     translated = []
-    original = training.run.translate_sentences
-    monkeypatch.setattr(training.run, "translate_sentences",
+    original = training.translate.translate_sentences
+    monkeypatch.setattr(training.translate, "translate_sentences",
                         lambda model, tok, sentences, **kw: translated.extend(sentences) or original(model, tok,
                                                                                                    sentences, **kw))
     capsys.readouterr()
@@ -210,9 +210,9 @@ def test_push_uploads_exactly_the_model_files(trained):
     uploaded = sorted(op.path_in_repo for op in commit["operations"])
     assert kind == "create_commit" and uploaded == files
     assert uploaded == sorted([
-        "README.md", "aggregation.py", "all_results.json", "config.json", "configuration_deep_transformer.py",
-        "deepnmt_card.json", "generation_config.json", "loss_components.png", "losses.py", "metrics.json", "model.safetensors",
-        "modeling_deep_transformer.py", "pipeline_translation.py", "test_translations.txt", "tokenizer.json",
+        "README.md", "aggregation.py", "all_results.json", "attention.py", "config.json", "configuration_deep_transformer.py",
+        "deepnmt_card.json", "errors.py", "generation_config.json", "loss_components.png", "losses.py", "metrics.json", "model.safetensors",
+        "modeling_common.py", "modeling_deep_transformer.py", "pipeline_translation.py", "test_translations.txt", "tokenizer.json",
         "tokenizer_config.json", "train_results.json", "training_args.bin", "validation.png",
     ])
     card = next(op.path_or_fileobj for op in commit["operations"] if op.path_in_repo == "README.md")
@@ -286,7 +286,7 @@ def test_train_with_push_to_hub_uploads_once_at_the_end(small_corpus, tmp_path, 
             hubs.append(self)
 
     monkeypatch.setattr(huggingface_hub, "HfApi", FakeHfApi)
-    from training.run import train
+    from training.train import train
 
     outcome = train(train_argv(small_corpus, tmp_path / "run", "--max_steps", "2", "--push_to_hub", "true",
                                "--hub_model_id", "someone/pushed", "--hub_private_repo", "true"))
@@ -307,7 +307,8 @@ def test_radam_and_checkpoint_averaging(small_corpus, tmp_path):
     import torch
     from safetensors.torch import load_file
 
-    from training.run import average_checkpoints, train
+    from training.checkpoints import average_checkpoints
+    from training.train import train
 
     outcome = train(train_argv(small_corpus, tmp_path / "run", "--max_steps", "3", "--optimizer", "radam",
                                "--save_strategy", "steps", "--save_steps", "1"))
@@ -409,12 +410,12 @@ def test_config_override_typos_are_refused_with_close_matches(recipe, overrides,
 
 
 def test_ctrl_c_during_training_prints_how_to_resume(monkeypatch, capsys):
-    import training.run
+    import training.train
 
     def interrupted(argv):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(training.run, "train", interrupted)
+    monkeypatch.setattr(training.train, "train", interrupted)
     assert main(["train", "--recipe", "quickstart"]) == 130
     error = capsys.readouterr().err.strip().splitlines()
     assert len(error) == 1 and "interrupted" in error[0] and "--resume_from_checkpoint last" in error[0]
@@ -466,7 +467,7 @@ def test_a_misspelt_or_missing_option_gets_one_sentence_with_the_close_matches(a
 def test_train_aliases_and_a_default_output_dir_printed_at_start(small_corpus, tmp_path, monkeypatch, capsys):
     """`--num_beams`/`--src_lang` name train's options; without --output_dir a new runs/<name>-<time> is used and
     printed; several processes must name one."""
-    from training.run import parse_train_args
+    from training.train_arguments import parse_train_args
 
     monkeypatch.chdir(tmp_path)
     argv = train_argv(small_corpus, tmp_path / "unused")
@@ -483,7 +484,7 @@ def test_train_aliases_and_a_default_output_dir_printed_at_start(small_corpus, t
 
 
 def test_train_ends_with_a_summary_of_where_and_how(trained, capsys):
-    from training.run import print_train_summary
+    from training.report import print_train_summary
 
     print_train_summary(trained, 60.0)
     out = capsys.readouterr().out
@@ -498,7 +499,7 @@ def test_the_card_of_a_crt_run_is_true(small_corpus, tmp_path):
     the optimizer and schedule by their plain names, the model-index names the file and split that were scored, the
     pushed card names its repository, and the install instructions are ones that work."""
     from training.hub import card_for_repo
-    from training.run import train
+    from training.train import train
 
     overrides = TINY_OVERRIDES + ",cross_attention_drop_depth=1,cross_attention_drop_ratio=0.5,ddr_weight=1.0,ald_weight=0.5"
     argv = train_argv(small_corpus, tmp_path / "crt", "--max_steps", "2", "--max_predict_samples", "6",
@@ -528,7 +529,7 @@ def test_the_card_of_a_crt_run_is_true(small_corpus, tmp_path):
 
 def test_resuming_from_a_damaged_checkpoint_names_it_and_offers_the_newest_complete_one(small_corpus, tmp_path,
                                                                                          capsys):
-    from training.run import train
+    from training.train import train
 
     run = tmp_path / "run"
     argv = train_argv(small_corpus, run, "--max_steps", "4", "--save_strategy", "steps", "--save_steps", "2")
@@ -584,7 +585,7 @@ def test_bf16_translation_and_training_run_under_bfloat16_autocast_on_cpu(tiny_f
     import torch
 
     from hf_deepnmt import DeepTransformerForConditionalGeneration
-    from training.run import train
+    from training.train import train
 
     seen: list[tuple[bool, torch.dtype]] = []
     forward = DeepTransformerForConditionalGeneration.forward

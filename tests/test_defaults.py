@@ -10,7 +10,7 @@ from conftest import train_argv
 
 from training.cli import main
 from training.defaults import CPU_SIZES, GPU_SIZES, PARSE_TIME_DEFAULTS, given_options, resolve, size_class
-from training.run import apply_scratch_defaults, parse_train_args
+from training.train_arguments import apply_scratch_defaults, parse_train_args
 
 
 def test_the_model_size_follows_the_data_size_and_the_device():

@@ -329,7 +329,7 @@ def test_warm_start_copies_every_trained_weight_and_linear_starts_as_vanilla(bat
 def test_deepnmt_train_warm_start_option(small_corpus, tiny_folder, tmp_path):
     from conftest import train_argv
 
-    from training.run import train
+    from training.train import train
 
     outcome = train(train_argv(small_corpus, tmp_path / "hier", "--max_steps", "2", "--warm_start_from",
                                str(tiny_folder), "--config_overrides",

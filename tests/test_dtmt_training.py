@@ -35,7 +35,7 @@ def test_rnnplus_warmup_decay_is_equation_17():
 
 
 def test_deepnmt_train_model_type_dtmt_with_the_papers_schedule(small_corpus, tmp_path):
-    from training.run import train
+    from training.train import train
 
     outcome = train(dtmt_argv(small_corpus, tmp_path / "run", "--max_steps", "4", "--max_grad_norm", "5.0",
                               "--learning_rate", "1e-3", "--lr_schedule", "rnnplus_warmup_decay", "--warmup_steps", "2",

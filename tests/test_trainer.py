@@ -16,7 +16,8 @@ from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainingArguments
 from hf_deepnmt.losses import AuxiliaryLoss
 from training.data import read_parallel_file, tokenize_corpus
 from training.metrics import TranslationMetrics
-from training.trainer import INCOMPLETE_DIR, DeepNMTTrainer, NonFiniteLossError, last_checkpoint
+from training.checkpoints import last_checkpoint
+from training.trainer import INCOMPLETE_DIR, DeepNMTTrainer, NonFiniteLossError
 
 
 @pytest.fixture(scope="module")

@@ -200,7 +200,7 @@ def test_the_deep_decoder_default_drop_depth_follows_the_decoder_depth():
 
 # ------------------------------------------------------------------------------------------------ item 7
 def test_deepnmt_train_smooths_labels_by_default(capsys):
-    from training.run import parse_train_args
+    from training.train_arguments import parse_train_args
 
     base = ["--train_file", "x.jsonl", "--output_dir", "runs/x"]
     assert parse_train_args(base)[2].label_smoothing_factor == 0.1

@@ -44,7 +44,7 @@ def _evaluate(argv: Sequence[str]) -> int:
 
     from .data import read_parallel_file
     from .recipes import resolve_path
-    from .run import corpus_source_reliance, evaluate_model
+    from .translate import corpus_source_reliance, evaluate_model
 
     parser = CommandParser(prog="deepnmt evaluate", description="Score a saved model on a test file "
                            "(BLEU, chrF, TER with sacreBLEU signatures) using beam search.")
@@ -130,7 +130,7 @@ def _translate(argv: Sequence[str]) -> int:
 
     from tqdm.auto import tqdm
 
-    from .run import completed_lines, translate_windows
+    from .translate import completed_lines, translate_windows
 
     parser = CommandParser(prog="deepnmt translate", description="Translate one sentence per line "
                            "from a file or stdin to stdout (batched, beam search).")
@@ -268,7 +268,7 @@ def _push(argv: Sequence[str]) -> int:
 
 
 def _average(argv: Sequence[str]) -> int:
-    from .run import average_checkpoints
+    from .checkpoints import average_checkpoints
 
     parser = CommandParser(prog="deepnmt average-checkpoints", description="Average the weights of the "
                            "last N complete checkpoint-* folders of a run into a complete model folder "
@@ -392,7 +392,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_references(rest)  # names the option as the user spelt it (`--model` or `--model_name_or_path`)
         rest = canonical_options(rest, TRAIN_ALIASES if command in ("train", "quickstart") else OPTION_ALIASES)
         if command == "train":
-            from .run import print_train_summary, train
+            from .report import print_train_summary
+            from .train import train
 
             print_train_summary(train(rest), time.time() - started)
             _close_process_group()

@@ -21,7 +21,8 @@ SAMPLES = 5
 def run_quickstart(output_dir: str | None, extra_args: Sequence[str]) -> int:
     from .data import read_parallel_file
     from .recipes import resolve_path
-    from .run import train, translate_sentences
+    from .train import train
+    from .translate import translate_sentences
 
     started = time.time()
     if output_dir is None:

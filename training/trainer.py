@@ -45,6 +45,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 from hf_deepnmt.admin import admin_profile
 from hf_deepnmt.losses import AuxiliaryLoss, LossNormalizers, batch_normalizers, compute_losses, source_reliance
 
+from .checkpoints import fsync_dir, fsync_tree, last_checkpoint
 from .data import TokenBudgetBatchSampler
 
 INCOMPLETE_DIR = ".incomplete"
@@ -341,13 +342,13 @@ class DeepNMTTrainer(Seq2SeqTrainer):
             del self._get_output_dir
         self.accelerator.wait_for_everyone()
         if self.args.should_save:
-            _fsync_tree(staged)
+            fsync_tree(staged)
             if os.path.exists(final):
                 shutil.rmtree(final)
             os.replace(staged, final)
             if not os.listdir(staging_root):
                 os.rmdir(staging_root)
-            _fsync_dir(run_dir)
+            fsync_dir(run_dir)
             for attribute in ("best_model_checkpoint",):
                 value = getattr(self.state, attribute, None)
                 if isinstance(value, str) and value.startswith(staging_root):
@@ -361,73 +362,3 @@ class DeepNMTTrainer(Seq2SeqTrainer):
 
         if self.is_world_process_zero():
             write_model_card(self.args.output_dir, trainer=self)
-
-
-def last_checkpoint(output_dir: str) -> str | None:
-    """The newest complete ``checkpoint-N`` in ``output_dir`` (``.incomplete/`` is never considered)."""
-    if not os.path.isdir(output_dir):
-        return None
-    steps = [
-        int(name.split("-")[-1])
-        for name in os.listdir(output_dir)
-        if name.startswith(f"{PREFIX_CHECKPOINT_DIR}-") and name.split("-")[-1].isdigit()
-    ]
-    return os.path.join(output_dir, f"{PREFIX_CHECKPOINT_DIR}-{max(steps)}") if steps else None
-
-
-def checkpoint_problem(folder: str | os.PathLike) -> str | None:
-    """Why ``folder`` cannot be resumed from, in a few words (a missing or unreadable ``trainer_state.json``, no
-    weights, a truncated or corrupted ``model.safetensors``), or None for a complete checkpoint."""
-    import json
-
-    folder = str(folder)
-    state = os.path.join(folder, "trainer_state.json")
-    try:
-        with open(state, encoding="utf-8") as handle:
-            json.load(handle)
-    except (OSError, ValueError):
-        return f"{state} is missing or unreadable"
-    weights = os.path.join(folder, "model.safetensors")
-    if not os.path.isfile(weights):
-        if any(os.path.isfile(os.path.join(folder, name)) for name in ("model.safetensors.index.json",
-                                                                        "pytorch_model.bin")):
-            return None
-        return f"{folder} holds no model weights"
-    from safetensors import safe_open
-
-    try:
-        with safe_open(weights, framework="pt") as handle:
-            handle.keys()
-    except Exception:  # the Rust reader raises its own error types
-        return f"{weights} is truncated or corrupted"
-    return None
-
-
-def checkpoints_newest_first(output_dir: str) -> list[str]:
-    """Every ``checkpoint-N`` folder of ``output_dir``, the highest step first."""
-    if not os.path.isdir(output_dir):
-        return []
-    steps = sorted((int(name.split("-")[-1]) for name in os.listdir(output_dir)
-                    if name.startswith(f"{PREFIX_CHECKPOINT_DIR}-") and name.split("-")[-1].isdigit()), reverse=True)
-    return [os.path.join(output_dir, f"{PREFIX_CHECKPOINT_DIR}-{step}") for step in steps]
-
-
-def _fsync_tree(path: str) -> None:
-    for root, _, files in os.walk(path):
-        for file_name in files:
-            with open(os.path.join(root, file_name), "rb") as handle:
-                os.fsync(handle.fileno())
-        _fsync_dir(root)
-
-
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

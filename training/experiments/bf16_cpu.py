@@ -72,7 +72,7 @@ def main() -> None:
     from training.data import read_parallel_file
     from training.metrics import score_translations
     from training.recipes import resolve_path
-    from training.run import translate_sentences
+    from training.translate import translate_sentences
 
     torch.set_num_threads(args.threads)
     folder = work / "fp32"

@@ -82,7 +82,7 @@ def final_source_reliance(folder: Path, pairs: int) -> float | None:
     import hf_deepnmt  # noqa: F401
     from training.data import read_parallel_file
     from training.recipes import resolve_path
-    from training.run import corpus_source_reliance
+    from training.translate import corpus_source_reliance
 
     torch.set_num_threads(1)
     corpus = read_parallel_file(resolve_path("corpus:web-sparv/test.jsonl.gz"), "en", "es", pairs)

@@ -1,0 +1,147 @@
+"""What `deepnmt train` builds before training: the tokenizer (loaded, or a joint BPE trained on the training data), the
+model (fine-tuned, warm-started or new, from a preset / recipe / ``--config_overrides``), the optimizer and the
+learning-rate schedule.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer, Seq2SeqTrainingArguments
+
+import hf_deepnmt  # noqa: F401  (registers the model types)
+from hf_deepnmt import record_language_pair
+
+from .data import DataArguments
+from .recipes import load_model_config_dict, parse_overrides
+from .schedules import SCHEDULES, rnnplus_scheduler_factory
+from .tokenizer import train_and_save
+
+if TYPE_CHECKING:
+    from .train_arguments import ModelArguments
+
+
+def load_or_train_tokenizer(model_args: ModelArguments, data_args: DataArguments, training_args, train_corpus):
+    if model_args.tokenizer_name or model_args.model_name_or_path or model_args.warm_start_from:
+        return AutoTokenizer.from_pretrained(model_args.tokenizer_name or model_args.model_name_or_path
+                                             or model_args.warm_start_from)
+    output_dir = Path(training_args.output_dir)
+    with training_args.main_process_first(desc="joint BPE"):
+        if (output_dir / "tokenizer.json").exists():  # resuming, or another process trained it
+            return AutoTokenizer.from_pretrained(output_dir)
+        if train_corpus is None:
+            raise ValueError("No tokenizer: pass --tokenizer_name or training data to train a joint BPE on.")
+        limit = max(data_args.max_source_length, data_args.max_target_length)
+        print(f"[deepnmt] training a joint BPE ({model_args.vocab_size} tokens) on {len(train_corpus)} pairs",
+              file=sys.stderr)
+        return train_and_save(train_corpus.sources, train_corpus.targets, output_dir,
+                              vocab_size=model_args.vocab_size, min_frequency=model_args.bpe_min_frequency,
+                              model_max_length=limit, show_progress=training_args.local_process_index == 0
+                              and not training_args.disable_tqdm)
+
+
+def model_fields(model_args: ModelArguments, recipe_model: dict) -> tuple[str, dict]:
+    """The model type and config fields of a model trained from scratch: preset / recipe, then --config_overrides,
+    --model_type on top."""
+    fields = load_model_config_dict(model_args.config_name, recipe_model)
+    overrides = parse_overrides(model_args.config_overrides)
+    fields.update(overrides)
+    model_type = model_args.model_type or fields.pop("model_type", "deep_transformer")
+    fields.pop("model_type", None)
+    check_override_keys(model_type, overrides)
+    return model_type, fields
+
+
+def check_override_keys(model_type: str, overrides: dict[str, Any]) -> None:
+    """A ``--config_overrides`` key that the model type's config does not have is a typo (transformers would store it
+    beside the real field and nothing would read it): one sentence with the close matches."""
+    import difflib
+    import inspect
+
+    from transformers import CONFIG_MAPPING
+
+    if model_type not in CONFIG_MAPPING:
+        raise ValueError(f"`model_type` = {model_type!r} is not allowed; use one of deep_transformer, "
+                         "admin_transformer, deep_decoder_transformer, deep_representation_transformer, dtmt.")
+    config_class = CONFIG_MAPPING[model_type]
+    known = set(inspect.signature(config_class.__init__).parameters) | set(config_class().to_dict())
+    known -= {"self", "kwargs"}
+    for key, value in overrides.items():
+        if key not in known:
+            config_class(**{key: value})  # a config that refuses the field by name says why (e.g. DTMT's refusals)
+            close = difflib.get_close_matches(key, sorted(known), n=3, cutoff=0.6)
+            hint = f"did you mean {', '.join(close)}?" if close else "see `deepnmt train --help` and the presets"
+            raise ValueError(f"--config_overrides: `{key}` is not a field of {config_class.__name__} "
+                             f"({model_type}); {hint}")
+
+
+def build_model(model_args: ModelArguments, data_args: DataArguments, recipe_model: dict, tokenizer,
+                 label_smoothing: float = 0.0):
+    """The model to train: fine-tuned, warm-started or new, its config recording the language pair it is trained
+    for (`hf_deepnmt.record_language_pair`, read by ``pipeline("translation")`` to check ``src_lang``/``tgt_lang``)."""
+    model = new_or_loaded_model(model_args, data_args, recipe_model, tokenizer, label_smoothing)
+    record_language_pair(model.config, data_args.source_lang, data_args.target_lang)
+    return model
+
+
+def new_or_loaded_model(model_args: ModelArguments, data_args: DataArguments, recipe_model: dict, tokenizer,
+                         label_smoothing: float):
+    if model_args.model_name_or_path:
+        model = AutoModelForSeq2SeqLM.from_pretrained(model_args.model_name_or_path)
+        if hasattr(model.config, "label_smoothing"):
+            model.config.label_smoothing = label_smoothing
+        return model
+    model_type, fields = model_fields(model_args, recipe_model)
+    fields.update(
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        unk_token_id=tokenizer.unk_token_id,
+        decoder_start_token_id=tokenizer.bos_token_id,
+    )
+    longest = max(data_args.max_source_length, data_args.max_target_length)
+    fields.setdefault("max_position_embeddings", max(1024, longest))
+    if fields["max_position_embeddings"] < longest:
+        raise ValueError(
+            f"`max_position_embeddings` = {fields['max_position_embeddings']} is not allowed with "
+            f"--max_source_length/--max_target_length {longest}; it must be at least as long."
+        )
+    fields["label_smoothing"] = label_smoothing  # the objective the model is trained with, recorded in its config
+    config = AutoConfig.for_model(model_type, **fields)
+    if model_args.warm_start_from:
+        if model_args.model_name_or_path:
+            raise ValueError("--warm_start_from and --model_name_or_path exclude each other: fine-tune a model with "
+                             "the latter, or start a new one from a trained model's weights with the former.")
+        from hf_deepnmt import warm_start
+
+        model = warm_start(model_args.warm_start_from, config=config)
+        print(f"[deepnmt] warm start: {config.model_type} initialised from {model_args.warm_start_from}",
+              file=sys.stderr)
+        return model
+    return AutoModelForSeq2SeqLM.from_config(config)
+
+
+def lr_scheduler_factory(model_args: ModelArguments, training_args: Seq2SeqTrainingArguments):
+    if model_args.lr_schedule is None:
+        return None
+    if model_args.lr_schedule not in SCHEDULES:
+        raise ValueError(f"`--lr_schedule` = {model_args.lr_schedule!r} is not allowed; use one of {list(SCHEDULES)} "
+                         "or leave it unset (--lr_scheduler_type).")
+    replicas = model_args.lr_replicas or training_args.world_size * training_args.gradient_accumulation_steps
+    return rnnplus_scheduler_factory(int(training_args.warmup_steps), model_args.lr_decay_start,
+                                     model_args.lr_decay_end, replicas)
+
+
+def optimizer_setting(model_args: Any, training_args: Seq2SeqTrainingArguments
+                      ) -> tuple[type[torch.optim.Optimizer], dict[str, Any]] | None:
+    """``--optimizer radam``: liu2020's RAdam with the Adam options of the command line; None: transformers' --optim."""
+    if model_args.optimizer not in (None, "radam"):
+        raise ValueError(f"`--optimizer` = {model_args.optimizer!r} is not allowed; use 'radam' or leave it unset (--optim).")
+    if model_args.optimizer != "radam":
+        return None
+    return (torch.optim.RAdam, {"lr": training_args.learning_rate, "eps": training_args.adam_epsilon,
+                                "betas": (training_args.adam_beta1, training_args.adam_beta2)})

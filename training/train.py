@@ -1,0 +1,212 @@
+"""`deepnmt train`: data -> tokenizer -> model -> `DeepNMTTrainer` -> saved model, test scores, card, plots, metrics.
+
+Each stage is its own module (`train_arguments`, `data`, `build`, `trainer`, `translate`, `report`, `checkpoints`);
+this one runs them in order.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import (
+    AutoConfig,
+    AutoModelForSeq2SeqLM,
+    DataCollatorForSeq2Seq,
+    Seq2SeqTrainingArguments,
+    TrainerCallback,
+    set_seed,
+)
+
+from .arguments import TRAIN_ALIASES, canonical_options
+from .build import build_model, load_or_train_tokenizer, lr_scheduler_factory, model_fields, optimizer_setting
+from .checkpoints import resume_target
+from .data import DataArguments, DataError, load_splits, tokenize_corpus
+from .defaults import given_options
+from .hub import push_folder
+from .metrics import TranslationMetrics, TranslationScores
+from .report import finish_run
+from .train_arguments import ModelArguments, apply_scratch_defaults, parse_train_args
+from .trainer import DeepNMTTrainer
+from .translate import evaluate_model, new_token_budget
+
+
+@dataclass
+class TrainOutcome:
+    """What `train` leaves behind."""
+
+    output_dir: Path
+    trainer: DeepNMTTrainer
+    tokenizer: Any
+    data_args: DataArguments
+    model_args: ModelArguments
+    training_args: Seq2SeqTrainingArguments
+    test_scores: TranslationScores | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+class TimeBudget(TrainerCallback):
+    """``--max_train_minutes``: stop after the step that ends past the budget (the clock starts at the first step),
+    with a final evaluation and save if the run evaluates/saves by steps."""
+
+    def __init__(self, minutes: float) -> None:
+        self.seconds = minutes * 60.0
+        self.started: float | None = None
+
+    def on_step_begin(self, args, state, control, **kwargs):  # noqa: ANN001, ANN201 (transformers' signature)
+        if self.started is None:
+            self.started = time.time()
+
+    def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN201
+        over = self.started is not None and time.time() - self.started >= self.seconds
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            # every process must stop at the same step: stop when any one is past the budget
+            flag = torch.tensor([float(over)], device=args.device)
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+            over = bool(flag.item())
+        if over:
+            control.should_training_stop = True
+            control.should_evaluate = args.eval_strategy != "no"
+            control.should_save = args.save_strategy != "no"
+        return control
+
+
+def train(argv: Sequence[str]) -> TrainOutcome:
+    """`deepnmt train`: data -> tokenizer -> model -> DeepNMTTrainer -> saved model, card, plots, metrics."""
+    started = time.time()
+    model_args, data_args, training_args, recipe = parse_train_args(argv)
+    schedule = lr_scheduler_factory(model_args, training_args)
+    if not model_args.model_name_or_path:  # a bad model config fails now, not after the tokenizer is trained
+        model_type, fields = model_fields(model_args, recipe["model"])
+        AutoConfig.for_model(model_type, **fields)
+    push_repo = training_args.hub_model_id if training_args.push_to_hub else None
+    if training_args.push_to_hub:
+        training_args.push_to_hub = False  # we push once, at the end, with our card (training.hub)
+        if not push_repo:
+            raise ValueError("--push_to_hub needs --hub_model_id USER/NAME.")
+    set_seed(training_args.seed)
+    resume = resume_target(training_args)
+    output_dir = Path(training_args.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+
+    corpora = read_corpora(argv, model_args, data_args, training_args, recipe)
+    tokenizer = load_or_train_tokenizer(model_args, data_args, training_args, corpora["train"])
+    model = build_model(model_args, data_args, recipe["model"], tokenizer, training_args.label_smoothing_factor)
+    model.generation_config.num_beams = model_args.eval_num_beams
+    datasets = tokenize_corpora(corpora, tokenizer, model_args, data_args, training_args)
+    trainer = build_trainer(model, tokenizer, datasets, model_args, data_args, training_args, schedule)
+    # Seq2SeqTrainer's evaluation writes transformers' global defaults (max_length=20, …) into the model's
+    # generation config; save the model with the one it was built with.
+    generation_config = copy.deepcopy(model.generation_config)
+    trained = time.time()
+    result = trainer.train(resume_from_checkpoint=resume)
+    trained = time.time() - trained
+    trainer.model.generation_config = generation_config
+    trainer.save_model(str(output_dir))
+    trainer.save_metrics("train", result.metrics)
+    trainer.save_state()
+    outcome = TrainOutcome(output_dir, trainer, tokenizer, data_args, model_args, training_args,
+                           timings={"train_seconds": round(trained, 1)})
+    if trainer.is_world_process_zero():
+        if data_args.test_file:
+            score_test_set(outcome)
+        outcome.timings["total_seconds"] = round(time.time() - started, 1)
+        finish_run(outcome, trainer.compute_metrics)
+        if push_repo:
+            files = push_folder(output_dir, push_repo, private=bool(training_args.hub_private_repo),
+                                token=training_args.hub_token)
+            print(f"[deepnmt] pushed {len(files)} files to https://huggingface.co/{push_repo}", file=sys.stderr)
+    trainer.accelerator.wait_for_everyone()
+    return outcome
+
+
+def read_corpora(argv: Sequence[str], model_args: ModelArguments, data_args: DataArguments,
+                 training_args: Seq2SeqTrainingArguments, recipe: dict) -> dict[str, Any]:
+    """The training split (and the validation split when the run evaluates); a from-scratch run without a recipe
+    takes its data-dependent NMT defaults from the training data's size here (`training.defaults`)."""
+    corpora = load_splits(data_args, ["train"])
+    if "train" not in corpora:
+        raise DataError("No training data: pass --train_file (or --dataset_name) or a recipe that has one.")
+    if model_args.nmt_defaults:  # from scratch, no recipe: model size etc. from the data size (training.defaults)
+        apply_scratch_defaults(model_args, data_args, training_args, recipe, len(corpora["train"]),
+                               given_options(canonical_options(argv, TRAIN_ALIASES)))
+    if training_args.eval_strategy != "no" or training_args.do_eval:
+        corpora.update(load_splits(data_args, ["validation"]))
+    return corpora
+
+
+def tokenize_corpora(corpora: dict[str, Any], tokenizer: Any, model_args: ModelArguments, data_args: DataArguments,
+                     training_args: Seq2SeqTrainingArguments) -> dict[str, Any]:
+    """Every split as a tokenized `datasets.Dataset` (the length filters apply to training only); sets the NMT
+    default ``generation_max_length`` from the longest validation source."""
+    datasets = {
+        split: tokenize_corpus(
+            corpus, tokenizer, data_args.max_source_length,
+            data_args.max_target_length if split == "train" else (data_args.val_max_target_length or data_args.max_target_length),
+            data_args.filter_max_length if split == "train" else None,
+            data_args.filter_max_ratio if split == "train" else None,
+            data_args.source_prefix,
+        )
+        for split, corpus in corpora.items()
+    }
+    if model_args.nmt_defaults and "validation" in datasets and training_args.generation_max_length is None:
+        # transformers' default (20 tokens) cuts most translations short, the truncation length (256) lets an
+        # untrained model babble for minutes: translate's rule for the longest validation source
+        longest = max((len(ids) for ids in datasets["validation"]["input_ids"]), default=0)
+        limit = data_args.val_max_target_length or data_args.max_target_length
+        training_args.generation_max_length = new_token_budget(longest, limit) + 1  # + the decoder start token
+        print(f"[deepnmt]   --generation_max_length {training_args.generation_max_length} (translate's length "
+              f"rule, 1.5 × source + 10 new tokens, for the longest validation source: {longest} tokens)",
+              file=sys.stderr)
+    for split, corpus in corpora.items():
+        print(f"[deepnmt] {split}: {len(datasets[split])} pairs from {corpus.origin} "
+              f"(dropped {corpus.dropped_empty} empty, {corpus.dropped_length} by length filters)", file=sys.stderr)
+    return datasets
+
+
+def build_trainer(model: torch.nn.Module, tokenizer: Any, datasets: dict[str, Any], model_args: ModelArguments,
+                  data_args: DataArguments, training_args: Seq2SeqTrainingArguments, schedule: Any) -> DeepNMTTrainer:
+    """`DeepNMTTrainer` with the collator, the metrics, the optimizer, the schedule and the time budget."""
+    collator = DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100,
+                                      pad_to_multiple_of=8 if (training_args.fp16 or training_args.bf16) else None)
+    trainer = DeepNMTTrainer(
+        model=model,
+        args=training_args,
+        optimizer_cls_and_kwargs=optimizer_setting(model_args, training_args),
+        lr_scheduler_factory=schedule,
+        admin_profile_tokens=model_args.admin_profile_tokens,
+        train_dataset=datasets["train"],
+        eval_dataset=datasets.get("validation"),
+        processing_class=tokenizer,
+        data_collator=collator,
+        compute_metrics=TranslationMetrics(tokenizer) if training_args.predict_with_generate else None,
+        max_tokens=data_args.max_tokens,
+    )
+    if model_args.max_train_minutes is not None:
+        trainer.add_callback(TimeBudget(model_args.max_train_minutes))
+    return trainer
+
+
+def score_test_set(outcome: TrainOutcome) -> None:
+    """Process 0 translates the test file with beam search and scores it (BLEU, chrF, TER); the translations go to
+    ``test_translations.txt``."""
+    trainer, data_args, model_args = outcome.trainer, outcome.data_args, outcome.model_args
+    test_model = trainer.model
+    if trainer.is_fsdp_enabled:
+        # A sharded model runs only with every process taking part: process 0 translates with the full
+        # weights save_model just gathered and wrote.
+        test_model = AutoModelForSeq2SeqLM.from_pretrained(outcome.output_dir).to(outcome.training_args.device)
+    test_model.eval()
+    scored = time.time()
+    outcome.test_scores, hypotheses = evaluate_model(
+        outcome.output_dir, data_args.test_file, data_args.source_lang, data_args.target_lang,
+        num_beams=model_args.eval_num_beams, batch_size=outcome.training_args.per_device_eval_batch_size,
+        max_samples=data_args.max_predict_samples, model=test_model, tokenizer=outcome.tokenizer)
+    outcome.timings["test_seconds"] = round(time.time() - scored, 1)
+    (outcome.output_dir / "test_translations.txt").write_text("\n".join(hypotheses) + "\n", encoding="utf-8")

@@ -1,0 +1,221 @@
+"""The arguments of `deepnmt train`: transformers' `Seq2SeqTrainingArguments`, our `DataArguments`, and
+`ModelArguments` (model, tokenizer, card); recipes under the command line; the from-scratch NMT defaults applied to
+the parsed arguments (`training.defaults`); ``--help``'s description.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import textwrap
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn
+
+import torch
+from transformers import HfArgumentParser, Seq2SeqTrainingArguments
+
+from .arguments import TRAIN_ALIASES, CommandLineError, canonical_options, unknown_arguments_message
+from .build import model_fields
+from .data import DataArguments
+from .defaults import PARSE_TIME_DEFAULTS, given_options, resolve as resolve_defaults
+from .recipes import load_recipe, parse_overrides, recipe_to_argv, resolve_path
+
+
+@dataclass
+class ModelArguments:
+    """Model, tokenizer and card options of `deepnmt train` (run_translation names where they exist)."""
+
+    recipe: str | None = field(default=None, metadata={"help": "A recipe YAML (path or shipped name, e.g. quickstart); its values are defaults that the command line overrides."})
+    model_name_or_path: str | None = field(default=None, metadata={"help": "Fine-tune a saved model (folder or Hub id) instead of training from scratch."})
+    model_type: str | None = field(default=None, metadata={"help": "Model family of a model trained from scratch: deep_transformer (default), admin_transformer, deep_decoder_transformer or dtmt (meng2019's deep transition RNN); overrides the model_type of --config_name / the recipe."})
+    config_name: str | None = field(default=None, metadata={"help": "Model config: a preset name (training/presets, e.g. transformer-base), a config.json or a model folder."})
+    config_overrides: str | None = field(default=None, metadata={"help": "Override config fields: 'd_model=256,encoder_layers=12'."})
+    warm_start_from: str | None = field(default=None, metadata={"help": "Initialise a new model from a trained one (folder or Hub id): its weights are copied, the mechanisms it lacks (e.g. dou2018 aggregation, multi-layer attention) start from their initialisation, as dou2018 trains its models. The model comes from --recipe/--config_name/--config_overrides as usual; the tokenizer is the trained model's."})
+    tokenizer_name: str | None = field(default=None, metadata={"help": "A saved tokenizer; without it (and without a model) a joint BPE is trained on the training data."})
+    vocab_size: int = field(default=8000, metadata={"help": "Joint BPE vocabulary size when a tokenizer is trained."})
+    bpe_min_frequency: int = field(default=2, metadata={"help": "Minimum merge frequency when a tokenizer is trained."})
+    eval_num_beams: int = field(default=4, metadata={"help": "Beam size of the final test evaluation and of the saved generation config."})
+    optimizer: str | None = field(default=None, metadata={"help": "'radam' trains with torch.optim.RAdam (liu2020's optimizer, not among transformers' --optim choices) using --learning_rate, --adam_beta1/2, --adam_epsilon, --weight_decay; default: --optim."})
+    admin_profile_tokens: int = field(default=4096, metadata={"help": "ADMIN profiling batch size in target tokens (liu2020, docs/liu2020.md: ≥ 4k); used once, before the first step, when the model has residual_scaling=admin and is not profiled yet."})
+    lr_schedule: str | None = field(default=None, metadata={"help": "'rnnplus_warmup_decay': meng2019's eq. (17) schedule (training/schedules.py) with lr0 = --learning_rate, warm-up --warmup_steps, decay from --lr_decay_start to --lr_decay_end; replaces --lr_scheduler_type. Default: --lr_scheduler_type."})
+    lr_decay_start: int = field(default=8000, metadata={"help": "rnnplus_warmup_decay: s, the step where the exponential decay starts (meng2019 Zh-En: 8000)."})
+    lr_decay_end: int = field(default=64000, metadata={"help": "rnnplus_warmup_decay: e, the step where the learning rate has halved from lr0 (meng2019 Zh-En: 64000)."})
+    lr_replicas: int | None = field(default=None, metadata={"help": "rnnplus_warmup_decay: n, the number of concurrent model replicas (peak lr = n · lr0); default: processes × gradient accumulation steps."})
+    license: str = field(default="apache-2.0", metadata={"help": "License written into the model card."})
+    dataset_label: str | None = field(default=None, metadata={"help": "Dataset name for the model card (default: the file or Hub name)."})
+    max_train_minutes: float | None = field(default=None, metadata={"help": "Stop training after this many minutes of training (evaluations included; the run then saves, tests and writes its card as after --max_steps): a wall-clock budget, e.g. to compare setups at equal time."})
+    nmt_defaults: bool = field(default=True, metadata={"help": "A model trained from scratch without --recipe gets NMT defaults for every option the command line leaves unset: model size, learning rate, warm-up, token batch and vocabulary from the data size and device, inverse-sqrt schedule, Adam β2 0.98, validation BLEU four times per run (docs/defaults.md); the resolved values are printed at start. false: transformers' fine-tuning defaults."})
+
+
+# Defaults of `deepnmt train` that differ from transformers' fine-tuning defaults (a recipe or the command line
+# overrides them).
+NMT_DEFAULTS: dict[str, Any] = {
+    "label_smoothing_factor": 0.1,  # every paper of this package (and Vaswani et al. 2017) smooths labels with 0.1
+}
+
+
+class _TrainParser(HfArgumentParser):
+    """transformers' parser; a bad value or a missing argument raises `CommandLineError` (one sentence) instead of
+    printing the usage."""
+
+    def error(self, message: str) -> NoReturn:  # type: ignore[override]
+        raise CommandLineError(f"{message} (see `deepnmt train --help`)")
+
+
+# The switches of each paper, set with --config_overrides (DTMT's with --model_type dtmt); listed in --help with
+# their defaults read from the config classes, so the list cannot drift from the code.
+PAPER_SWITCHES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("li2022", "deep_transformer", ("cross_attention_drop_depth", "cross_attention_drop_ratio", "ddr_weight",
+                                    "ald_weight", "ald_unk_ratio", "ald_temperature")),
+    ("liu2020", "deep_transformer", ("residual_scaling", "admin_init", "layer_norm_position")),
+    ("dou2018", "deep_transformer", ("encoder_layer_aggregation", "decoder_layer_aggregation",
+                                     "aggregation_activation", "multi_layer_attention_k", "diversity_weight")),
+    ("meng2019", "dtmt", ("rnn_cell", "transition_depth", "attention_heads", "encoder_transition",
+                          "query_transition", "decoder_transition")),
+)
+
+
+def train_help_description() -> str:
+    """The top of `deepnmt train --help`: the from-scratch defaults, the paper switches, recipes and presets."""
+    from transformers import CONFIG_MAPPING
+
+    from .recipes import PRESETS_DIR, RECIPES_DIR
+
+    lines = [
+        "Train a translation model: fine-tune one (--model_name_or_path), run a recipe (--recipe), or train a new one.",
+        "",
+        "A new model without --recipe gets NMT defaults for every option left unset (docs/defaults.md): model size,",
+        "learning rate, warm-up, token batch and vocabulary from the data size and the device, inverse-sqrt schedule,",
+        "label smoothing 0.1, validation BLEU; they are printed at start. The (default: ...) values below are those",
+        "of such a run; --nmt_defaults false gives transformers' own.",
+        "",
+        "Paper switches (--config_overrides KEY=VALUE,...; meng2019's with --model_type dtmt), with their defaults:",
+    ]
+    for paper, model_type, fields in PAPER_SWITCHES:
+        defaults = CONFIG_MAPPING[model_type]().to_dict()
+        lines.append(textwrap.fill(f"  {paper}: " + ", ".join(f"{name}={defaults[name]}" for name in fields),
+                                   width=110, subsequent_indent="    ", break_on_hyphens=False))
+    lines += [
+        "",
+        textwrap.fill("Recipes (--recipe NAME): " + ", ".join(sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))),
+                      width=110, subsequent_indent="    ", break_on_hyphens=False),
+        textwrap.fill("Presets (--config_name NAME): " + ", ".join(sorted(p.stem for p in PRESETS_DIR.glob("*.json"))),
+                      width=110, subsequent_indent="    ", break_on_hyphens=False),
+    ]
+    return "\n".join(lines)
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Option defaults shown (as transformers does), the description printed as written."""
+
+
+def train_argument_parser(scratch_defaults: dict[str, Any] | None = None) -> HfArgumentParser:
+    """The parser of `deepnmt train`, with `NMT_DEFAULTS` in place of transformers' defaults, and
+    ``scratch_defaults`` (`training.defaults.PARSE_TIME_DEFAULTS`) for a from-scratch run without a recipe."""
+    parser = _TrainParser((ModelArguments, DataArguments, Seq2SeqTrainingArguments), prog="deepnmt train",
+                         allow_abbrev=False, formatter_class=_HelpFormatter,
+                         description=train_help_description())
+    parser.set_defaults(**NMT_DEFAULTS, **(scratch_defaults or {}))
+    for action in parser._actions:
+        if action.dest == "label_smoothing_factor":
+            action.help = ("Label smoothing ε of the training NLL (deepnmt's default 0.1, the value of every paper "
+                           "of this package; transformers' own default is 0.0). Recorded in the model config as "
+                           "`label_smoothing`. Evaluation losses are never smoothed.")
+    return parser
+
+
+def parse_train_args(argv: Sequence[str]) -> tuple[ModelArguments, DataArguments, Seq2SeqTrainingArguments, dict]:
+    """Parse `deepnmt train` arguments: recipe values first, the command line on top."""
+    argv = canonical_options(argv, TRAIN_ALIASES)
+    recipe = {"model": {}, "data": {}, "training": {}}
+    for index, token in enumerate(argv):
+        if token == "--recipe" or token.startswith("--recipe="):
+            name = token.partition("=")[2] if "=" in token else (argv[index + 1] if index + 1 < len(argv) else "")
+            if not name:
+                raise ValueError("--recipe needs a value (a YAML path or a shipped recipe name).")
+            recipe = load_recipe(name)
+    named_output_dir = any(token == "--output_dir" or token.startswith("--output_dir=")
+                           for token in recipe_to_argv(recipe) + argv)
+    if not named_output_dir and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1 and "--help" not in argv:
+        raise ValueError("--output_dir is required when several processes train one model (every rank must write "
+                         "the same folder).")
+    given = given_options(argv)
+    from_scratch = not ({"recipe", "model_name_or_path", "warm_start_from"} & given)
+    scratch_defaults = None
+    if from_scratch:  # training.defaults: what is chosen here does not depend on the data
+        scratch_defaults = {key: value for key, value in PARSE_TIME_DEFAULTS.items() if key not in given}
+        if not {"validation_file", "dataset_name"} & given:
+            scratch_defaults.pop("eval_strategy", None)  # nothing to evaluate on
+    parser = train_argument_parser(scratch_defaults)
+    model_args, data_args, training_args, unknown = parser.parse_args_into_dataclasses(
+        recipe_to_argv(recipe) + argv, return_remaining_strings=True)
+    if unknown:
+        raise CommandLineError(unknown_arguments_message(unknown, list(parser._option_string_actions))
+                               + " (see `deepnmt train --help`)")
+    if scratch_defaults and not model_args.nmt_defaults:  # --nmt_defaults false: transformers' defaults
+        parser = train_argument_parser()
+        model_args, data_args, training_args = parser.parse_args_into_dataclasses(recipe_to_argv(recipe) + argv)
+    model_args.nmt_defaults = bool(scratch_defaults) and model_args.nmt_defaults  # True: `train` resolves the rest
+    if not named_output_dir:
+        training_args.output_dir = default_output_dir(model_args, recipe)
+        print(f"[deepnmt] no --output_dir given: writing the run to {training_args.output_dir}", file=sys.stderr)
+    launched = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if launched > 1 and not training_args.use_cpu and not torch.cuda.is_available():
+        # transformers forms no process group on a machine without GPUs unless told to use the CPU: every process
+        # would train alone on the same data and write the same folder. Use the CPU processes (gloo), as launched.
+        if int(os.environ.get("RANK", "0") or 0) == 0:
+            print(f"[deepnmt] {launched} processes were launched on a machine without GPUs: training on CPU "
+                  "processes over gloo (--use_cpu true)", file=sys.stderr)
+        model_args, data_args, training_args = parser.parse_args_into_dataclasses(
+            recipe_to_argv(recipe) + argv + ["--use_cpu", "true"])
+    if launched > 1 and training_args.world_size != launched:
+        raise ValueError(f"the launcher started {launched} processes (WORLD_SIZE={launched}) but they formed a process "
+                         f"group of {training_args.world_size}; each would train alone and write the same "
+                         "--output_dir. Launch with torchrun/accelerate on matching devices, or run one process.")
+    for name in ("eval_num_beams", "vocab_size", "bpe_min_frequency", "admin_profile_tokens"):
+        value = getattr(model_args, name)
+        if not (isinstance(value, int) and value >= 1):
+            raise ValueError(f"`--{name}` = {value!r} is not allowed; use a positive integer.")
+    minutes = model_args.max_train_minutes
+    if minutes is not None and not (math.isfinite(minutes) and minutes > 0):
+        raise ValueError(f"`--max_train_minutes` = {minutes!r} is not allowed; use a positive number of minutes.")
+    for name in ("train_file", "validation_file", "test_file"):
+        setattr(data_args, name, resolve_path(getattr(data_args, name)))
+    return model_args, data_args, training_args, recipe
+
+
+def apply_scratch_defaults(model_args: ModelArguments, data_args: DataArguments,
+                           training_args: Seq2SeqTrainingArguments, recipe: dict, pairs: int, given: set[str]) -> None:
+    """Set the data-dependent NMT defaults (`training.defaults.resolve`) of a from-scratch run without a recipe on
+    the parsed arguments, never touching an option the command line set, and print them (process 0)."""
+    device = "cpu" if training_args.use_cpu or not torch.cuda.is_available() else "gpu"
+    model_given = bool(model_args.config_name or model_args.model_type)
+    resolution = resolve_defaults(pairs, device, given, model_given, training_args.max_steps)
+    overrides = parse_overrides(model_args.config_overrides)
+    if overrides.get("residual_scaling") == "admin" and "layer_norm_position" not in overrides and resolution.model:
+        resolution.model["layer_norm_position"] = "post"  # ADMIN is defined on post-LN (liu2020), not pre-LN
+    recipe["model"] = {**resolution.model, **recipe["model"]}
+    if device == "cpu" and "dataloader_pin_memory" not in given:
+        resolution.options["dataloader_pin_memory"] = False  # nothing to pin for (and a warning per epoch)
+    for key, value in resolution.options.items():
+        target = next(args for args in (training_args, data_args, model_args) if hasattr(args, key))
+        setattr(target, key, value)
+    if training_args.process_index == 0:
+        fixed = {key: getattr(training_args, key) for key in PARSE_TIME_DEFAULTS if key not in given}
+        effective = model_fields(model_args, recipe["model"])[1]
+        print("\n".join(resolution.describe(effective) + [
+            "[deepnmt]   " + ", ".join(f"--{key} {getattr(value, 'value', value)}" for key, value in fixed.items()),
+            f"[deepnmt]   --label_smoothing_factor {training_args.label_smoothing_factor}"]), file=sys.stderr)
+
+
+def default_output_dir(model_args: ModelArguments, recipe: dict) -> str:
+    """``runs/<recipe or model type>-<date>-<time>``, a new folder for a run that named none."""
+    from datetime import datetime
+
+    name = Path(model_args.recipe).stem if model_args.recipe else (
+        model_args.model_type or recipe["model"].get("model_type") or "deep_transformer")
+    return f"runs/{name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
