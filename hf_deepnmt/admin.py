@@ -33,7 +33,8 @@ import torch
 from torch import nn
 
 from .configuration_deep_transformer import DeepTransformerConfig, admin_omega_closed_form
-from .modeling_deep_transformer import DeepTransformerForConditionalGeneration
+from .modeling_common import unwrap_model
+from .modeling_deep_transformer import AdminResidual, DeepTransformerForConditionalGeneration
 from .errors import UserInputError
 
 __all__ = ["admin_omega_closed_form", "admin_profile", "export_marian", "fold_admin", "iter_sublayers",
@@ -100,12 +101,6 @@ class AdminProfiler:
         self.chain[stack] = math.sqrt(input_variance + branch_variance)  # ω_{k+1}, docs/liu2020.md (authors' code)
 
 
-def _core(model: nn.Module) -> nn.Module:
-    while hasattr(model, "module") and isinstance(model.module, nn.Module):
-        model = model.module
-    return model
-
-
 @torch.no_grad()
 def admin_profile(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> dict[str, list[float]]:
     """Profile ADMIN's ω on one batch and store it in the model (sets ``config.admin_profiled``).
@@ -123,7 +118,7 @@ def admin_profile(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> dict[s
     (docs/liu2020.md, "ADMIN with cross-attention drop"). Layers built without a cross-attention (p_net = 1) add
     nothing at that sub-layer, as always.
     """
-    model = _core(model)
+    model = unwrap_model(model)
     config = model.config
     if getattr(config, "residual_scaling", "none") != "admin":
         raise UserInputError("admin_profile: the model's `residual_scaling` is not 'admin'; there is no ω to profile.")
@@ -134,25 +129,23 @@ def admin_profile(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> dict[s
         "decoder": (labels != IGNORE_INDEX) & (labels != pad),
     }
     profiler = AdminProfiler(masks={stack: mask.to(model.device) for stack, mask in masks.items()})
-    layers = [layer for stack in (model.model.encoder, model.model.decoder) for layer in stack.layers]
+
+    def profile(rule: AdminResidual, args: tuple) -> None:  # runs before each residual sum, in forward order
+        residual, branch, omega = args
+        profiler.step(rule.stack, residual, torch.zeros_like(residual) if branch is None else branch, omega)
+
+    hooks = [rule.register_forward_pre_hook(profile) for rule in model.modules() if isinstance(rule, AdminResidual)]
     was_training = model.training
     model.train()
-    keep = {layer: layer.cross_attention_keep for layer in model.model.decoder.layers}
-    for layer in layers:
-        layer.admin_profiler = profiler
-    for layer, probability in keep.items():
-        if probability > 0.0:
-            layer.cross_attention_keep = 1.0  # profile the inference network: every existing cross-attention runs
     try:
         inputs = {key: value.to(model.device) for key, value in batch.items() if key != "labels"}
         if "decoder_input_ids" not in inputs:
             inputs["decoder_input_ids"] = model.prepare_decoder_input_ids_from_labels(labels.to(model.device))
-        model.model(**inputs, use_cache=False)  # the stacks only: no vocabulary projection, no training objective
+        # the stacks only (no vocabulary projection, no training objective), every existing cross-attention on
+        model.model(**inputs, use_cache=False, drop_cross_attention=False)
     finally:
-        for layer in layers:
-            layer.admin_profiler = None
-        for layer, probability in keep.items():
-            layer.cross_attention_keep = probability
+        for hook in hooks:
+            hook.remove()
         model.train(was_training)
     config.admin_profiled = True
     return {stack: list(values) for stack, values in profiler.omegas.items()}
@@ -161,7 +154,7 @@ def admin_profile(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> dict[s
 def omega_values(model: nn.Module) -> dict[str, list[float]]:
     """The current ω of every sub-layer (mean over its d entries; 1.0 for the parameter-free first one)."""
     values: dict[str, list[float]] = {"encoder": [], "decoder": []}
-    for sublayer in iter_sublayers(_core(model)):
+    for sublayer in iter_sublayers(unwrap_model(model)):
         omega = sublayer.omega
         values[sublayer.stack].append(1.0 if omega is None else float(omega.detach().float().mean()))
     return values
@@ -180,7 +173,7 @@ def _standard_config(config):
 def fold_admin(model: nn.Module) -> nn.Module:
     """A standard post-LN `DeepTransformerForConditionalGeneration` (``residual_scaling="none"``) computing the same
     function as the ADMIN ``model`` (see the module docstring; exact up to float rounding)."""
-    model = _core(model)
+    model = unwrap_model(model)
     if getattr(model.config, "residual_scaling", "none") != "admin":
         raise UserInputError("fold_admin: the model's `residual_scaling` is not 'admin'; there is nothing to fold.")
     if model.config.uses_deep_representations():
@@ -240,7 +233,7 @@ def export_marian(model: nn.Module):
     """
     from transformers import MarianConfig, MarianMTModel
 
-    model = _core(model)
+    model = unwrap_model(model)
     features = non_standard_features(model.config)
     if features:
         raise UserInputError(f"export_marian: this model uses {', '.join(features)}, which MarianMTModel cannot express.")

@@ -76,7 +76,7 @@ class LinearCombination(nn.Module):
 
 
 class LayerAggregation(nn.Module):
-    """The aggregation modules of one stack of ``num_layers`` layers; `run` walks a forward pass through them."""
+    """The aggregation modules of one stack of ``num_layers`` layers; an `AggregationRun` walks a forward pass through them."""
 
     def __init__(self, kind: str, num_layers: int, d_model: int, ffn_dim: int, activation: str, eps: float):
         super().__init__()
@@ -100,9 +100,6 @@ class LayerAggregation(nn.Module):
             if num_layers % 2:
                 nodes.append(AggregationFunction(2, d_model, ffn_dim, activation, eps))
             self.nodes = nn.ModuleList(nodes)
-
-    def run(self, embeddings: torch.Tensor) -> AggregationRun:
-        return AggregationRun(self, embeddings)
 
 
 class AggregationRun:

@@ -47,6 +47,8 @@ from torch import nn
 
 from .admin import fold_admin, non_standard_features
 from .errors import UserInputError
+from .modeling_deep_transformer import PreLNResidual
+from .registry import TRANSFORMER, model_type_names
 
 EXPORT_FORMATS: tuple[str, ...] = ("ctranslate2", "onnx", "marian")
 ENGINES: tuple[str, ...] = ("torch", "ctranslate2", "onnx")
@@ -57,8 +59,7 @@ QUANTIZATIONS: dict[str, tuple[str, ...]] = {
     "marian": ("bfloat16",),
 }
 # The Transformer model types of this package (one implementation, `modeling_deep_transformer`).
-STANDARD_MODEL_TYPES: tuple[str, ...] = ("deep_transformer", "admin_transformer", "deep_decoder_transformer",
-                                         "deep_representation_transformer")
+STANDARD_MODEL_TYPES: tuple[str, ...] = model_type_names(TRANSFORMER)
 MANIFEST = "deepnmt_export.json"
 # Activations CTranslate2 implements (names of `ctranslate2.specs.common_spec.Activation`); `quick_gelu` is
 # x·σ(1.702x), CTranslate2's GELUSigmoid.
@@ -284,8 +285,8 @@ def _merge_heads(x: torch.Tensor) -> torch.Tensor:
 
 
 def _sublayer(layer: nn.Module, x: torch.Tensor, norm: nn.LayerNorm, branch) -> torch.Tensor:
-    """x + f(LN(x)) (pre-LN) or LN(x + f(x)) (post-LN), as `DeepTransformerSublayerMixin`."""
-    if layer.pre_layer_norm:
+    """x + f(LN(x)) (pre-LN) or LN(x + f(x)) (post-LN), as the layer's residual rules."""
+    if isinstance(layer.ffn_residual, PreLNResidual):
         return x + branch(norm(x))
     return norm(x + branch(x))
 

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .errors import UserInputError
+from .modeling_common import unwrap_model
 
 IGNORE_INDEX = -100
 
@@ -193,7 +194,7 @@ def target_mask(labels: torch.Tensor, pad_token_id: int | None) -> torch.Tensor:
 
 
 def label_smoothed_nll_loss(
-    logits: torch.Tensor, labels: torch.Tensor, epsilon: float, pad_token_id: int | None = None,
+    logits: torch.Tensor | None, labels: torch.Tensor, epsilon: float, pad_token_id: int | None = None,
     log_probs: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Label-smoothed cross-entropy, *summed* over real target tokens (Szegedy et al. 2016).
@@ -311,6 +312,129 @@ def ald_views(
     return positive, negative
 
 
+# ------------------------------------------------------------------------------------------------ batch views
+@dataclass(frozen=True)
+class DecoderPass:
+    """One decoder pass over the targets: its name, the source view it attends to, and its li2022 drop-net group
+    (passes of one group share the cross-attention-drop draw, different groups draw independently)."""
+
+    name: str
+    source: str
+    group: int
+
+
+@dataclass
+class BatchViews:
+    """Named views of one batch of ``size`` sentences that go through the model in **one** call (so DDP and gradient
+    checkpointing see one ordinary forward): the source views, stacked as encoder rows in order, and the decoder
+    passes, stacked as decoder rows in order, each reading its source view's encoder states.
+
+    The views the papers need (`training_views`): ``x`` (the batch), li2022's DDR second pass ``x_again`` on the same
+    encoder states with its own drop-net draw, and li2022's ALD views ``x_plus`` / ``x_minus`` (one batched pass).
+    `take` splits any ``(rows, …)`` output of the call back by name.
+    """
+
+    size: int
+    sources: dict[str, torch.Tensor | None]
+    passes: tuple[DecoderPass, ...]
+
+    def _index(self, names: Sequence[str], order: Sequence[str]) -> list[int]:
+        return [list(order).index(name) for name in names]
+
+    def take(self, rows: torch.Tensor, *names: str, sources: bool = False) -> torch.Tensor:
+        """The rows of the named decoder passes (or source views with ``sources=True``), in the order named:
+        ``(k·B, …)`` from a ``(views·B, …)`` tensor (a view of it when the named blocks are adjacent)."""
+        order = list(self.sources) if sources else [p.name for p in self.passes]
+        blocks = self._index(names, order)
+        b = self.size
+        if blocks == list(range(blocks[0], blocks[0] + len(blocks))):
+            return rows[blocks[0] * b:(blocks[-1] + 1) * b]
+        return torch.cat([rows[i * b:(i + 1) * b] for i in blocks])
+
+    def encoder_input_ids(self) -> torch.Tensor | None:
+        """The source views stacked as encoder rows, ``(n_sources·B, S)``."""
+        if len(self.sources) == 1:
+            return next(iter(self.sources.values()))
+        return torch.cat(list(self.sources.values()))
+
+    def encoder_row_index(self, device: torch.device) -> torch.Tensor | None:
+        """For every decoder row, the encoder row it attends to, ``(n_passes·B,)`` (None: one pass on one view)."""
+        if len(self.passes) == 1:
+            return None
+        rows = torch.arange(self.size, device=device)
+        blocks = self._index([p.source for p in self.passes], list(self.sources))
+        return torch.cat([rows + block * self.size for block in blocks])
+
+    def group_sizes(self) -> list[int] | None:
+        """Rows per li2022 drop-net group, consecutive, for the decoder (None: one group)."""
+        if len(self.passes) == 1:
+            return None
+        sizes: list[int] = []
+        for index, decoder_pass in enumerate(self.passes):
+            if index and decoder_pass.group == self.passes[index - 1].group:
+                sizes[-1] += self.size
+            else:
+                sizes.append(self.size)
+        return sizes
+
+    def per_source(self, tensor: torch.Tensor | None) -> torch.Tensor | None:
+        """A ``(B, L)`` tensor of the batch repeated for every source view, ``(n_sources·B, L)``."""
+        return tensor if tensor is None or len(self.sources) == 1 else tensor.repeat(len(self.sources), 1)
+
+    def per_pass(self, tensor: torch.Tensor | None) -> torch.Tensor | None:
+        """A ``(B, L)`` tensor of the batch repeated for every decoder pass, ``(n_passes·B, L)``."""
+        return tensor if tensor is None or len(self.passes) == 1 else tensor.repeat(len(self.passes), 1)
+
+
+def training_views(input_ids: torch.Tensor | None, attention_mask: torch.Tensor | None, config: Any,
+                   size: int) -> BatchViews:
+    """The views li2022's collapse-reducing training needs (§3.4): ``x`` always; with ``ddr_weight`` > 0 a second
+    pass ``x_again`` on the same encoder states (its own dropout and drop-net draw); with ``ald_weight`` > 0 the
+    sources X⁺ / X⁻ (`ald_views`) and one batched pass over them."""
+    sources: dict[str, torch.Tensor | None] = {"x": input_ids}
+    passes = [DecoderPass("x", "x", 0)]
+    if config.ddr_weight > 0.0:
+        passes.append(DecoderPass("x_again", "x", 1))
+    if config.ald_weight > 0.0:
+        sources["x_plus"], sources["x_minus"] = ald_views(input_ids, attention_mask, config)  # §3.4 li2022
+        passes += [DecoderPass("x_plus", "x_plus", 2), DecoderPass("x_minus", "x_minus", 2)]
+    return BatchViews(size, sources, tuple(passes))
+
+
+# ------------------------------------------------------------------------------------------------ one function per term
+def nll_terms(log_probs: torch.Tensor, labels: torch.Tensor, epsilon: float, pad_token_id: int | None,
+              passes: int = 1) -> list[LossTerm]:
+    """The label-smoothed NLL (optimised) and the plain NLL (logged), per target token. ``log_probs``
+    ``(passes·B, T, V)`` of ``passes`` decoder passes over the same ``labels`` ``(B, T)``: averaged over the passes,
+    as R-Drop does for li2022's DDR (docs/li2022.md)."""
+    smoothed_sum, nll_sum, count = label_smoothed_nll_loss(None, labels.repeat(passes, 1), epsilon, pad_token_id,
+                                                           log_probs=log_probs)
+    target_tokens = count // passes
+    return [LossTerm("smoothed_nll", smoothed_sum / passes, target_tokens, "target_tokens", 1.0),
+            LossTerm("nll", nll_sum / passes, target_tokens, "target_tokens", 0.0)]
+
+
+def ddr_term(log_probs_1: torch.Tensor, log_probs_2: torch.Tensor, mask: torch.Tensor, weight: float) -> LossTerm:
+    """li2022 §3.4 J_DDR between two decoder passes ``(B, T, V)`` over the same batch, per target token."""
+    return LossTerm("ddr", ddr_sum_from_log_probs(log_probs_1, log_probs_2, mask), mask.sum(), "target_tokens", weight)
+
+
+def ald_term(states: torch.Tensor, positive: torch.Tensor, negative: torch.Tensor, mask: torch.Tensor,
+             temperature: float, weight: float) -> LossTerm:
+    """li2022 Eq. (6) per sentence from the top decoder states ``(B, T, d)`` of X, X⁺ and X⁻ over the targets."""
+    pooled = [mean_pool(view, mask) for view in (states, positive, negative)]  # 3 × (B, d): §3.4 G(·, Y)
+    per_sentence = ald_losses(*pooled, temperature)  # Eq. (6) li2022, (B,)
+    return LossTerm("ald", per_sentence.sum(), torch.tensor(states.size(0), device=states.device), "sentences", weight)
+
+
+def diversity_term(stack: str, layers: Sequence[torch.Tensor], mask: torch.Tensor, weight: float,
+                   unit: str, passes: int = 1) -> LossTerm:
+    """dou2018 layer diversity L_div of one stack (Eq. (9)-(10)) over ``mask``'s positions; ``layers`` H^1 … H^L of
+    ``passes`` passes stacked as rows (averaged over them). ``weight`` is −λ: the paper maximises diversity."""
+    return LossTerm(f"div_{stack}", layer_diversity_sum(layers, mask.repeat(passes, 1)) / passes,
+                    mask.sum(), unit, weight)
+
+
 # ------------------------------------------------------------------------------------------------ entry point
 @dataclass(frozen=True)
 class AuxiliaryLoss:
@@ -342,12 +466,6 @@ class LossOutput:
     """Real target tokens in this batch."""
     outputs: Any = None
     """The model output (logits of the main decoder pass ``(B, T, V)``, encoder states, …)."""
-
-
-def _unwrap(model: nn.Module) -> nn.Module:
-    while hasattr(model, "module") and isinstance(model.module, nn.Module):  # DDP / DataParallel / compiled
-        model = model.module
-    return getattr(model, "_orig_mod", model)
 
 
 def compute_losses(
@@ -412,7 +530,7 @@ def source_reliance(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> floa
     A decoder that ignores its source (li2022's deep-decoder collapse into an unconditional LM) scores ≈ 0; a
     translation model scores clearly above 0.
     """
-    core = _unwrap(model)
+    core = unwrap_model(model)
     config = core.config
     was_training = core.training
     core.eval()

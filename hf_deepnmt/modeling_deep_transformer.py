@@ -15,9 +15,10 @@ Where the deep-NMT methods live (each validated in the config, each decision exp
 
 * li2022 cross-attention drop: ``DeepTransformerDecoderLayer(cross_attention_keep=...)`` and
   `DeepTransformerDecoder.draw_cross_attention` (docs/li2022.md);
-* liu2020 ADMIN: the per-sub-layer ω in `DeepTransformerSublayerMixin._residual` (docs/liu2020.md);
+* liu2020 ADMIN: the residual rule `AdminResidual` (built per sub-layer by `residual_rule`), ω on the layers
+  (docs/liu2020.md);
 * dou2018 layer aggregation: `_DeepTransformerStack._run_layers` with the modules of `hf_deepnmt.aggregation`;
-  multi-layer attention: `DeepTransformerSublayerMixin._self_attention` (docs/dou2018.md);
+  multi-layer attention: `DeepTransformerSublayerMixin._self_attention_sublayer` (docs/dou2018.md);
 * the training objective (NLL + li2022 DDR / ALD + dou2018 diversity, as the config switches them on) in
   `DeepTransformerForConditionalGeneration.forward` in training mode, built from `hf_deepnmt.losses`
   (docs/training.md).
@@ -56,17 +57,17 @@ from .configuration_deep_transformer import (
     admin_omega_closed_form,
 )
 from .losses import (
+    BatchViews,
     LossNormalizers,
     LossTerm,
-    ald_losses,
-    ald_views,
+    ald_term,
     combine_terms,
-    ddr_sum_from_log_probs,
-    label_smoothed_nll_loss,
-    layer_diversity_sum,
-    mean_pool,
+    ddr_term,
+    diversity_term,
+    nll_terms,
     resolve_normalizers,
     target_mask,
+    training_views,
     translation_nll_objective,
 )
 from .modeling_common import (
@@ -101,24 +102,95 @@ def _ensure_cache_slots(cache: DynamicCache, slots: int) -> None:
 # ----------------------------------------------------------------------------------------------------------------
 # 2. The residual sub-layer rule, shared by encoder and decoder layers
 # ----------------------------------------------------------------------------------------------------------------
-class DeepTransformerSublayerMixin:
-    """x_k = LN(x_{k-1} + f_k(x_{k-1})) (post-LN) or x_k = x_{k-1} + f_k(LN(x_{k-1})) (pre-LN).
+class PostLNResidual(nn.Module):
+    """Post-LN: x_k = LN(x_{k−1} + f_k(x_{k−1})) — Eq. (3) li2022, Eq. (1) liu2020.
 
-    Post-LN is Eq. (3) of li2022 and Eq. (1) of liu2020; pre-LN is the alternative of docs/transformer.md. Every sub-layer of
-    both layer types goes through `_sublayer_input` and `_residual`, which is where liu2020's ω_k (docs/liu2020.md) scales
-    the residual branch.
+    Built once per sub-layer at construction (`residual_rule`). The LayerNorm is the layer's own (saved under its
+    Marian/BART name, e.g. ``self_attn_layer_norm``): this module only holds a reference to it, so it adds no weights.
+    ``branch`` is f_k(x_{k−1}) after dropout; ``branch=None`` is a sub-layer that adds nothing this pass (li2022's
+    dropped or absent cross-attention), for which the formula's LayerNorm stays: H̃ = LN(Ĥ) (§3.3 li2022,
+    docs/li2022.md).
     """
 
-    pre_layer_norm: bool
+    def __init__(self, norm: nn.LayerNorm):
+        super().__init__()
+        self.__dict__["norm"] = norm  # a reference, not a submodule: the layer owns (and saves) it
+
+    def sublayer_input(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """What f_k reads: x_{k−1} itself."""
+        return hidden_states
+
+    def forward(self, residual: torch.Tensor, branch: torch.Tensor | None,
+                omega: torch.Tensor | None = None) -> torch.Tensor:
+        if branch is None:
+            return self.norm(residual)  # §3.3 li2022, U^l > p^l: H̃ = LN(Ĥ)
+        return self.norm(residual + branch)  # Eq. (3) li2022 / Eq. (1) liu2020
+
+
+class AdminResidual(PostLNResidual):
+    """liu2020 ADMIN: x_k = LN(ω_k ⊙ x_{k−1} + f_k(x_{k−1})) — Eq. (2) liu2020 (docs/liu2020.md).
+
+    ω_k is a parameter (or buffer) of the layer, ``<sublayer>_omega`` — the state-dict name every saved ADMIN model
+    has — passed in by the layer at call time; ``omega=None`` is the stack's first sub-layer, whose ω_1 = 1 has no
+    tensor. `hf_deepnmt.admin_profile` profiles ω with a forward pre-hook on these modules, which see x_{k−1}, f_k
+    and ω_k (``stack`` names the encoder's or the decoder's chain). With li2022's cross-attention drop composed in,
+    a skipped sub-layer keeps its ω: LN(ω ⊙ Ĥ) (docs/li2022.md).
+    """
+
+    def __init__(self, norm: nn.LayerNorm, stack: str):
+        super().__init__(norm)
+        self.stack = stack
+
+    def forward(self, residual: torch.Tensor, branch: torch.Tensor | None,
+                omega: torch.Tensor | None = None) -> torch.Tensor:
+        if omega is not None:
+            residual = residual * omega  # Eq. (2) liu2020: ω_k ⊙ x_{k−1}
+        return super().forward(residual, branch)
+
+
+class PreLNResidual(nn.Module):
+    """Pre-LN: x_k = x_{k−1} + f_k(LN(x_{k−1})), the alternative of docs/transformer.md (each stack then ends with its
+    own LayerNorm). ``branch=None`` (li2022's skipped sub-layer) passes x_{k−1} through: the sub-layer disappears."""
+
+    def __init__(self, norm: nn.LayerNorm | None):
+        super().__init__()
+        self.__dict__["norm"] = norm  # a reference, not a submodule: the layer owns (and saves) it
+
+    def sublayer_input(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """What f_k reads: LN(x_{k−1})."""
+        return self.norm(hidden_states)
+
+    def forward(self, residual: torch.Tensor, branch: torch.Tensor | None,
+                omega: torch.Tensor | None = None) -> torch.Tensor:
+        return residual if branch is None else residual + branch
+
+
+def residual_rule(config: DeepTransformerConfig, norm: nn.LayerNorm | None, stack: str) -> nn.Module:
+    """The residual rule of one sub-layer, chosen once from the config: pre-LN, post-LN, or post-LN with ADMIN."""
+    if config.layer_norm_position == "pre":
+        return PreLNResidual(norm)
+    if config.residual_scaling == "admin":
+        return AdminResidual(norm, stack)
+    return PostLNResidual(norm)
+
+
+class DeepTransformerSublayerMixin:
+    """What encoder and decoder layers share: one residual rule per sub-layer (`residual_rule`: post-LN, pre-LN or
+    liu2020's ADMIN, built once at construction), liu2020's ω_k, dou2018's multi-layer attention, the FFN.
+
+    Every residual sub-layer ``<name>`` (``self_attn``, ``encoder_attn``, ``ffn``) has a rule ``<name>_residual`` and,
+    under ADMIN (except the stack's first sub-layer), a d_model-vector ``<name>_omega`` (docs/liu2020.md).
+    """
+
     dropout: float
     training: bool
+    layer_idx: int
     stack: str
     omega_names: dict[str, str | None]
-    # Set by `hf_deepnmt.admin_profile` for the duration of its one profiling forward pass.
-    admin_profiler: Any = None
 
-    def _init_sublayers(self, config: DeepTransformerConfig, stack: str, sublayers: tuple[str, ...]) -> None:
-        """Record the stack and create liu2020's ω_k for every residual sub-layer but the stack's first.
+    def _init_sublayers(self, config: DeepTransformerConfig, stack: str,
+                        sublayers: dict[str, nn.LayerNorm | None]) -> None:
+        """Build each sub-layer's residual rule and liu2020's ω_k.
 
         ADMIN (``residual_scaling="admin"``): a d_model-vector ω per sub-layer, a parameter when
         ``admin_omega_trainable`` (the authors' choice) or a buffer; the first sub-layer of each stack keeps ω_1 = 1
@@ -126,7 +198,8 @@ class DeepTransformerSublayerMixin:
         """
         self.stack = stack
         self.omega_names = {}
-        for position, sublayer in enumerate(sublayers):
+        for position, (sublayer, norm) in enumerate(sublayers.items()):
+            setattr(self, f"{sublayer}_residual", residual_rule(config, norm, stack))
             first_of_stack = self.layer_idx == 0 and position == 0
             if config.residual_scaling != "admin" or first_of_stack:
                 self.omega_names[sublayer] = None
@@ -137,6 +210,13 @@ class DeepTransformerSublayerMixin:
             else:
                 self.register_buffer(name, torch.ones(config.d_model))
             self.omega_names[sublayer] = name
+
+    def _residual(self, sublayer: str, residual: torch.Tensor, branch: torch.Tensor | None) -> torch.Tensor:
+        """x_k from x_{k−1} (``residual``) and f_k(x_{k−1}) (``branch``, dropped out here; None: adds nothing)."""
+        if branch is not None:
+            branch = F.dropout(branch, p=self.dropout, training=self.training)
+        name = self.omega_names[sublayer]
+        return getattr(self, f"{sublayer}_residual")(residual, branch, None if name is None else getattr(self, name))
 
     def _init_multi_layer_attention(self, config: DeepTransformerConfig, heads: int, ffn_dim: int,
                                     num_layers: int) -> None:
@@ -156,61 +236,37 @@ class DeepTransformerSublayerMixin:
             self.multi_layer_agg = AggregationFunction(k, config.d_model, ffn_dim, config.aggregation_activation,
                                                        config.layer_norm_eps)
 
-    def _self_attention(
+    def _self_attention_sublayer(
         self,
-        x: torch.Tensor,
+        hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None,
         is_causal: bool,
         cache: EncoderDecoderCache | None,
         output_attentions: bool,
-        lower_states: tuple[torch.Tensor, ...] | None,
+        lower_states: tuple[torch.Tensor, ...],
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The self-attention branch f(x): vanilla, or with dou2018 multi-layer attention C^l = AGG(C_{−1}, …,
+        """The self-attention sub-layer: f(x) vanilla, or with dou2018 multi-layer attention C^l = AGG(C_{−1}, …,
         C_{−k}) (Eq. (8)), where C_{−1} is this layer's own self-attention and C_{−j} attends with the same query to
         H^{l−j} (``lower_states``, nearest first). Pre-LN applies this sub-layer's LayerNorm to every source."""
+        rule = self.self_attn_residual
+        x = rule.sublayer_input(hidden_states)
         context, weights = self.self_attn(x, attention_mask=attention_mask, is_causal=is_causal, cache=cache,
                                           output_attentions=output_attentions)
-        if self.multi_layer_attns is None:
-            return context, weights
-        contexts = [context]  # C_{−1}
-        for attention_j, lower in zip(self.multi_layer_attns, lower_states):
-            source = self._sublayer_input(lower, self.self_attn_layer_norm)
-            context_j, _ = attention_j(x, key_value_states=source, attention_mask=attention_mask,
-                                       is_causal=is_causal, cache=cache)  # Eq. (8) dou2018: C_{−j} = ATT(Q^l, K^{l−j}, V^{l−j})
-            contexts.append(context_j)
-        return self.multi_layer_agg(*contexts), weights  # Eq. (8) dou2018: C^l = AGG(C_{−1}, …, C_{−k})
-
-    def _sublayer_input(self, hidden_states: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
-        return norm(hidden_states) if self.pre_layer_norm else hidden_states
-
-    def _residual(
-        self, residual: torch.Tensor, branch: torch.Tensor | None, norm: nn.LayerNorm | None, sublayer: str
-    ) -> torch.Tensor:
-        """Combine a sub-layer's input and output. ``branch=None`` is a sub-layer that adds nothing (li2022 CAD's
-        dropped cross-attention): pre-LN passes the input through, post-LN still applies the sub-layer's LN."""
-        if branch is not None:
-            branch = F.dropout(branch, p=self.dropout, training=self.training)
-        if self.pre_layer_norm:
-            return residual if branch is None else residual + branch
-        name = self.omega_names[sublayer]
-        omega = None if name is None else getattr(self, name)
-        if self.admin_profiler is not None:  # sets ω_k before it is used
-            self.admin_profiler.step(self.stack, residual, torch.zeros_like(residual) if branch is None else branch,
-                                     omega)
-        if omega is not None:
-            residual = residual * omega  # Eq. (2) liu2020: ω_k ⊙ x_{k-1}
-        if branch is None:
-            # §3.3 li2022, U^l > p^l: H̃ = LN(Ĥ) (docs/li2022.md); with ADMIN composed in (docs/li2022.md) the skipped
-            # sub-layer keeps its ω, LN(ω ⊙ Ĥ), so that profiling and folding see every sub-layer of the stack.
-            return norm(residual)
-        return norm(residual + branch)  # Eq. (3) li2022 / Eq. (1)-(2) liu2020: post-LN
+        if self.multi_layer_attns is not None:
+            contexts = [context]  # C_{−1}
+            for attention_j, lower in zip(self.multi_layer_attns, lower_states):
+                context_j, _ = attention_j(x, key_value_states=rule.sublayer_input(lower),
+                                           attention_mask=attention_mask, is_causal=is_causal,
+                                           cache=cache)  # Eq. (8) dou2018: C_{−j} = ATT(Q^l, K^{l−j}, V^{l−j})
+                contexts.append(context_j)
+            context = self.multi_layer_agg(*contexts)  # Eq. (8) dou2018: C^l = AGG(C_{−1}, …, C_{−k})
+        return self._residual("self_attn", hidden_states, context), weights
 
     def _feed_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """FFN(x) = fc2(dropout(act(fc1(x)))) (Vaswani et al. Eq. 2)."""
-        residual = hidden_states
-        x = self._sublayer_input(hidden_states, self.final_layer_norm)
+        x = self.ffn_residual.sublayer_input(hidden_states)
         x = F.dropout(self.activation_fn(self.fc1(x)), p=self.activation_dropout, training=self.training)
-        return self._residual(residual, self.fc2(x), self.final_layer_norm, "ffn")
+        return self._residual("ffn", hidden_states, self.fc2(x))
 
 
 class DeepTransformerEncoderLayer(DeepTransformerSublayerMixin, nn.Module):
@@ -220,7 +276,6 @@ class DeepTransformerEncoderLayer(DeepTransformerSublayerMixin, nn.Module):
         super().__init__()
         d = config.d_model
         self.layer_idx = layer_idx
-        self.pre_layer_norm = config.layer_norm_position == "pre"
         self.dropout = config.dropout
         self.activation_dropout = config.activation_dropout
         self.self_attn = DeepTransformerAttention(d, config.encoder_attention_heads, config.attention_dropout,
@@ -230,7 +285,8 @@ class DeepTransformerEncoderLayer(DeepTransformerSublayerMixin, nn.Module):
         self.fc1 = nn.Linear(d, config.encoder_ffn_dim)
         self.fc2 = nn.Linear(config.encoder_ffn_dim, d)
         self.final_layer_norm = nn.LayerNorm(d, eps=config.layer_norm_eps)
-        self._init_sublayers(config, "encoder", ("self_attn", "ffn"))
+        self._init_sublayers(config, "encoder", {"self_attn": self.self_attn_layer_norm,
+                                                 "ffn": self.final_layer_norm})
         self._init_multi_layer_attention(config, config.encoder_attention_heads, config.encoder_ffn_dim,
                                          config.encoder_layers)
 
@@ -239,13 +295,12 @@ class DeepTransformerEncoderLayer(DeepTransformerSublayerMixin, nn.Module):
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None,
         output_attentions: bool = False,
-        lower_states: tuple[torch.Tensor, ...] | None = None,
+        *lower_states: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``lower_states``: H^{l−2} … H^{l−k} for dou2018 multi-layer attention (None otherwise)."""
-        residual = hidden_states
-        x = self._sublayer_input(hidden_states, self.self_attn_layer_norm)
-        x, weights = self._self_attention(x, attention_mask, False, None, output_attentions, lower_states)
-        hidden_states = self._residual(residual, x, self.self_attn_layer_norm, "self_attn")
+        """``lower_states``: H^{l−2} … H^{l−k} for dou2018 multi-layer attention (none otherwise), positional so
+        that reentrant gradient checkpointing sees every tensor the layer reads."""
+        hidden_states, weights = self._self_attention_sublayer(hidden_states, attention_mask, False, None,
+                                                               output_attentions, lower_states)
         return self._feed_forward(hidden_states), weights
 
 
@@ -257,14 +312,14 @@ class DeepTransformerDecoderLayer(DeepTransformerSublayerMixin, nn.Module):
     draws the decision once per layer per forward and passes it as ``use_cross_attention``. At inference every
     existing cross-attention runs. A layer with keep probability 0 (p_net = 1.0) is built **without** any
     cross-attention parameters and never attends to the source; in post-LN it keeps the formula's LayerNorm,
-    H̃ = LN(Ĥ), in pre-LN the sub-layer disappears.
+    H̃ = LN(Ĥ), in pre-LN the sub-layer disappears. Its attention weights, when requested, are zeros
+    (`DeepTransformerDecoder.forward`).
     """
 
     def __init__(self, config: DeepTransformerConfig, layer_idx: int, cross_attention_keep: float = 1.0):
         super().__init__()
         d = config.d_model
         self.layer_idx = layer_idx
-        self.pre_layer_norm = config.layer_norm_position == "pre"
         self.dropout = config.dropout
         self.activation_dropout = config.activation_dropout
         self.cross_attention_keep = cross_attention_keep
@@ -273,17 +328,20 @@ class DeepTransformerDecoderLayer(DeepTransformerSublayerMixin, nn.Module):
         self.self_attn_layer_norm = nn.LayerNorm(d, eps=config.layer_norm_eps)
         self.encoder_attn: DeepTransformerAttention | None = None
         self.encoder_attn_layer_norm: nn.LayerNorm | None = None
+        pre_layer_norm = config.layer_norm_position == "pre"
         if cross_attention_keep > 0.0:
             self.encoder_attn = DeepTransformerAttention(d, config.decoder_attention_heads, config.attention_dropout,
                                                          layer_idx, is_cross_attention=True, config=config)
-        if cross_attention_keep > 0.0 or not self.pre_layer_norm:
+        if cross_attention_keep > 0.0 or not pre_layer_norm:
             self.encoder_attn_layer_norm = nn.LayerNorm(d, eps=config.layer_norm_eps)
         self.activation_fn = ACT2FN[config.activation_function]
         self.fc1 = nn.Linear(d, config.decoder_ffn_dim)
         self.fc2 = nn.Linear(config.decoder_ffn_dim, d)
         self.final_layer_norm = nn.LayerNorm(d, eps=config.layer_norm_eps)
-        has_sublayer = self.encoder_attn_layer_norm is not None
-        sublayers = ("self_attn", "encoder_attn", "ffn") if has_sublayer else ("self_attn", "ffn")
+        sublayers = {"self_attn": self.self_attn_layer_norm}
+        if self.encoder_attn_layer_norm is not None:
+            sublayers["encoder_attn"] = self.encoder_attn_layer_norm
+        sublayers["ffn"] = self.final_layer_norm
         self._init_sublayers(config, "decoder", sublayers)
         self._init_multi_layer_attention(config, config.decoder_attention_heads, config.decoder_ffn_dim,
                                          config.decoder_layers)
@@ -298,24 +356,20 @@ class DeepTransformerDecoderLayer(DeepTransformerSublayerMixin, nn.Module):
         cache: EncoderDecoderCache | None = None,
         output_attentions: bool = False,
         use_cross_attention: bool | torch.Tensor = True,
-        lower_states: tuple[torch.Tensor, ...] | None = None,
+        *lower_states: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """``use_cross_attention``: li2022 CAD's decision for this forward, True/False for every row or a
         ``(R, 1, 1)`` 0/1 tensor per row (independent drop-net groups, see `DeepTransformerDecoder.forward`).
-        ``lower_states``: H^{l−2} … H^{l−k} for dou2018 multi-layer attention (None otherwise)."""
-        residual = hidden_states
-        x = self._sublayer_input(hidden_states, self.self_attn_layer_norm)
-        x, self_weights = self._self_attention(x, self_attention_mask, self_attention_is_causal, cache,
-                                               output_attentions, lower_states)
-        hidden_states = self._residual(residual, x, self.self_attn_layer_norm, "self_attn")
-
+        ``lower_states``: H^{l−2} … H^{l−k} for dou2018 multi-layer attention (none otherwise), positional so that
+        reentrant gradient checkpointing sees every tensor the layer reads."""
+        hidden_states, self_weights = self._self_attention_sublayer(
+            hidden_states, self_attention_mask, self_attention_is_causal, cache, output_attentions, lower_states)
         cross_weights = None
         if self.encoder_attn is None or use_cross_attention is False:
             if self.encoder_attn_layer_norm is not None:  # §3.3 li2022: only self-attention is used in this layer
-                hidden_states = self._residual(hidden_states, None, self.encoder_attn_layer_norm, "encoder_attn")
+                hidden_states = self._residual("encoder_attn", hidden_states, None)
         else:
-            residual = hidden_states
-            x = self._sublayer_input(hidden_states, self.encoder_attn_layer_norm)
+            x = self.encoder_attn_residual.sublayer_input(hidden_states)
             x, cross_weights = self.encoder_attn(
                 x,
                 key_value_states=encoder_hidden_states,
@@ -327,7 +381,7 @@ class DeepTransformerDecoderLayer(DeepTransformerSublayerMixin, nn.Module):
                 # Rows of different drop-net groups drew differently (li2022 §3.3 drop-net formula, with the 0/1
                 # indicator per row): a dropped row gets LN(Ĥ + 0) = LN(Ĥ).
                 x = x * use_cross_attention  # (R, T, d) * (R, 1, 1)
-            hidden_states = self._residual(residual, x, self.encoder_attn_layer_norm, "encoder_attn")
+            hidden_states = self._residual("encoder_attn", hidden_states, x)
         return self._feed_forward(hidden_states), self_weights, cross_weights
 
 
@@ -389,7 +443,7 @@ class _DeepTransformerStack(nn.Module):
         layer. Returns the stack's output (after aggregation and the final pre-LN norm) and [H^0, …, H^L]."""
         run = AggregationRun(self.aggregation, hidden_states)
         for number, layer in enumerate(self.layers, start=1):
-            lower = None
+            lower: tuple[torch.Tensor, ...] = ()
             if layer.multi_layer_attns is not None:  # Eq. (8) dou2018: H^{l−2} … H^{l−k}, nearest first
                 lower = tuple(run.outputs[number - j] for j in range(2, len(layer.multi_layer_attns) + 2))
             run.add(number, call(layer, run.layer_input(number), lower))
@@ -416,6 +470,8 @@ class _DeepTransformerStack(nn.Module):
         return F.dropout(hidden_states, p=self.dropout, training=self.training)
 
     def _call_layer(self, layer: nn.Module, *args: Any) -> tuple:
+        """Run one layer, under gradient checkpointing when it is on. Every tensor the layer reads is a positional
+        argument (dou2018's lower layers too, never inside a tuple): reentrant checkpointing only tracks those."""
         if self.gradient_checkpointing and self.training:
             return self._gradient_checkpointing_func(layer.__call__, *args)
         return layer(*args)
@@ -452,8 +508,8 @@ class DeepTransformerEncoder(_DeepTransformerStack):
         mask = additive_mask(padding_mask(attention_mask), hidden_states.dtype)  # (B, 1, 1, S)
         all_attentions: list[torch.Tensor] = []
 
-        def call(layer: DeepTransformerEncoderLayer, x: torch.Tensor, lower: tuple | None) -> torch.Tensor:
-            x, weights = self._call_layer(layer, x, mask, output_attentions, lower)
+        def call(layer: DeepTransformerEncoderLayer, x: torch.Tensor, lower: tuple[torch.Tensor, ...]) -> torch.Tensor:
+            x, weights = self._call_layer(layer, x, mask, output_attentions, *lower)
             if output_attentions:
                 all_attentions.append(weights)
             return x
@@ -480,7 +536,8 @@ class DeepTransformerDecoder(_DeepTransformerStack):
         )
 
     def draw_cross_attention(
-        self, group_sizes: list[int] | tuple[int, ...] | None = None, device: torch.device | None = None
+        self, group_sizes: list[int] | tuple[int, ...] | None = None, device: torch.device | None = None,
+        drop: bool = True,
     ) -> list[bool | torch.Tensor]:
         """li2022 §3.3 drop-net draws: one U^l ~ U[0, 1) per layer per forward, shared by the batch; layer l uses
         its cross-attention when U^l < keep_l, i.e. drops it with probability p_net (docs/li2022.md). Outside training
@@ -489,14 +546,15 @@ class DeepTransformerDecoder(_DeepTransformerStack):
 
         ``group_sizes`` splits the rows into consecutive groups that draw independently (li2022's DDR runs two
         decoder passes with independent drop-net draws in one batched call); a layer whose groups disagree gets a
-        ``(R, 1, 1)`` 0/1 row mask instead of a bool.
+        ``(R, 1, 1)`` 0/1 row mask instead of a bool. ``drop=False`` draws nothing: every existing cross-attention
+        runs, as at inference (liu2020's ADMIN profiles that network, docs/liu2020.md).
         """
         sizes = list(group_sizes) if group_sizes else [0]
         decisions: list[bool | torch.Tensor] = []
         for layer in self.layers:
             keep = layer.cross_attention_keep
-            if not self.training or keep >= 1.0 or keep <= 0.0:
-                decisions.append(keep > 0.0 or not self.training)
+            if not self.training or not drop or keep >= 1.0 or keep <= 0.0:
+                decisions.append(layer.encoder_attn is not None)
                 continue
             draws = (torch.rand(len(sizes)) < keep).tolist()
             if all(draws) or not any(draws):
@@ -542,9 +600,11 @@ class DeepTransformerDecoder(_DeepTransformerStack):
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         drop_net_group_sizes: list[int] | tuple[int, ...] | None = None,
+        drop_cross_attention: bool = True,
     ) -> BaseModelOutputWithPastAndCrossAttentions | tuple:
         """``drop_net_group_sizes``: consecutive row groups that draw li2022 CAD's drop-net independently
-        (`draw_cross_attention`); ``None`` is one group, the whole batch."""
+        (`draw_cross_attention`); ``None`` is one group, the whole batch. ``drop_cross_attention=False``: no drop-net
+        draw in training mode either, every existing cross-attention runs (ADMIN profiling, docs/liu2020.md)."""
         output_attentions = bool(output_attentions if output_attentions is not None else self.config.output_attentions)
         output_hidden_states = bool(
             output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
@@ -579,15 +639,21 @@ class DeepTransformerDecoder(_DeepTransformerStack):
         if drop_net_group_sizes is not None and sum(drop_net_group_sizes) != hidden_states.size(0):
             raise UserInputError(f"{type(self).__name__}: `drop_net_group_sizes` = {list(drop_net_group_sizes)} must sum "
                              f"to the batch size {hidden_states.size(0)}.")
-        use_cross = dict(zip(self.layers, self.draw_cross_attention(drop_net_group_sizes, hidden_states.device)))
+        use_cross = dict(zip(self.layers, self.draw_cross_attention(drop_net_group_sizes, hidden_states.device,
+                                                                    drop=drop_cross_attention)))
 
-        def call(layer: DeepTransformerDecoderLayer, x: torch.Tensor, lower: tuple | None) -> torch.Tensor:
+        def call(layer: DeepTransformerDecoderLayer, x: torch.Tensor, lower: tuple[torch.Tensor, ...]) -> torch.Tensor:
             x, self_weights, cross_weights = self._call_layer(
                 layer, x, self_mask, is_causal, encoder_hidden_states, cross_mask, cache, output_attentions,
-                use_cross[layer], lower,
+                use_cross[layer], *lower,
             )
             if output_attentions:
                 all_self.append(self_weights)
+                if cross_weights is None:
+                    # li2022 CAD: a layer without (or, in training, skipping) cross-attention attended to nothing —
+                    # zeros, so transformers' tools (assisted decoding, attention plots) can index every layer
+                    cross_weights = x.new_zeros(x.size(0), self.config.decoder_attention_heads, x.size(1),
+                                                encoder_hidden_states.size(1))  # (B, H, T, S)
                 all_cross.append(cross_weights)
             return x
 
@@ -704,13 +770,15 @@ class DeepTransformerModel(DeepTransformerPreTrainedModel):
         return_dict: bool | None = None,
         encoder_row_index: torch.LongTensor | None = None,
         drop_net_group_sizes: list[int] | tuple[int, ...] | None = None,
+        drop_cross_attention: bool = True,
     ) -> Seq2SeqModelOutput | tuple:
         """The usual seq2seq arguments, plus two that let one call hold several views of a batch (li2022's DDR and
         ALD losses, `hf_deepnmt.losses`; one call keeps DDP and gradient checkpointing correct):
 
         * ``encoder_row_index`` ``(R,)``: decoder row r attends to encoder row ``encoder_row_index[r]`` (default:
           row r), so one encoder pass can feed several decoder passes;
-        * ``drop_net_group_sizes``: consecutive decoder row groups with independent CAD drop-net draws.
+        * ``drop_net_group_sizes``: consecutive decoder row groups with independent CAD drop-net draws;
+        * ``drop_cross_attention=False``: no CAD draw even in training mode (ADMIN profiling, docs/liu2020.md).
         """
         if encoder_outputs is None:
             encoder_outputs = self.encoder(
@@ -741,6 +809,7 @@ class DeepTransformerModel(DeepTransformerPreTrainedModel):
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             drop_net_group_sizes=drop_net_group_sizes,
+            drop_cross_attention=drop_cross_attention,
         )
         output = Seq2SeqModelOutput(
             last_hidden_state=decoder_outputs.last_hidden_state,
@@ -905,131 +974,114 @@ class DeepTransformerForConditionalGeneration(TranslationGenerationMixin, DeepTr
         loss_normalizers: LossNormalizers | None,
         smoothing_epsilon: float | None,
     ) -> DeepTransformerSeq2SeqLMOutput:
-        """The training objective in one model call (docs/training.md).
-
-        With li2022's collapse-reducing training switched on (``ddr_weight`` / ``ald_weight`` > 0) every view of the
-        batch goes through **one** call of the base model, so DDP and gradient checkpointing see one ordinary
-        forward: encoder rows X (B) [+ X⁺, X⁻ (2B) with ALD]; decoder rows, each block its own drop-net group, pass 1
-        on X [+ pass 2 on the same encoder states with DDR] [+ X⁺ and X⁻, one batched pass, with ALD]. Only X's
-        passes are projected to the vocabulary. Each term is a sum over its units divided by the step's count of
-        them (`hf_deepnmt.losses.resolve_normalizers`).
+        """The training objective in one model call (docs/training.md): every view of the batch li2022's
+        collapse-reducing training needs (`hf_deepnmt.losses.training_views`: X; DDR's second pass; ALD's X⁺, X⁻) goes
+        through **one** call of the base model, so DDP and gradient checkpointing see one ordinary forward; only X's
+        passes are projected to the vocabulary; each term (`hf_deepnmt.losses`: `nll_terms`, `ddr_term`, `ald_term`,
+        `diversity_term`) is a sum over its units divided by the step's count of them (`resolve_normalizers`).
         """
         config = self.config
-        epsilon = config.label_smoothing if smoothing_epsilon is None else float(smoothing_epsilon)
-        pad = config.pad_token_id
-        ddr, ald = config.ddr_weight > 0.0, config.ald_weight > 0.0
-        diversity_stacks = config.diversity_stacks() if config.diversity_weight > 0.0 else ()
-        b = labels.size(0)
-        passes = 2 if ddr else 1
-        mask = target_mask(labels, pad)  # (B, T) the target positions every token-level term sums over
-        extra = {"encoder_outputs": encoder_outputs, "inputs_embeds": inputs_embeds,
-                 "decoder_inputs_embeds": decoder_inputs_embeds}
-        if (ddr or ald) and any(value is not None for value in extra.values()):
-            given = sorted(name for name, value in extra.items() if value is not None)
+        crt = config.ddr_weight > 0.0 or config.ald_weight > 0.0
+        given = sorted(name for name, value in (("encoder_outputs", encoder_outputs), ("inputs_embeds", inputs_embeds),
+                                                 ("decoder_inputs_embeds", decoder_inputs_embeds)) if value is not None)
+        if crt and given:
             raise UserInputError(f"{type(self).__name__}: li2022's DDR/ALD training objective needs input_ids and "
-                             f"decoder ids (it builds several views of them); got {given} instead.")
-        if num_items_in_batch is not None and loss_normalizers is None and pad is not None and bool((labels == pad).any()):
-            logger.warning_once(
-                f"{type(self).__name__}: `labels` contain pad_token_id={pad}; the loss ignores them, but transformers' "
-                "Trainer counts them in `num_items_in_batch`, which shrinks every update — pad labels with -100 "
-                "(DataCollatorForSeq2Seq does by default) or train with DeepNMTTrainer, which counts exactly.")
-        groups: list[int] | None = None
-        encoder_row_index = None
-        if ddr or ald:
-            rows = torch.arange(b, device=labels.device)
-            sources, encoder_index, groups = [input_ids], [rows] * passes, [b] * passes
-            if ald:
-                positive, negative = ald_views(input_ids, attention_mask, config)  # §3.4 li2022: X⁺, X⁻
-                sources += [positive, negative]
-                encoder_index += [rows + b, rows + 2 * b]
-                groups.append(2 * b)
-            views = len(encoder_index)  # decoder row blocks of B
-            input_ids = torch.cat(sources, dim=0)  # (n·B, S)
-            attention_mask = None if attention_mask is None else attention_mask.repeat(len(sources), 1)
-            decoder_input_ids = decoder_input_ids.repeat(views, 1)  # (views·B, T)
-            if decoder_attention_mask is not None:
-                decoder_attention_mask = decoder_attention_mask.repeat(views, 1)
-            encoder_row_index = torch.cat(encoder_index)
+                                 f"decoder ids (it builds several views of them); got {given} instead.")
+        self._warn_if_trainer_counts_pad_labels(labels, num_items_in_batch, loss_normalizers)
+        views = training_views(input_ids, attention_mask, config, labels.size(0))
+        diversity = config.diversity_stacks() if config.diversity_weight > 0.0 else ()
         outputs = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            decoder_input_ids=decoder_input_ids,
-            decoder_attention_mask=decoder_attention_mask,
+            input_ids=views.encoder_input_ids(),
+            attention_mask=views.per_source(attention_mask),
+            decoder_input_ids=views.per_pass(decoder_input_ids),
+            decoder_attention_mask=views.per_pass(decoder_attention_mask),
             encoder_outputs=encoder_outputs,
             inputs_embeds=inputs_embeds,
             decoder_inputs_embeds=decoder_inputs_embeds,
             use_cache=False,
             output_attentions=output_attentions,
-            output_hidden_states=bool(output_hidden_states) or bool(diversity_stacks),
-            encoder_row_index=encoder_row_index,
-            drop_net_group_sizes=groups,
+            output_hidden_states=bool(output_hidden_states) or bool(diversity),
+            encoder_row_index=views.encoder_row_index(labels.device),
+            drop_net_group_sizes=views.group_sizes(),
         )
-        states = outputs.last_hidden_state  # (views·B, T, d): the states fed to the output projection
-        logits = self.lm_head(states[: passes * b])  # (passes·B, T, V)
-        log_probs = F.log_softmax(logits.float(), dim=-1)  # shared by the NLL and DDR
-        smoothed_sum, nll_sum, count = label_smoothed_nll_loss(
-            logits, labels.repeat(passes, 1), epsilon, pad, log_probs=log_probs)
-        target_tokens = count // passes
-        terms = [
-            # the NLL averages the DDR passes (as R-Drop does, docs/li2022.md)
-            LossTerm("smoothed_nll", smoothed_sum / passes, target_tokens, "target_tokens", 1.0),
-            LossTerm("nll", nll_sum / passes, target_tokens, "target_tokens", 0.0),
-        ]
-        if ddr:
-            # unbind (not slicing): its backward stacks the two gradients instead of zero-filling two full buffers
-            lp1, lp2 = log_probs.view(2, b, *log_probs.shape[1:]).unbind(0)  # 2 × (B, T, V)
-            terms.append(LossTerm("ddr", ddr_sum_from_log_probs(lp1, lp2, mask), target_tokens, "target_tokens",
-                                  config.ddr_weight))  # §3.4 li2022 J_DDR, per target token
-        if ald:
-            pooled = mean_pool(states, mask.repeat(views, 1))  # (views·B, d) §3.4 li2022 G(·, Y) = AVGPOOL(H_d^{L_d})
-            anchor, positive_g, negative_g = pooled[:b], pooled[passes * b:(passes + 1) * b], pooled[(passes + 1) * b:]
-            per_sentence = ald_losses(anchor, positive_g, negative_g, config.ald_temperature)  # Eq. (6) li2022, (B,)
-            terms.append(LossTerm("ald", per_sentence.sum(), torch.tensor(b, device=labels.device), "sentences",
-                                  config.ald_weight))
-        if diversity_stacks:
-            # Eq. (9) dou2018 maximises layer diversity: the trained objective is NLL − λ·L_div, so its weight is
-            # −λ, shared by the stacks it applies to (the mean of their L_div; docs/dou2018.md). A sign error here
-            # would be silent: tests/test_dou2018.py checks the direction of the gradient.
-            weight = -config.diversity_weight / len(diversity_stacks)
-            if "encoder" in diversity_stacks:
-                source_mask = (attention_mask[:b].bool() if attention_mask is not None
-                               else input_ids[:b] != pad if input_ids is not None
-                               else torch.ones(outputs.encoder_last_hidden_state.shape[:2], dtype=torch.bool,
-                                               device=labels.device))
-                layers = [h[:b] for h in outputs.encoder_hidden_states[1:]]  # H^1 … H^L of X's rows
-                terms.append(LossTerm("div_encoder", layer_diversity_sum(layers, source_mask), source_mask.sum(),
-                                      "source_tokens", weight))
-            if "decoder" in diversity_stacks:
-                layers = [h[:passes * b] for h in outputs.decoder_hidden_states[1:]]  # X's passes (both with DDR)
-                terms.append(LossTerm("div_decoder", layer_diversity_sum(layers, mask.repeat(passes, 1)) / passes,
-                                      target_tokens, "target_tokens", weight))
-        local = {
-            "target_tokens": target_tokens,
-            "source_tokens": (attention_mask[:b].sum() if attention_mask is not None
-                              else (input_ids[:b] != pad).sum() if input_ids is not None
-                              else torch.tensor(0, device=labels.device)),
-            "sentences": torch.tensor(b, device=labels.device),
-        }
-        normalizers = resolve_normalizers(local, loss_normalizers, num_items_in_batch)
-        loss, components, counts = combine_terms(terms, normalizers)
-        first = slice(0, b)
+        x_passes = [p.name for p in views.passes if p.source == "x"]  # X, and DDR's second pass
+        logits = self.lm_head(views.take(outputs.last_hidden_state, *x_passes))  # (passes·B, T, V)
+        terms = self._objective_terms(views, outputs, logits, labels, input_ids, attention_mask, diversity,
+                                      smoothing_epsilon)
+        source_mask = self._source_mask(input_ids, attention_mask, outputs.encoder_last_hidden_state, views)
+        b = views.size
+        local = {"target_tokens": terms[0].count, "source_tokens": source_mask.sum(),
+                 "sentences": torch.tensor(b, device=labels.device)}
+        loss, components, counts = combine_terms(terms, resolve_normalizers(local, loss_normalizers,
+                                                                            num_items_in_batch))
+
+        def first(states: tuple[torch.Tensor, ...] | None, encoder: bool = False) -> tuple | None:
+            return None if states is None else tuple(
+                views.take(h, "x", sources=encoder) for h in states)  # X's rows only
+
         return DeepTransformerSeq2SeqLMOutput(
             loss=loss,
-            logits=logits[first],
-            encoder_last_hidden_state=outputs.encoder_last_hidden_state[first],
-            decoder_hidden_states=None if not output_hidden_states
-            else tuple(h[first] for h in outputs.decoder_hidden_states),
-            encoder_hidden_states=None if not output_hidden_states
-            else tuple(h[first] for h in outputs.encoder_hidden_states),
-            decoder_attentions=None if outputs.decoder_attentions is None
-            else tuple(a[first] for a in outputs.decoder_attentions),
-            cross_attentions=None if outputs.cross_attentions is None
-            else tuple(None if a is None else a[first] for a in outputs.cross_attentions),
-            encoder_attentions=None if outputs.encoder_attentions is None
-            else tuple(a[first] for a in outputs.encoder_attentions),
+            logits=logits[:b],
+            encoder_last_hidden_state=views.take(outputs.encoder_last_hidden_state, "x", sources=True),
+            decoder_hidden_states=first(outputs.decoder_hidden_states) if output_hidden_states else None,
+            encoder_hidden_states=first(outputs.encoder_hidden_states, True) if output_hidden_states else None,
+            decoder_attentions=first(outputs.decoder_attentions),
+            cross_attentions=first(outputs.cross_attentions),
+            encoder_attentions=first(outputs.encoder_attentions, True),
             loss_components=components,
             loss_component_counts=counts,
         )
+
+    def _objective_terms(self, views: BatchViews, outputs: Seq2SeqModelOutput, logits: torch.Tensor,
+                         labels: torch.Tensor, input_ids: torch.Tensor | None, attention_mask: torch.Tensor | None,
+                         diversity: tuple[str, ...], smoothing_epsilon: float | None) -> list[LossTerm]:
+        """Every term the config switches on, from the views of one model call (the NLL terms first)."""
+        config = self.config
+        epsilon = config.label_smoothing if smoothing_epsilon is None else float(smoothing_epsilon)
+        mask = target_mask(labels, config.pad_token_id)  # (B, T) the target positions every token-level term uses
+        passes = logits.size(0) // views.size
+        log_probs = F.log_softmax(logits.float(), dim=-1)  # (passes·B, T, V), shared by the NLL and DDR
+        terms = nll_terms(log_probs, labels, epsilon, config.pad_token_id, passes)
+        if config.ddr_weight > 0.0:
+            # unbind (not slicing): its backward stacks the two gradients instead of zero-filling two full buffers
+            lp1, lp2 = log_probs.view(2, views.size, *log_probs.shape[1:]).unbind(0)  # 2 × (B, T, V)
+            terms.append(ddr_term(lp1, lp2, mask, config.ddr_weight))  # §3.4 li2022 J_DDR
+        if config.ald_weight > 0.0:
+            states = outputs.last_hidden_state  # (views·B, T, d): the states fed to the output projection
+            terms.append(ald_term(views.take(states, "x"), views.take(states, "x_plus"),
+                                  views.take(states, "x_minus"), mask, config.ald_temperature, config.ald_weight))
+        # Eq. (9) dou2018 maximises layer diversity: the trained objective is NLL − λ·L_div, so its weight is −λ,
+        # shared by the stacks it applies to (the mean of their L_div; docs/dou2018.md). A sign error here would be
+        # silent: tests/test_dou2018.py checks the direction of the gradient.
+        weight = -config.diversity_weight / max(len(diversity), 1)
+        if "encoder" in diversity:
+            source_mask = self._source_mask(input_ids, attention_mask, outputs.encoder_last_hidden_state, views)
+            layers = [views.take(h, "x", sources=True) for h in outputs.encoder_hidden_states[1:]]  # H^1 … H^L of X
+            terms.append(diversity_term("encoder", layers, source_mask, weight, "source_tokens"))
+        if "decoder" in diversity:
+            x_passes = [p.name for p in views.passes if p.source == "x"]
+            layers = [views.take(h, *x_passes) for h in outputs.decoder_hidden_states[1:]]  # X's passes
+            terms.append(diversity_term("decoder", layers, mask, weight, "target_tokens", passes))
+        return terms
+
+    def _source_mask(self, input_ids: torch.Tensor | None, attention_mask: torch.Tensor | None,
+                     encoder_states: torch.Tensor, views: BatchViews) -> torch.Tensor:
+        """True at X's real source positions ``(B, S)``."""
+        if attention_mask is not None:
+            return attention_mask.bool()
+        if input_ids is not None:
+            return input_ids != self.config.pad_token_id
+        return torch.ones(views.size, encoder_states.size(1), dtype=torch.bool, device=encoder_states.device)
+
+    def _warn_if_trainer_counts_pad_labels(self, labels: torch.Tensor, num_items_in_batch: Any,
+                                           loss_normalizers: LossNormalizers | None) -> None:
+        pad = self.config.pad_token_id
+        if num_items_in_batch is not None and loss_normalizers is None and pad is not None and bool(
+                (labels == pad).any()):
+            logger.warning_once(
+                f"{type(self).__name__}: `labels` contain pad_token_id={pad}; the loss ignores them, but transformers' "
+                "Trainer counts them in `num_items_in_batch`, which shrinks every update — pad labels with -100 "
+                "(DataCollatorForSeq2Seq does by default) or train with DeepNMTTrainer, which counts exactly.")
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -262,7 +262,11 @@ class _DTMTStack(nn.Module):
         """One timestep; with gradient checkpointing only the step's inputs are kept for the backward pass and its
         inside (gates, LayerNorm statistics, candidates) is recomputed."""
         if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
-            return checkpoint(step, *args, use_reentrant=False)
+            # transformers' `activation_checkpointing_enable(...)` sets the function with the user's options
+            # (``use_reentrant`` True or False); every tensor the step reads is a positional argument
+            run = getattr(self, "_gradient_checkpointing_func", None) or functools.partial(checkpoint,
+                                                                                           use_reentrant=False)
+            return run(step, *args)
         return step(*args)
 
 
@@ -357,13 +361,15 @@ class DTMTAttention(nn.Module):
             mask_bias = mask_bias.masked_fill(~attention_mask.bool()[:, None, :], torch.finfo(mask_bias.dtype).min)
         return keys, values, mask_bias
 
-    def forward(self, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask_bias: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``query`` ``(B, d)`` -> context c_t ``(B, 2d)`` and the weights α ``(B, H, S)``."""
+    def forward(self, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask_bias: torch.Tensor,
+                weights: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``query`` ``(B, d)`` -> context c_t ``(B, 2d)`` and the weights α ``(B, H, S)``. Given ``weights``
+        (α of this step computed before, see `DTMTDecoder.forward`), the context is built from them."""
         batch = query.size(0)
-        q = self.q_proj(query).view(batch, self.num_heads, 1, -1)  # (B, H, 1, d/H)
-        scores = torch.matmul(torch.tanh(keys + q), self.score)  # (B, H, S): Eq. (5) e = vᵀ tanh(W s + U h)
-        weights = torch.softmax(scores + mask_bias, dim=-1)  # (B, H, S): Eq. (5) a = softmax(e)
+        if weights is None:
+            q = self.q_proj(query).view(batch, self.num_heads, 1, -1)  # (B, H, 1, d/H)
+            scores = torch.matmul(torch.tanh(keys + q), self.score)  # (B, H, S): Eq. (5) e = vᵀ tanh(W s + U h)
+            weights = torch.softmax(scores + mask_bias, dim=-1)  # (B, H, S): Eq. (5) a = softmax(e)
         heads = torch.matmul(weights.unsqueeze(-2), values)  # (B, H, 1, 2d/H): Eq. (3) c = Σ_j a_j h_j per head
         return self.out_proj(heads.view(batch, -1)), weights  # (B, 2d)
 
@@ -408,11 +414,12 @@ class DTMTDecoder(_DTMTStack):
         return DTMTCache(state, keys, values, mask_bias, seen_tokens=0)
 
     def _decoder_step(self, yp: torch.Tensor, state: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                      mask_bias: torch.Tensor, query_step: Callable, decoder_step: Callable
+                      mask_bias: torch.Tensor, *given: torch.Tensor, query_step: Callable, decoder_step: Callable
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One target step from s_{t-1} ``(1, B, d)`` and the query block's input projection of y_{t-1}."""
+        """One target step from s_{t-1} ``(1, B, d)`` and the query block's input projection of y_{t-1}
+        (``given``: this step's α, when the decoder replays weights it returns, see `forward`)."""
         query = query_step(yp, state)  # (1, B, d): s_{t,Lq}, query transition
-        context, weights = self.attention(query[0], keys, values, mask_bias)  # (B, 2d): c_t
+        context, weights = self.attention(query[0], keys, values, mask_bias, *given)  # (B, 2d): c_t
         cp = F.linear(context, self.decoder_transition.unit.input_proj.weight).unsqueeze(0)  # (1, B, K_in)
         state = decoder_step(cp, query)  # (1, B, d): s_t, decoder transition whose L-GRU input is c_t
         return state, context, weights
@@ -439,7 +446,31 @@ class DTMTDecoder(_DTMTStack):
                 raise UserInputError(f"{type(self).__name__}: `encoder_hidden_states` is required (run the encoder first).")
             cache = self.start(encoder_hidden_states, encoder_attention_mask)
         y = self._embed(input_ids, inputs_embeds, start=cache.seen_tokens)  # (B, T, d): y_{t-1}
-        batch, length, d = y.shape
+        if output_attentions and torch.is_grad_enabled():
+            # A recurrent decoder uses α_t inside the loop, so a tensor stacked afterwards is not what the outputs were
+            # computed from: its gradient would be None. Here the weights are computed in a first pass and the
+            # outputs in a second pass that reads them back (the same function, the same dropout masks): the
+            # returned weights are then on the gradient path, as in every transformers model (docs/meng2019-dtmt.md).
+            rng = torch.random.get_rng_state()
+            _, _, first = self._transitions(y, cache)
+            torch.random.set_rng_state(rng)
+            decoder_states, context, weights = self._transitions(y, cache, first)
+        else:
+            decoder_states, context, weights = self._transitions(y, cache)
+        readout = torch.tanh(self.readout(torch.cat([y, decoder_states, context], dim=-1)))  # Eq. (1) f(c, y, s)
+        readout = F.dropout(readout, self.config.readout_dropout, self.training)  # dropout before prediction
+        if use_cache:
+            cache.state = decoder_states[:, -1]
+            cache.seen_tokens += y.size(1)
+        hidden_states = (y, decoder_states, readout) if output_hidden_states else None
+        attentions = (weights,) if output_attentions else None  # (B, H, T, S)
+        return readout, cache if use_cache else None, hidden_states, attentions
+
+    def _transitions(self, y: torch.Tensor, cache: DTMTCache, weights: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The recurrence over the T embedded targets ``y`` ``(B, T, d)`` from ``cache``'s s_{t-1} (not updated
+        here): states s_t ``(B, T, d)``, contexts c_t ``(B, T, 2d)`` and weights α ``(B, H, T, S)``. Given
+        ``weights``, step t's context is built from ``weights[:, :, t]`` instead of computing them."""
         # The query block's input projections of every y_{t-1} in one matmul (teacher forcing in training).
         projected = DTMTTransition.project_inputs([self.query_transition], y.transpose(0, 1))  # (T, B, K_in)
         query_step = DTMTTransition.step_function([self.query_transition], self.training)
@@ -447,22 +478,15 @@ class DTMTDecoder(_DTMTStack):
         step = functools.partial(self._decoder_step, query_step=query_step, decoder_step=decoder_step)
         state = cache.state.unsqueeze(0)  # (1, B, d)
         states, contexts, all_weights = [], [], []
-        for t in range(length):
-            state, context, weights = self._step(step, projected[t].unsqueeze(0), state, cache.keys, cache.values,
-                                                 cache.mask_bias)
+        for t in range(y.size(1)):
+            given = () if weights is None else (weights[:, :, t],)
+            state, context, step_weights = self._step(step, projected[t].unsqueeze(0), state, cache.keys,
+                                                      cache.values, cache.mask_bias, *given)
             states.append(state[0])
             contexts.append(context)
-            all_weights.append(weights)
-        decoder_states = torch.stack(states, dim=1)  # (B, T, d): s_t
-        context = torch.stack(contexts, dim=1)  # (B, T, 2d): c_t
-        readout = torch.tanh(self.readout(torch.cat([y, decoder_states, context], dim=-1)))  # Eq. (1) f(c, y, s)
-        readout = F.dropout(readout, self.config.readout_dropout, self.training)  # dropout before prediction
-        if use_cache:
-            cache.state = decoder_states[:, -1]
-            cache.seen_tokens += length
-        hidden_states = (y, decoder_states, readout) if output_hidden_states else None
-        attentions = (torch.stack(all_weights, dim=2),) if output_attentions else None  # (B, H, T, S)
-        return readout, cache if use_cache else None, hidden_states, attentions
+            all_weights.append(step_weights)
+        weights = torch.stack(all_weights, dim=2) if weights is None else weights  # (B, H, T, S)
+        return torch.stack(states, dim=1), torch.stack(contexts, dim=1), weights
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -596,6 +620,9 @@ class DTMTForConditionalGeneration(TranslationGenerationMixin, DTMTPreTrainedMod
     """
 
     _tied_weights_keys = {"lm_head.weight": "model.decoder.embed_tokens.weight"}
+    # A recurrent decoder state cannot be rolled back: transformers refuses assisted and prompt-lookup decoding for
+    # stateful models with its own message, instead of failing inside them.
+    _is_stateful = True
 
     def __init__(self, config: DTMTConfig) -> None:
         super().__init__(config)

@@ -285,6 +285,16 @@ class TranslationPipeline(Pipeline):
 _REGISTERED = False
 
 
+class _NoDefaultModel(dict):
+    """The ``translation`` task's defaults: none. transformers looks a default model up (``"model" in defaults``, or
+    the language pair's entry) only when `pipeline` got no model; that look-up raises one sentence instead."""
+
+    def __contains__(self, key: object) -> bool:
+        raise UserInputError("pipeline('translation') needs a model: the task has no default model, so pass "
+                             "model=<a saved folder or a Hub id of a translation model>, e.g. "
+                             "pipeline('translation', model='runs/my-model').")
+
+
 def register_translation_pipeline() -> None:
     """Register the ``translation`` task for ``AutoModelForSeq2SeqLM`` models in this process (idempotent).
 
@@ -307,6 +317,9 @@ def register_translation_pipeline() -> None:
     registry.register_pipeline(
         "translation", pipeline_class=TranslationPipeline, pt_model=AutoModelForSeq2SeqLM, type="text"
     )
+    # No default model: `pipeline("translation")` without one asks for it in one sentence (transformers reads the
+    # task's "default" only when no model is given; a missing key was a bare KeyError).
+    registry.supported_tasks["translation"]["default"] = _NoDefaultModel()
     check_task = registry.check_task
 
     def check_task_with_language_pairs(task: str) -> tuple[str, dict, Any]:

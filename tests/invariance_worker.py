@@ -24,6 +24,7 @@ from hf_deepnmt import (  # noqa: E402
     DTMTConfig,
     DTMTForConditionalGeneration,
 )
+from hf_deepnmt import losses  # noqa: E402
 from hf_deepnmt import modeling_deep_transformer as modeling  # noqa: E402
 
 PAD, BOS, EOS, UNK = 0, 1, 2, 3
@@ -81,7 +82,7 @@ def deterministic_views(input_ids, attention_mask, config, gamma=None):
     return positive, negative
 
 
-def deterministic_draws(self, group_sizes=None, device=None):
+def deterministic_draws(self, group_sizes=None, device=None, drop=True):
     """Drop-net decisions that depend only on the pass: the bottom layer attends to the source in the first pass
     and not in the second (so DDR's two passes differ without randomness); everything else attends."""
     decisions = [True] * len(self.layers)
@@ -95,13 +96,13 @@ class Deterministic:
     """Context manager that installs `deterministic_views` and `deterministic_draws` in the model code."""
 
     def __enter__(self):
-        self.saved = (modeling.ald_views, modeling.DeepTransformerDecoder.draw_cross_attention)
-        modeling.ald_views = deterministic_views
+        self.saved = (losses.ald_views, modeling.DeepTransformerDecoder.draw_cross_attention)
+        losses.ald_views = deterministic_views
         modeling.DeepTransformerDecoder.draw_cross_attention = deterministic_draws
         return self
 
     def __exit__(self, *exc):
-        modeling.ald_views, modeling.DeepTransformerDecoder.draw_cross_attention = self.saved
+        losses.ald_views, modeling.DeepTransformerDecoder.draw_cross_attention = self.saved
 
 
 # ------------------------------------------------------------------------------------------------ one step

@@ -313,8 +313,8 @@ def test_crt_draws_drop_net_once_per_pass(batch, monkeypatch):
     decoder = model.model.decoder
     seen = []
     original = decoder.draw_cross_attention
-    monkeypatch.setattr(decoder, "draw_cross_attention", lambda sizes=None, device=None: seen.append(sizes) or
-                        original(sizes, device))
+    monkeypatch.setattr(decoder, "draw_cross_attention", lambda sizes=None, device=None, drop=True: seen.append(sizes)
+                        or original(sizes, device, drop))
     compute_losses(model, batch)
     # one model call; rows [pass 1 on X | DDR pass 2 on X | X⁺, X⁻]: each pass draws on its own, as separate calls would
     assert seen == [[2, 2, 4]]

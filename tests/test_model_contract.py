@@ -117,11 +117,37 @@ def test_beam_search_cached_equals_uncached(batch, switches):
     assert torch.all(scores[:, :-1] >= scores[:, 1:] - 1e-6)
 
 
-def test_beam_search_with_length_penalty_changes_ranking_not_validity(batch):
-    model = tiny_model()
-    short = _generate(model, batch, num_beams=4, length_penalty=-2.0, max_new_tokens=10)
-    long = _generate(model, batch, num_beams=4, length_penalty=2.0, max_new_tokens=10)
-    assert short.shape[0] == long.shape[0] == 2
+def test_beam_search_length_penalty_divides_the_log_probability_and_changes_the_ranking(batch):
+    """Every returned hypothesis scores its summed log-probability (recomputed here by teacher forcing) divided by
+    its generated length ** α, the n-best lists are sorted by that score, and a positive α prefers longer
+    translations than a negative one."""
+    model = tiny_model(init_std=0.5)
+    with torch.no_grad():
+        model.lm_head.weight[model.config.eos_token_id] *= 8.0  # hypotheses end at different lengths
+    inputs = {key: batch[key] for key in ("input_ids", "attention_mask")}
+    lengths = {}
+    for alpha in (-2.0, 2.0):
+        out = model.generate(**inputs, num_beams=4, num_return_sequences=4, length_penalty=alpha, max_new_tokens=10,
+                             early_stopping=True, return_dict_in_generate=True, output_scores=True)
+        sequences = out.sequences  # (2·4, 1 + new)
+        scores = out.sequences_scores.view(2, 4)
+        assert torch.all(scores[:, :-1] >= scores[:, 1:] - 1e-6)  # each n-best list sorted by its score
+        for row, hypothesis in enumerate(sequences):
+            generated = hypothesis[1:]
+            if (generated == model.config.eos_token_id).any():  # up to the first </s>, padding after it
+                generated = generated[: int((generated == model.config.eos_token_id).nonzero()[0]) + 1]
+            with torch.no_grad():
+                logits = model(input_ids=inputs["input_ids"][row // 4: row // 4 + 1],
+                               attention_mask=inputs["attention_mask"][row // 4: row // 4 + 1],
+                               decoder_input_ids=hypothesis[None, : len(generated)]).logits[0]
+            log_prob = torch.log_softmax(logits, -1).gather(-1, generated[:, None]).sum()
+            torch.testing.assert_close(out.sequences_scores[row], log_prob / len(generated) ** alpha,
+                                       atol=1e-4, rtol=1e-4)
+        top = sequences.view(2, 4, -1)[:, 0, 1:]  # the best hypothesis of each sentence
+        lengths[alpha] = [int((t == model.config.eos_token_id).nonzero()[0]) + 1 if (t == 2).any() else t.numel()
+                          for t in top]
+    assert all(long >= short for long, short in zip(lengths[2.0], lengths[-2.0]))
+    assert lengths[2.0] != lengths[-2.0], lengths  # the penalty changed which hypothesis ranks first
 
 
 def test_sampling_cached_equals_uncached(batch):
