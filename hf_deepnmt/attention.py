@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers.cache_utils import EncoderDecoderCache
+from transformers.cache_utils import DynamicCache, DynamicLayer, EncoderDecoderCache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import logging
 
@@ -81,6 +81,42 @@ def additive_mask(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor
 # through SDPA's CPU flash kernel (measured with torch 2.13, head dim 64, 10-200 keys: SDPA wins below ~100 rows,
 # e.g. 0.4-0.9x at 4-32 rows; the matmuls win above, 1.2-2.5x at 256-1024 rows).
 EXPLICIT_SINGLE_QUERY_MIN_ROWS = 128
+
+
+def decoder_self_attention_mask(
+    decoder_attention_mask: torch.Tensor | None, query_length: int, past_length: int, device: torch.device
+) -> tuple[torch.Tensor | None, bool]:
+    """(mask, is_causal) for decoder self-attention.
+
+    Without a user mask, training and the first step use SDPA's causal kernel, single-token steps need no mask,
+    and a multi-token chunk after a cache gets an explicit offset causal mask. A user's ``(B, past+T)`` mask is
+    combined with the causal one (right-padded targets never need it: a real position never sees a later pad).
+    """
+    key_length = past_length + query_length
+    if decoder_attention_mask is None:
+        if past_length == 0:
+            return None, True
+        if query_length == 1:
+            return None, False
+        return causal_mask(query_length, key_length, device), False
+    if decoder_attention_mask.dim() == 4:
+        return padding_mask(decoder_attention_mask), False
+    keys = decoder_attention_mask.bool()[:, None, None, :]  # (B, 1, 1, past+T)
+    mask = keys & causal_mask(query_length, key_length, device)  # (B, 1, T, past+T)
+    return mask | ~mask.any(dim=-1, keepdim=True), False
+
+
+def multi_layer_cache_slot(layer_idx: int, source: int, num_layers: int) -> int:
+    """Self-attention cache slot of dou2018 multi-layer attention to H^{l−source} in decoder layer ``layer_idx``:
+    slots 0 … L−1 are the layers' own self-attention, then one block of L slots per extra source (j = 2 … k)."""
+    return layer_idx if source == 1 else (source - 1) * num_layers + layer_idx
+
+
+def ensure_cache_slots(cache: DynamicCache, slots: int) -> None:
+    """Give a self-attention cache room for ``slots`` layers (generate sizes it from ``decoder_layers``; dou2018's
+    multi-layer attention keeps keys/values per attended layer in extra slots, which beam search reorders too)."""
+    while len(cache.layers) < slots:
+        cache.layers.append(DynamicLayer())
 
 
 def attention(

@@ -47,6 +47,7 @@ from torch import nn
 
 from .admin import fold_admin, non_standard_features
 from .errors import UserInputError
+from .modeling_common import unwrap_model
 from .modeling_deep_transformer import PreLNResidual
 from .registry import TRANSFORMER, model_type_names
 
@@ -122,8 +123,7 @@ def check_exportable(config: Any, export_format: str) -> None:
 
 def standard_model(model: nn.Module) -> nn.Module:
     """The model as a standard Transformer in eval mode: ADMIN folded (`fold_admin`), float32, on the CPU."""
-    while hasattr(model, "module") and isinstance(model.module, nn.Module):
-        model = model.module
+    model = unwrap_model(model)
     if getattr(model.config, "residual_scaling", "none") == "admin":
         model = fold_admin(model)
     return model.float().cpu().eval()

@@ -45,6 +45,33 @@ def sinusoidal_positions(start: int, length: int, dim: int, device: torch.device
     return torch.cat([angles.sin(), angles.cos()], dim=-1).to(dtype)  # (T, d)
 
 
+class ScaledEmbedding(nn.Embedding):
+    """The shared token embedding, with its ``embed_scale`` (sqrt(d_model) when ``scale_embedding``, Vaswani et al.
+    §3.4) applied in `forward`.
+
+    Scaling inside the module makes ``get_input_embeddings()(ids)`` exactly what the stacks add positions to, so
+    ``inputs_embeds=get_input_embeddings()(ids)`` and ``input_ids=ids`` give the same outputs (as BART's scaled word
+    embedding does). The parameter is a plain ``weight``: tying, resizing and Marian export are unchanged.
+    """
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None, embed_scale: float = 1.0):
+        super().__init__(num_embeddings, embedding_dim, padding_idx=padding_idx)
+        self.embed_scale = embed_scale
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        embeddings = super().forward(input_ids)
+        return embeddings if self.embed_scale == 1.0 else embeddings * self.embed_scale
+
+
+def bind_shared_embedding(stack: nn.Module, embedding: nn.Embedding) -> None:
+    """Give a stack the shared token embedding without registering it a second time.
+
+    A shared embedding has one owner (the Transformer's ``DeepTransformerModel.shared``, DTMT's encoder); the other
+    stacks hold a plain reference so that the state dict, DDP and ZeRO see a single parameter (docs/transformer.md).
+    """
+    stack.__dict__["embed_tokens"] = embedding
+
+
 def check_token_ids(name: str, ids: torch.Tensor | None, vocab_size: int, check_values: bool = True,
                     allow_ignore_index: bool = False) -> None:
     """One clear sentence for bad token ids (docs/training.md, "Bad input"): not an integer tensor, not 2-D, empty,

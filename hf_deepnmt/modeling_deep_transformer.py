@@ -5,11 +5,11 @@ the paper-named models are thin subclasses that only set ``model_type`` and defa
 
 Read top to bottom:
 
-1. the cache slots of dou2018's multi-layer attention (the attention module itself, `DeepTransformerAttention`, and
-   its kernels and masks live in `attention.py`);
-2. the residual sub-layer rule (post-LN or pre-LN, liu2020's ADMIN ω) shared by both layer types;
-3. encoder / decoder layers and stacks, `DeepTransformerModel`, `DeepTransformerForConditionalGeneration`;
-4. the paper-named models.
+1. the residual sub-layer rule (post-LN or pre-LN, liu2020's ADMIN ω) shared by both layer types;
+2. encoder / decoder layers and stacks, `DeepTransformerModel`, `DeepTransformerForConditionalGeneration`;
+3. the paper-named models.
+
+The attention module, `DeepTransformerAttention`, its masks, kernels and cache slots live in `attention.py`.
 
 Where the deep-NMT methods live (each validated in the config, each decision explained in docs/):
 
@@ -39,7 +39,7 @@ from torch import nn
 from torch.nn import init
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.activations import ACT2FN
-from transformers.cache_utils import DynamicCache, DynamicLayer, EncoderDecoderCache
+from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.utils import logging
 from transformers.modeling_outputs import (
     BaseModelOutput,
@@ -47,7 +47,14 @@ from transformers.modeling_outputs import (
     Seq2SeqModelOutput,
 )
 
-from .attention import DeepTransformerAttention, additive_mask, causal_mask, padding_mask
+from .attention import (
+    DeepTransformerAttention,
+    additive_mask,
+    decoder_self_attention_mask,
+    ensure_cache_slots,
+    multi_layer_cache_slot,
+    padding_mask,
+)
 from .aggregation import AggregationFunction, AggregationRun, LayerAggregation, LinearCombination
 from .configuration_deep_transformer import (
     AdminTransformerConfig,
@@ -73,7 +80,9 @@ from .losses import (
 from .modeling_common import (
     DeepTransformerSeq2SeqLMOutput,
     HubReadyMixin,
+    ScaledEmbedding,
     TranslationGenerationMixin,
+    bind_shared_embedding,
     check_attention_mask,
     check_token_ids,
     sinusoidal_positions,
@@ -84,23 +93,7 @@ logger = logging.get_logger(__name__)
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# 1. The cache slots of dou2018's multi-layer attention
-# ----------------------------------------------------------------------------------------------------------------
-def multi_layer_cache_slot(layer_idx: int, source: int, num_layers: int) -> int:
-    """Self-attention cache slot of dou2018 multi-layer attention to H^{l−source} in decoder layer ``layer_idx``:
-    slots 0 … L−1 are the layers' own self-attention, then one block of L slots per extra source (j = 2 … k)."""
-    return layer_idx if source == 1 else (source - 1) * num_layers + layer_idx
-
-
-def _ensure_cache_slots(cache: DynamicCache, slots: int) -> None:
-    """Give a self-attention cache room for ``slots`` layers (generate sizes it from ``decoder_layers``; dou2018's
-    multi-layer attention keeps keys/values per attended layer in extra slots, which beam search reorders too)."""
-    while len(cache.layers) < slots:
-        cache.layers.append(DynamicLayer())
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# 2. The residual sub-layer rule, shared by encoder and decoder layers
+# 1. The residual sub-layer rule, shared by encoder and decoder layers
 # ----------------------------------------------------------------------------------------------------------------
 class PostLNResidual(nn.Module):
     """Post-LN: x_k = LN(x_{k−1} + f_k(x_{k−1})) — Eq. (3) li2022, Eq. (1) liu2020.
@@ -386,35 +379,8 @@ class DeepTransformerDecoderLayer(DeepTransformerSublayerMixin, nn.Module):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# 3. Stacks and models
+# 2. Stacks and models
 # ----------------------------------------------------------------------------------------------------------------
-class ScaledEmbedding(nn.Embedding):
-    """The shared token embedding, with its ``embed_scale`` (sqrt(d_model) when ``scale_embedding``, Vaswani et al.
-    §3.4) applied in `forward`.
-
-    Scaling inside the module makes ``get_input_embeddings()(ids)`` exactly what the stacks add positions to, so
-    ``inputs_embeds=get_input_embeddings()(ids)`` and ``input_ids=ids`` give the same outputs (as BART's scaled word
-    embedding does). The parameter is a plain ``weight``: tying, resizing and Marian export are unchanged.
-    """
-
-    def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None, embed_scale: float = 1.0):
-        super().__init__(num_embeddings, embedding_dim, padding_idx=padding_idx)
-        self.embed_scale = embed_scale
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        embeddings = super().forward(input_ids)
-        return embeddings if self.embed_scale == 1.0 else embeddings * self.embed_scale
-
-
-def _bind_shared_embedding(stack: nn.Module, embedding: nn.Embedding) -> None:
-    """Give a stack the shared token embedding without registering it a second time.
-
-    The joint source/target embedding (docs/transformer.md) has one owner, ``DeepTransformerModel.shared``; the stacks
-    hold a plain reference so that the state dict, DDP and ZeRO see a single parameter.
-    """
-    stack.__dict__["embed_tokens"] = embedding
-
-
 class _DeepTransformerStack(nn.Module):
     """What encoder and decoder share: embeddings + positions, the walk through the layers (with dou2018's layer
     aggregation and multi-layer attention), gradient checkpointing, the final pre-LN norm."""
@@ -425,7 +391,7 @@ class _DeepTransformerStack(nn.Module):
     def __init__(self, config: DeepTransformerConfig, embed_tokens: nn.Embedding, stack: str):
         super().__init__()
         self.config = config
-        _bind_shared_embedding(self, embed_tokens)
+        bind_shared_embedding(self, embed_tokens)
         self.dropout = config.dropout
         self.gradient_checkpointing = False
         # Pre-LN needs a final LayerNorm on each stack (docs/transformer.md); post-LN already ends on one.
@@ -564,29 +530,6 @@ class DeepTransformerDecoder(_DeepTransformerStack):
             decisions.append(mask.to(device)[:, None, None])  # (R, 1, 1)
         return decisions
 
-    @staticmethod
-    def _self_attention_mask(
-        decoder_attention_mask: torch.Tensor | None, query_length: int, past_length: int, device: torch.device
-    ) -> tuple[torch.Tensor | None, bool]:
-        """(mask, is_causal) for decoder self-attention.
-
-        Without a user mask, training and the first step use SDPA's causal kernel, single-token steps need no mask,
-        and a multi-token chunk after a cache gets an explicit offset causal mask. A user's ``(B, past+T)`` mask is
-        combined with the causal one (right-padded targets never need it: a real position never sees a later pad).
-        """
-        key_length = past_length + query_length
-        if decoder_attention_mask is None:
-            if past_length == 0:
-                return None, True
-            if query_length == 1:
-                return None, False
-            return causal_mask(query_length, key_length, device), False
-        if decoder_attention_mask.dim() == 4:
-            return padding_mask(decoder_attention_mask), False
-        keys = decoder_attention_mask.bool()[:, None, None, :]  # (B, 1, 1, past+T)
-        mask = keys & causal_mask(query_length, key_length, device)  # (B, 1, T, past+T)
-        return mask | ~mask.any(dim=-1, keepdim=True), False
-
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -622,7 +565,7 @@ class DeepTransformerDecoder(_DeepTransformerStack):
         if encoder_hidden_states is None:
             raise UserInputError(f"{type(self).__name__}: `encoder_hidden_states` is required (run the encoder first).")
         if cache is not None and self.config.multi_layer_attention_k > 1:
-            _ensure_cache_slots(cache.self_attention_cache, self.config.multi_layer_attention_k * len(self.layers))
+            ensure_cache_slots(cache.self_attention_cache, self.config.multi_layer_attention_k * len(self.layers))
         past_length = cache.get_seq_length() if cache is not None else 0
 
         hidden_states = self._embed(input_ids, inputs_embeds, past_length, name="decoder_input_ids")
@@ -630,7 +573,7 @@ class DeepTransformerDecoder(_DeepTransformerStack):
                 hidden_states.size(0), past_length + hidden_states.size(1)):
             raise UserInputError(f"`decoder_attention_mask` has shape {tuple(attention_mask.shape)}; it needs one 1/0 entry "
                              f"per target token so far, {(hidden_states.size(0), past_length + hidden_states.size(1))}.")
-        self_mask, is_causal = self._self_attention_mask(attention_mask, hidden_states.size(1), past_length,
+        self_mask, is_causal = decoder_self_attention_mask(attention_mask, hidden_states.size(1), past_length,
                                                           hidden_states.device)
         self_mask = additive_mask(self_mask, hidden_states.dtype)  # (B or 1, 1, T, past+T)
         cross_mask = additive_mask(padding_mask(encoder_attention_mask), hidden_states.dtype)  # (B, 1, 1, S)
@@ -745,8 +688,8 @@ class DeepTransformerModel(DeepTransformerPreTrainedModel):
 
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.shared = value
-        _bind_shared_embedding(self.encoder, value)
-        _bind_shared_embedding(self.decoder, value)
+        bind_shared_embedding(self.encoder, value)
+        bind_shared_embedding(self.decoder, value)
 
     def get_encoder(self, modality: str | None = None) -> DeepTransformerEncoder:
         return self.encoder
@@ -1085,7 +1028,7 @@ class DeepTransformerForConditionalGeneration(TranslationGenerationMixin, DeepTr
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# 4. Paper-named models: the same implementation with their own model_type and defaults
+# 3. Paper-named models: the same implementation with their own model_type and defaults
 # ----------------------------------------------------------------------------------------------------------------
 class AdminTransformerModel(DeepTransformerModel):
     """`DeepTransformerModel` with liu2020's defaults (`AdminTransformerConfig`)."""

@@ -43,6 +43,7 @@ from .modeling_common import (
     DeepTransformerSeq2SeqLMOutput,
     HubReadyMixin,
     TranslationGenerationMixin,
+    bind_shared_embedding,
     check_attention_mask,
     check_token_ids,
     sinusoidal_positions,
@@ -148,7 +149,8 @@ def gated_unit_step(xp: torch.Tensor, h: torch.Tensor, p: PackedUnit, num_gates:
     if linear_transformation:
         candidate = torch.addcmul(candidate, gates[:, :, 2], xp[..., g_rows + d:])  # Eq. (15): + l ⊙ H(x), H(x) = W_x x
     candidate = F.dropout(candidate, rnn_dropout, training)  # §Advanced Techniques: dropout on the candidate activation
-    return torch.lerp(h, candidate, gates[:, :, 1])  # Eq. (6)/(14): (1 − z) ⊙ h + z ⊙ h̃
+    # under mixed precision the candidate and gates may come out in another dtype than the state: the state keeps its own
+    return torch.lerp(h, candidate.to(h.dtype), gates[:, :, 1].to(h.dtype))  # Eq. (6)/(14): (1 − z) ⊙ h + z ⊙ h̃
 
 
 def transition_gru_step(h: torch.Tensor, p: PackedUnit, rnn_dropout: float, training: bool,
@@ -160,7 +162,7 @@ def transition_gru_step(h: torch.Tensor, p: PackedUnit, rnn_dropout: float, trai
     gates = torch.sigmoid(torch.addcmul(p.norm_bias, F.layer_norm(pre, (d,), eps=eps), p.norm_weight))  # Eq. (12), (13)
     candidate = torch.tanh(gates[:, :, 0] * hp[..., 2 * d:])  # Eq. (11)
     candidate = F.dropout(candidate, rnn_dropout, training)
-    return torch.lerp(h, candidate, gates[:, :, 1])  # Eq. (10)
+    return torch.lerp(h, candidate.to(h.dtype), gates[:, :, 1].to(h.dtype))  # Eq. (10)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -216,11 +218,6 @@ def _block_step(xp: torch.Tensor, h: torch.Tensor, unit: PackedUnit, t_grus: lis
 # ----------------------------------------------------------------------------------------------------------------
 # 3. Encoder
 # ----------------------------------------------------------------------------------------------------------------
-def _bind_embedding(module: nn.Module, embedding: nn.Embedding) -> None:
-    """Give the decoder the encoder's embedding without registering it twice (one owner in the state dict)."""
-    module.__dict__["embed_tokens"] = embedding
-
-
 def reverse_index(lengths: torch.Tensor, length: int) -> torch.Tensor:
     """``(B, S)`` gather index that reverses each row within its length and leaves padding in place
     (``tf.reverse_sequence``). Applying it twice is the identity."""
@@ -394,7 +391,7 @@ class DTMTDecoder(_DTMTStack):
         if embed_tokens is None:
             self.embed_tokens = nn.Embedding(config.vocab_size, d)
         else:
-            _bind_embedding(self, embed_tokens)
+            bind_shared_embedding(self, embed_tokens)
         depths = config.block_depths()
         self.init_proj = nn.Linear(2 * d, d)
         self.query_transition = DTMTTransition(d, config, depths["query"])
@@ -451,9 +448,8 @@ class DTMTDecoder(_DTMTStack):
             # computed from: its gradient would be None. Here the weights are computed in a first pass and the
             # outputs in a second pass that reads them back (the same function, the same dropout masks): the
             # returned weights are then on the gradient path, as in every transformers model (docs/meng2019-dtmt.md).
-            rng = torch.random.get_rng_state()
-            _, _, first = self._transitions(y, cache)
-            torch.random.set_rng_state(rng)
+            with torch.random.fork_rng(devices=[y.device] if y.device.type == "cuda" else []):
+                _, _, first = self._transitions(y, cache)  # the RNG states (CPU, and the GPU's) are restored after
             decoder_states, context, weights = self._transitions(y, cache, first)
         else:
             decoder_states, context, weights = self._transitions(y, cache)
@@ -549,7 +545,7 @@ class DTMTModel(DTMTPreTrainedModel):
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.encoder.embed_tokens = value
         if self.config.share_encoder_decoder_embeddings:
-            _bind_embedding(self.decoder, value)
+            bind_shared_embedding(self.decoder, value)
 
     def get_encoder(self, modality: str | None = None) -> DTMTEncoder:
         return self.encoder

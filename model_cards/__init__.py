@@ -16,6 +16,8 @@ from typing import Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
+from hf_deepnmt.errors import UserInputError
+
 from .bibtex import BIBTEX, papers_for_config
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -46,9 +48,12 @@ class EvalRow:
 
 
 def template_for(model_type: str) -> Path:
-    """The card template of a model type (``templates/<model_type>.md``; Transformer variants share one)."""
-    path = TEMPLATES / f"{model_type}.md"
-    return path if path.exists() else TEMPLATES / "deep_transformer.md"
+    """The card template of a model type: its registry entry's ``card_template`` (`hf_deepnmt.registry`; the
+    Transformer types share one)."""
+    from hf_deepnmt.registry import MODEL_TYPES
+
+    entry = MODEL_TYPES.get(model_type)
+    return TEMPLATES / f"{entry.card_template if entry else 'deep_transformer'}.md"
 
 
 def _dtmt_summary(config: dict[str, Any]) -> str:
@@ -222,7 +227,7 @@ def write_model_card(folder: str | Path, trainer: Any | None = None, **kwargs: A
     if trainer is not None and not kwargs:
         stored = folder / "deepnmt_card.json"
         if not stored.exists():
-            raise FileNotFoundError(f"{stored} is missing; it is written by `deepnmt train` before the card.")
+            raise UserInputError(f"{stored} is missing; it is written by `deepnmt train` before the card.")
         kwargs = json.loads(stored.read_text(encoding="utf-8"))
         kwargs["results"] = [EvalRow(**row) for row in kwargs.get("results", [])]
     card = render_model_card(folder, **kwargs)
