@@ -139,7 +139,7 @@ def gemm_peaks(threads: int, n: int = 2048, repeats: int = 5) -> dict[str, float
 
 def engines_section(threads: int, new_tokens: int, repeats: dict[int, int], models_to_run: list[str],
                     memory: bool, log: Callable[[str], None]) -> dict[str, object]:
-    from .probe import run_probe
+    from .probe_runner import run_probe
 
     torch.set_num_threads(threads)
     results: dict[str, object] = {"threads": threads, "new_tokens": new_tokens, "num_beams": 4,

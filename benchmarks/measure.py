@@ -8,6 +8,9 @@ from typing import Callable
 
 import torch
 
+# dou2018's rows (switches) and its Table 1 speeds live with the miniature experiment that trains the same rows
+from training.experiments.dou2018_miniature import DOU2018_TABLE_1, DOU2018_VARIANTS
+
 from .common import BOS, Batch, fixed_generation_config, interleaved, median, synthetic_batch
 
 
@@ -461,23 +464,6 @@ def crt_cost(dims: dict[str, int], batch: Batch, repeats: int, profile_rows: int
 # ----------------------------------------------------------------------------------------------------------------
 # dou2018: training and decoding speed of each deep-representation mechanism relative to the vanilla model
 # ----------------------------------------------------------------------------------------------------------------
-DOU2018_VARIANTS: dict[str, dict[str, object]] = {
-    "vanilla": {},
-    "dense": {"encoder_layer_aggregation": "dense", "decoder_layer_aggregation": "dense"},
-    "linear": {"encoder_layer_aggregation": "linear", "decoder_layer_aggregation": "linear"},
-    "iterative": {"encoder_layer_aggregation": "iterative", "decoder_layer_aggregation": "iterative"},
-    "hierarchical": {"encoder_layer_aggregation": "hierarchical", "decoder_layer_aggregation": "hierarchical"},
-    "mla2": {"multi_layer_attention_k": 2},
-    "mla3": {"multi_layer_attention_k": 3},
-    "hierarchical+div": {"encoder_layer_aggregation": "hierarchical", "decoder_layer_aggregation": "hierarchical",
-                         "diversity_weight": 1.0},
-}
-# dou2018 Table 1 (Base, P40): training steps/s and decoding sentences/s, for the ratios against row 1.
-DOU2018_TABLE_1 = {"vanilla": (1.82, 1.33), "dense": (1.69, 1.28), "linear": (1.59, 1.26), "iterative": (1.32, 1.22),
-                   "hierarchical": (1.46, 1.25), "mla2": (1.19, 1.05), "mla3": (1.12, 1.00),
-                   "hierarchical+div": (1.41, 1.25)}
-
-
 def dou2018_speed(dims: dict[str, int], train_batch: Batch, source: Batch, new_tokens: int, train_repeats: int,
                   decode_repeats: int) -> dict[str, object]:
     """Training step (forward with the model's own objective, backward, AdamW) and beam-4 decoding of every

@@ -7,18 +7,15 @@ kernel's peak-RSS counter (``/proc/self/clear_refs``), builds the model and the 
 peak (VmHWM). ``peak_mib`` = peak − RSS after imports: parameters, gradients, optimizer state, activations and caches,
 without the interpreter and libraries (reported separately as ``baseline_mib``).
 
-Run by the harness as ``python -m benchmarks.probe '<json spec>'``; prints one JSON line.
+Run by the harness as ``python -m benchmarks.probe '<json spec>'`` (`benchmarks.probe_runner.run_probe`);
+prints one JSON line.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import time
-
-from .common import REPO
 
 
 def _workload(spec: dict[str, object]):
@@ -84,17 +81,6 @@ def main(spec: dict[str, object]) -> dict[str, object]:
     return {**spec, "baseline_mib": baseline / 1024, "peak_mib": (peak - baseline) / 1024,
             "peak_rss_mib": peak / 1024, "step_s": sorted(times[1:])[len(times[1:]) // 2] if len(times) > 1 else None,
             "units": units, "peak_reset_supported": resettable}
-
-
-def run_probe(spec: dict[str, object], timeout: float = 1800) -> dict[str, object]:
-    """Run one probe in a child process (same interpreter, repository root on the path)."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-    done = subprocess.run([sys.executable, "-m", "benchmarks.probe", json.dumps(spec)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=timeout)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode != 0 or not lines:
-        raise RuntimeError(f"probe {spec} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
-    return json.loads(lines[-1])
 
 
 if __name__ == "__main__":

@@ -1,49 +1,17 @@
-"""Render ``results.json`` as ``RESULTS.md`` and ``scaling.png``."""
+"""Render the tables of ``results.json`` into ``RESULTS.md`` (between its block markers) and ``scaling.png``.
+
+This module renders measurements only — tables and the lines computed from them. What the measurements mean, the
+fixes kept and rejected, and every conclusion are written by hand in RESULTS.md around the blocks, dated and with
+their command, so that a re-run updates the figures and never erases or contradicts the text silently."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
 
-# The profile-and-fix work on hf_deepnmt/modeling_deep_transformer.py. The end-to-end effect of all of them together
-# is the ``before`` column of every table (the model as of `common.BEFORE_REF`, measured in the same run); the
-# per-fix effect is what was measured when the fix was made (interleaved A/B, same method), recorded here.
-FIXES: list[tuple[str, str]] = [
-    ("Beam search reorders only the self-attention cache (`_reorder_cache`)",
-     "`EncoderDecoderCache.reorder_cache` also copies every layer's cross-attention keys/values, (B·beams, H, S, "
-     "d_h), after every step, although all beams of a sentence hold the same ones (tested: "
-     "`tests/test_fast_paths.py`). Removed half of the `index_select` calls and ~3/4 of their time; beam-4 "
-     "batch-32 sentences/s ×1.09 at d256."),
-    ("Additive attention mask built once per stack forward (`additive_mask`)",
-     "SDPA converted the boolean padding mask into a float mask (`where` + 2 `scalar_tensor`) in every attention "
-     "call, i.e. 6–12 times per forward and per decoding step; now once. Greedy / beam-4 batch-32 ×1.03 / ×1.04 "
-     "at d256; training unchanged within noise (×0.98, ±3 %)."),
-    ("Single-query attention of ≥128 (batch × head) rows on CPU as two batched matmuls",
-     "In a decoding step (one query) the CPU flash kernel of SDPA pays a per-(batch, head) overhead: 1.2–2.5× "
-     "slower than `softmax(q·kᵀ + M)·v` with 256–1024 rows, 0.4–0.9× with 4–32 rows (micro-benchmark, 10–200 "
-     "keys). Greedy batch 32 ×1.05 (d256) / ×1.03 (d512), beam-4 batch 32 ×1.04 / ×1.06. A first version without "
-     "the row threshold made batch-1 decoding 3–10 % slower, hence the threshold."),
-]
-
-# Candidates measured and rejected (kept out of the code), with the reason.
-REJECTED: list[tuple[str, str]] = [
-    ("Fused QKV projection (one matmul with the concatenated q/k/v weights)",
-     "forward + backward of the three projections on 5,480 tokens, 1 thread: 78 ms separate vs 77–88 ms fused "
-     "(d256), 285–314 vs 281–311 ms (d512): no gain on this CPU's GEMM; for decoding it would need a `torch.cat` "
-     "of the weights per call (or a second copy of them)."),
-    ("Cached sinusoidal position table",
-     "computing the positions (float64, as Marian's table) costs ~30 µs per decoding step at d512 (a step is "
-     "≥ 3.5 ms, < 1 %) and ~0.1 ms per training forward; not worth a cache that must follow device, dtype and "
-     "torch.compile."),
-    ("Preallocated self-attention cache (a `DynamicLayer` subclass writing each step in place into buffers with "
-     "room for 64 more positions, beam reorder gathered straight into a new buffer)",
-     "removes `torch.cat`'s O(t) copy per step, but made beam-4 batch 32 slower (×0.87 d512, ×0.88 d256): the "
-     "gather into a fresh, larger, strided buffer costs 5–7× the plain `index_select` (the kernel zeroes the whole "
-     "buffer's huge pages on first touch) and the batched matmuls read the strided views more slowly; greedy step "
-     "200 only went from 61 to 58 ms (d512, batch 32), since the growth is mostly attention reading the cache."),
-    ("torch.compile by default", "slower than eager on this CPU (see the torch.compile section)."),
-]
+from .gpu import render as gpu_block
 
 DECODE_ROWS = (("greedy_b1", "greedy, batch 1"), ("greedy_b32", "greedy, batch 32"),
                ("beam4_b1", "beam 4, batch 1"), ("beam4_b32", "beam 4, batch 32"))
@@ -408,13 +376,7 @@ def _crt_cost(results: dict) -> list[str]:
               f"{cpu['DEEP+CAD+ALD']['forward_views_and_losses']:.2f} s), plus its share of the backward. "
               "It is element-wise work over the (2B, T, 8000) logits of the two X passes: the log-softmax, the DDR "
               "KL's exps, differences and products, and their backward (the `mul`, `add`, `div` and `sum` rows of the "
-              "profile grow far faster than the rows). Since commit 702aff2 one log-softmax of the X-pass logits "
-              "serves both the NLL and DDR, and the two passes are split with `unbind` instead of slices, which "
-              "removed three zero-filled full-size gradient buffers (`fill_`: 987 ms → about 100 ms per step; the "
-              "measurement before it, commit bba73e8, ran on a machine loaded by two trainings and gave 3.42×).",
-              "- **li2022's Table 1** (+7 %, 10.52 h vs 9.82 h for 15-15 BASE on 8 V100s) cannot come from the same "
-              "per-step work at the same batch; the paper does not say how the views are counted against its "
-              "4,096-token batch or how busy its GPUs were.",
+              "profile grow far faster than the rows).",
               f"- **Noise**: within single rounds the ratios moved up to {noise:.0%} above their medians (other "
               "processes on the 2 cores slow the work itself — shared caches, memory bandwidth — so CPU time moves "
               "with wall time). Read differences of that size as ties; the CRT ratio is far outside them.", ""]
@@ -517,13 +479,6 @@ def _compile(results: dict) -> list[str]:
             *_table(["eager step (s)", "compiled step (s)", "speedup", "compile time (s)"],
                     [[f"{c['median_s']['eager']:.3f}", f"{c['median_s']['compiled']:.3f}", f"{c['speedup']:.2f}×",
                       f"{c['compile_s']:.0f}"]]),
-            "", "It compiles as one graph (`tests/test_compile.py` uses `fullgraph=True`; no recompilation between "
-            "steps). On this CPU the compiled step is slower, not faster: the matmuls are the same aten calls, and "
-            "inductor's generated C++ for the fused element-wise work is slower than eager's kernels — in a kernel "
-            "profile (`torch._inductor.config.cpp.enable_kernel_profile`) its fused ReLU-backward kernels took "
-            "~14 ms per call where eager's `threshold_backward` takes ~1 ms; with dropout off, or with "
-            "`fallback_random=True`, compiled was still ~10 % slower. On this CPU, leave it off. The compile time is that "
-            "of this run (inductor reuses its on-disk cache between runs).",
             "", f"`Seq2SeqTrainer(args=Seq2SeqTrainingArguments(torch_compile=True, ...))` on a tiny model: "
             f"{'ran' if smoke.get('ok') else 'did not run'} {smoke.get('steps', 0)} steps "
             f"(loss {smoke.get('train_loss', float('nan')):.3f}, {smoke.get('wall_s', 0):.0f} s including "
@@ -557,14 +512,6 @@ def _profile(results: dict) -> list[str]:
             title = "training step" if phase == "train" else "beam-4 generate, batch 32"
             lines += [f"**{title}** — self CPU ms (calls)", ""]
             lines += _table(["op"] + names, rows) + [""]
-    if FIXES:
-        lines += ["Fixes kept (each measured interleaved against the code without it when it was made):", ""]
-        lines += [f"- **{name}** — {effect}" for name, effect in FIXES]
-        lines.append("")
-    if REJECTED:
-        lines += ["Measured and not kept:", ""]
-        lines += [f"- **{name}** — {why}" for name, why in REJECTED]
-        lines.append("")
     return lines
 
 
@@ -646,7 +593,6 @@ def _engines(results: dict) -> list[str]:
                   f"(Δ {bf16['loss_bf16'] - bf16['loss_fp32']:+.4f}).", ""]
     lines += _decode_limit(results.get("decode_limit"))
     lines += _ct2_stock(results.get("ct2_stock"))
-    lines += ENGINE_NOTES
     return lines
 
 
@@ -699,48 +645,10 @@ def _decode_limit(limit: dict | None) -> list[str]:
     return lines
 
 
-# Written from the measurements above (see the engines section's command); kept next to the tables.
-ENGINE_NOTES: list[str] = [
-    "### What these measurements say (engines, decode_limit, ct2_stock: 2026-11-23)", "",
-    "- **CTranslate2 int8 vs `MarianMTModel.generate`, batch 16**: 1.71× (6-6 d256), 2.20× (6-6 d512), 2.41× "
-    "(24-6 d512). The goal of ≥ 2.5× is not reached. The export is not the cause: CTranslate2's own converter, given "
-    "the same weights as a `MarianMTModel`, runs at the same speed (best rounds 1.269 s vs ours 1.254 s; section "
-    "`ct2_stock`), and today it does not reproduce the 2.56× measured for it on 2026-11-22 either (2.08× best "
-    "rounds, 2.28× medians). On 2 cores int8 buys CTranslate2 0.95–1.62× over its own float32 at batch 16, far from "
-    "the int8/fp32 matmul peak ratio (4.2×): a beam-4 batch-16 step multiplies 64-row matrices, where neither "
-    "engine's GEMMs reach their peak. Output quality through int8: +0.21 BLEU (CTranslate2), −0.11 (ONNX Runtime), "
-    "within the 0.3 allowed.",
-    "- **ONNX Runtime** (our exported graphs and `hf_deepnmt.export.beam_search`) is the fastest engine here at batch 1 "
-    "(3.8–5.4× Marian in float32, 5.2–6.6× int8) and with int8 also at batch 16 (2.8–3.4×), with outputs identical to "
-    "`generate`'s default search.",
-    "- **Our torch `generate`** is 1.14–1.19× Marian at batch 16 and 0.95–1.11× at batch 1 (1.11× "
-    "in the issue that asked for 1.5×). The goal of 1.5× is not reached, and the `decode_limit` rows say what it "
-    "would take: at 6-6 d512, batch 16, the matrix-product kernels alone take 1.155 s of our 1.867 s; 1.5× Marian "
-    "means ≤ 1.427 s, so everything else (Python per step, beam bookkeeping, cache growth, LayerNorms, softmax) "
-    "would have to shrink from 0.712 s to 0.272 s (−62 %) with the same kernels; at batch 1 from 0.193 s to "
-    "0.056 s (−71 %). The attempts measured so far to cut that time (preallocated cache, torch.compile) were "
-    "slower (\"Profile and fixes\", \"torch.compile\"). The engines above are the way to that speed.",
-    "- **Physical limit**: at the fp32 matmul peak measured at the start of the `decode_limit` run (297 GFLOP/s) the "
-    "149 GFLOP of a 6-6 d512 batch-16 call would take 0.50 s (Marian takes 4.3× that); our matrix kernels run at "
-    "129 GFLOP/s (44 % of that peak) and at 44 GFLOP/s at batch 1 (4-row matrices: one sentence, 4 beams). The peak itself moved "
-    "between 164 and 297 GFLOP/s between runs of this day (other work on the host): read the ratios, not the "
-    "absolute figures.",
-    "- **bf16 autocast** decodes at 0.70–1.01× the speed of our float32 `generate` and trains at 0.61× (section `bf16_train`); the bf16 matmul "
-    "peak of this CPU (83–151 GFLOP/s) is below its fp32 peak (164–297), so float32 stays the default and "
-    "`--bf16` is opt-in (on GPUs it is the usual choice).", "",
-]
-
-
-def render(results: dict) -> str:
+def _run(results: dict) -> list[str]:
+    """The command, the merged sections and the machine of a run."""
     m = results["machine"]
-    lines = ["# Benchmarks: hf_deepnmt DeepTransformer vs transformers.MarianMTModel", "",
-             "Produced by (from the repository root):", "", "```bash", results["command"], "```", "",
-             "`--quick` is a two-minute smoke run (written to `runs/benchmarks-quick/`), `--sections` / `--sizes` pick "
-             "parts, `--render-only` re-renders this file and `scaling.png` from `results.json`; "
-             "`python -m benchmarks.run --help` lists the rest.", "",
-             "Absolute numbers come from a **shared 2-core machine** on which other work ran at the same time: the "
-             "**ratios are the point**, not the absolute numbers. Every ratio compares medians of contenders timed "
-             "interleaved (A, B, C, A, B, C, … with a rotating start) in the same process run, after a warm-up.", ""]
+    lines = ["Produced by (from the repository root):", "", "```bash", results["command"], "```", ""]
     if results.get("quick"):
         lines += ["**Quick (smoke) run**: small batches and few repeats; do not quote these numbers.", ""]
     for section, run in results.get("merged", {}).items():
@@ -758,27 +666,45 @@ def render(results: dict) -> str:
         ["GPU", "none available in this session: the bf16 GPU tables of the issue are not produced (never needed "
                 "for CI)" if not m["cuda_available"] else "CUDA available but this harness measured CPU only"],
     ])
-    lines.append("")
-    lines += _headline(results) + [""]
-    lines += _equivalence(results) + [""]
-    lines += _details(results)
-    lines += _scaling(results)
-    lines += _flops(results)
-    lines += _compile(results)
-    lines += _deep_memory(results)
-    lines += _crt_cost(results)
-    lines += _dou2018(results)
-    lines += _dtmt(results)
-    lines += _engines(results)
-    lines += _profile(results)
-    lines += ["## Adding rows for later features", "",
-              "ADMIN, CAD+CRT and layer aggregation join these tables by adding an entry to "
-              "`benchmarks.common.VARIANTS` (row name → `DeepTransformerConfig` overrides) and running with "
-              "`--variants name,...`; the training, decoding and per-step tables then carry one more row each. "
-              "(Those rows train with the model's own objective; the step cost of li2022's DDR/ALD is the "
-              "`crt_cost` section, dou2018's mechanisms the `dou2018` section.) DTMT, a family of its own that shares "
-              "no weights with the Transformer, has its own section (`dtmt`, `benchmarks.common.DTMT_ROWS`).", ""]
-    return "\n".join(lines)
+    return lines + [""]
+
+
+# RESULTS.md is written by hand around the blocks below: each block is what a run measured (tables and the lines
+# computed from them), between `<!-- generated:NAME -->` and `<!-- /generated:NAME -->`; `write_report` replaces the
+# blocks a run produced and never touches the text around them (the narrative: dated, with its command).
+BLOCKS: tuple[tuple[str, object], ...] = (
+    ("run", _run), ("headline", _headline), ("equivalence", _equivalence), ("details", _details),
+    ("scaling", _scaling), ("flops", _flops), ("compile", _compile), ("deep_memory", _deep_memory),
+    ("crt_cost", _crt_cost), ("dou2018", _dou2018), ("dtmt", _dtmt), ("engines", _engines), ("profile", _profile),
+    ("gpu", gpu_block),
+)
+TITLE = "# Benchmarks: hf_deepnmt DeepTransformer vs transformers.MarianMTModel"
+
+
+def render_blocks(results: dict) -> list[tuple[str, str]]:
+    """``(name, markdown)`` of every block this run has results for, in report order."""
+    blocks = []
+    for name, function in BLOCKS:
+        lines = function(results)
+        if name == "profile" and "profile" not in results:
+            continue  # the profile block is only its heading without results
+        if lines:
+            blocks.append((name, "\n".join(lines).rstrip("\n")))
+    return blocks
+
+
+def merge_blocks(text: str, blocks: list[tuple[str, str]]) -> str:
+    """``text`` (a RESULTS.md) with each named block replaced between its markers; a block the text has no markers
+    for is appended at the end. Everything outside the markers stays as it was."""
+    for name, body in blocks:
+        start, end = f"<!-- generated:{name} -->", f"<!-- /generated:{name} -->"
+        fresh = f"{start}\n{body}\n{end}"
+        pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
+        if pattern.search(text):
+            text = pattern.sub(lambda _: fresh, text, count=1)
+        else:
+            text = text.rstrip("\n") + ("\n\n" if text.strip() else "") + fresh + "\n"
+    return text if text.endswith("\n") else text + "\n"
 
 
 def plot(results: dict, path: Path) -> bool:
@@ -841,5 +767,7 @@ def write_report(results: dict, out_dir: Path) -> None:
                     "memory": linear_fit([p[f"{stack}_layers"] for p in s[f"{stack}_depth"]],
                                          [p["peak_mib"] for p in s[f"{stack}_depth"]])}
             for stack in ("encoder", "decoder") if len(s[f"{stack}_depth"]) >= 2}
-    (out_dir / "RESULTS.md").write_text(render(results))
+    path = out_dir / "RESULTS.md"
+    text = path.read_text(encoding="utf-8") if path.exists() else TITLE + "\n"
+    path.write_text(merge_blocks(text, render_blocks(results)), encoding="utf-8")
     plot(results, out_dir / "scaling.png")

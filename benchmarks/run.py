@@ -43,11 +43,11 @@ from .common import (  # noqa: E402
     model_dims,
     synthetic_batch,
 )
-from .probe import run_probe  # noqa: E402
+from .probe_runner import run_probe  # noqa: E402
 
 SECTIONS = ("equivalence", "train", "decode", "flat", "memory", "scaling", "profile", "flops", "compile", "deep_memory",
             "crt_cost", "dou2018", "dou2018_flops", "dtmt", "engines", "engine_quality", "bf16_train", "decode_limit",
-            "ct2_stock")
+            "ct2_stock", "gpu")
 QUICK_SECTIONS = ("equivalence", "train", "decode", "flat", "memory", "scaling", "profile", "flops")
 
 
@@ -209,6 +209,11 @@ def run(args: argparse.Namespace) -> dict[str, object]:
             f"{', plus torch.compile rows' if cfg['dtmt_compile'] else ''}")
         results["dtmt"] = measure.dtmt_speed(cfg["dtmt_size"], train_batch, sources[32], cfg["dtmt_repeats"],
                                              cfg["dtmt_decode_repeats"], cfg["new_tokens"], cfg["dtmt_compile"])
+    if "gpu" in args.sections:
+        from . import gpu
+
+        # one GPU: training, attention kernels, deep models, decoding (benchmarks/gpu.py); a CPU dry run without CUDA
+        results["gpu"] = gpu.gpu_section(args.quick, log)
     if {"engines", "engine_quality", "bf16_train", "decode_limit", "ct2_stock"} & set(args.sections):
         from . import engines
 
@@ -310,7 +315,8 @@ def main(argv: list[str] | None = None) -> None:
                              "quick: runs/benchmarks-quick/)")
     args = parser.parse_args(argv)
     args.command_line = "python -m benchmarks.run" + "".join(f" {shlex.quote(a)}" for a in (argv or sys.argv[1:]))
-    args.sections = args.sections.split(",") if args.sections else list(QUICK_SECTIONS if args.quick else SECTIONS)
+    default = QUICK_SECTIONS if args.quick else [s for s in SECTIONS if s != "gpu" or torch.cuda.is_available()]
+    args.sections = args.sections.split(",") if args.sections else list(default)
     unknown = set(args.sections) - set(SECTIONS)
     if unknown:
         parser.error(f"unknown sections {sorted(unknown)}; choose from {list(SECTIONS)}")

@@ -160,3 +160,67 @@ def train_argv(corpus_folder, output_dir, *extra: str) -> list[str]:
         *TINY_TRAIN_ARGS,
         *extra,
     ]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# `integration`: a test that spawns a Python interpreter (or a launcher of one) or trains through the command line
+# must say so with @pytest.mark.integration, so that `pytest -m "not integration"` is a fast loop that does neither.
+# Checked while the tests run: such a call from a test without the marker fails it, naming what it did.
+# --------------------------------------------------------------------------------------------------------------
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+_CURRENT_TEST: list = [None]
+_INTERPRETERS = ("python", "torchrun", "accelerate", "deepnmt")
+
+
+def pytest_runtest_setup(item) -> None:
+    _CURRENT_TEST[0] = item
+
+
+def pytest_runtest_teardown(item, nextitem) -> None:
+    _CURRENT_TEST[0] = None
+
+
+def require_integration_marker(what: str) -> None:
+    item = _CURRENT_TEST[0]
+    if item is not None and item.get_closest_marker("integration") is None:
+        pytest.fail(f"{item.nodeid} {what}: mark it @pytest.mark.integration (pytest -m 'not integration' must "
+                    "neither spawn interpreters nor train through the command line).", pytrace=False)
+
+
+_popen_init = subprocess.Popen.__init__
+
+
+def _checked_popen_init(self, args, *rest, **kwargs):
+    program = str(args[0] if isinstance(args, (list, tuple)) and args else args)
+    if program == sys.executable or any(name in os.path.basename(program) for name in _INTERPRETERS):
+        require_integration_marker(f"spawns {os.path.basename(program)}")
+    return _popen_init(self, args, *rest, **kwargs)
+
+
+subprocess.Popen.__init__ = _checked_popen_init
+
+import training.train  # noqa: E402
+from training.trainer import DeepNMTTrainer  # noqa: E402
+
+_cli_runs: list[bool] = []
+_train, _trainer_train = training.train.train, DeepNMTTrainer.train
+
+
+def _checked_train(*args, **kwargs):
+    _cli_runs.append(True)  # `deepnmt train` (or the quickstart) is running: its training loop will say so
+    try:
+        return _train(*args, **kwargs)
+    finally:
+        _cli_runs.pop()
+
+
+def _checked_trainer_train(self, *args, **kwargs):
+    if _cli_runs:
+        require_integration_marker("trains through the command line")
+    return _trainer_train(self, *args, **kwargs)
+
+
+training.train.train = _checked_train
+DeepNMTTrainer.train = _checked_trainer_train

@@ -252,6 +252,7 @@ ADMIN_ARGS = ["--config_overrides", "d_model=16,encoder_layers=2,decoder_layers=
               "residual_scaling=admin", "--max_steps", "1", "--learning_rate", "0", "--admin_profile_tokens", "600"]
 
 
+@pytest.mark.integration
 def test_trainer_profiles_once_before_the_first_step(small_corpus, tmp_path, capsys):
     from training.train import train
 
@@ -264,6 +265,7 @@ def test_trainer_profiles_once_before_the_first_step(small_corpus, tmp_path, cap
     assert saved["admin_profiled"] is True
 
 
+@pytest.mark.integration
 def test_two_processes_profile_identically_to_one(small_corpus, tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": str(Path(__file__).resolve().parents[1])}

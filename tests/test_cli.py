@@ -13,6 +13,7 @@ from conftest import TINY_TRAIN_ARGS, train_argv
 from huggingface_hub import ModelCard
 
 from training.cli import main
+from training.errors import CommandLineError
 from training.hub import files_to_upload, push_folder
 from training.recipes import RECIPES_DIR, load_model_config_dict, load_recipe
 
@@ -41,9 +42,7 @@ def test_help_of_every_command(capsys):
     top = capsys.readouterr().out
     for command in ("quickstart", "train", "evaluate", "translate", "push"):
         assert command in top
-    with pytest.raises(SystemExit) as info:
-        main(["train", "--help"])
-    assert info.value.code == 0
+    assert main(["train", "--help"]) == 0
     text = capsys.readouterr().out
     for flag in RUN_TRANSLATION_ARGS + OUR_ARGS:
         assert flag in text, flag
@@ -65,6 +64,7 @@ def test_unknown_command_and_bad_arguments_give_one_sentence(capsys, small_corpu
     assert "`d_model` = 15 is not allowed" in capsys.readouterr().err
 
 
+@pytest.mark.integration
 def test_train_writes_a_complete_model_folder(trained):
     folder = trained.output_dir
     for name in ("model.safetensors", "config.json", "generation_config.json", "tokenizer.json",
@@ -90,6 +90,7 @@ def test_train_writes_a_complete_model_folder(trained):
     assert "training" in card.text.lower() and "optimizer steps" in card.text
 
 
+@pytest.mark.integration
 def test_an_existing_run_is_never_overwritten(trained, small_corpus, tmp_path, capsys):
     before = (trained.output_dir / "model.safetensors").read_bytes()
     assert main(["train", *train_argv(small_corpus, trained.output_dir), "--max_steps", "1"]) == 2
@@ -103,6 +104,7 @@ def test_an_existing_run_is_never_overwritten(trained, small_corpus, tmp_path, c
     assert "already holds checkpoint-2; continue it with --resume_from_checkpoint last" in capsys.readouterr().err
 
 
+@pytest.mark.integration
 def test_evaluate_reproduces_the_training_runs_test_score(trained, small_corpus, tmp_path, capsys):
     out = tmp_path / "scores.json"
     assert main(["evaluate", "--model", str(trained.output_dir), "--test_file", str(small_corpus / "test.jsonl"),
@@ -125,6 +127,7 @@ def test_evaluate_reproduces_the_training_runs_test_score(trained, small_corpus,
     assert scores["source_reliance"] == pytest.approx(direct, abs=1e-4)
 
 
+@pytest.mark.integration
 def test_translate_from_file_and_stdin(trained, tmp_path, monkeypatch, capsys):
     source = tmp_path / "in.txt"
     source.write_text("In the beginning.\n\nAnd God said.\n", encoding="utf-8")
@@ -138,6 +141,7 @@ def test_translate_from_file_and_stdin(trained, tmp_path, monkeypatch, capsys):
     assert capsys.readouterr().out.split("\n")[:2] == [lines[0], lines[2]]
 
 
+@pytest.mark.integration
 def test_translate_reads_at_most_one_window_ahead_and_keeps_the_order(trained):
     """Bounded memory on inputs of any length: a window of lines is read, sorted and translated before the next is
     read; the output is in input order and equals translating everything at once."""
@@ -161,6 +165,7 @@ def test_translate_reads_at_most_one_window_ahead_and_keeps_the_order(trained):
     assert got[0] == "" and got[5] == "" and got[1] != ""
 
 
+@pytest.mark.integration
 def test_translate_resumes_an_interrupted_output(trained, tmp_path, capsys, monkeypatch):
     import training.translate
 
@@ -201,6 +206,7 @@ class RecordingHub:
         self.calls.append(("create_commit", kwargs))
 
 
+@pytest.mark.integration
 def test_push_uploads_exactly_the_model_files(trained):
     hub = RecordingHub()
     files = push_folder(trained.output_dir, "someone/tiny-en-es", api=hub, private=True)
@@ -222,6 +228,7 @@ def test_push_uploads_exactly_the_model_files(trained):
                if op.path_in_repo != "README.md")
 
 
+@pytest.mark.integration
 def test_push_leaves_out_subfolders_unless_asked(trained, tmp_path, capsys):
     import shutil
 
@@ -238,10 +245,11 @@ def test_push_leaves_out_subfolders_unless_asked(trained, tmp_path, capsys):
 
 def test_push_refuses_an_incomplete_folder(tmp_path):
     (tmp_path / "config.json").write_text("{}")
-    with pytest.raises(FileNotFoundError, match="missing model.safetensors, tokenizer.json"):
+    with pytest.raises(CommandLineError, match="missing model.safetensors, tokenizer.json"):
         files_to_upload(tmp_path)
 
 
+@pytest.mark.integration
 def test_push_dry_run_lists_files(trained, capsys):
     assert main(["push", str(trained.output_dir), "--repo_id", "someone/x", "--dry_run"]) == 0
     assert capsys.readouterr().out.split() == files_to_upload(trained.output_dir)
@@ -275,6 +283,7 @@ def test_shipped_distributed_configs_parse():
     assert zero2["zero_optimization"]["stage"] == 2 and zero2["train_micro_batch_size_per_gpu"] == "auto"
 
 
+@pytest.mark.integration
 def test_train_with_push_to_hub_uploads_once_at_the_end(small_corpus, tmp_path, monkeypatch):
     import huggingface_hub
 
@@ -303,6 +312,7 @@ def test_push_to_hub_without_a_repo_id_is_refused(small_corpus, tmp_path, capsys
     assert "--hub_model_id" in capsys.readouterr().err
 
 
+@pytest.mark.integration
 def test_radam_and_checkpoint_averaging(small_corpus, tmp_path):
     import torch
     from safetensors.torch import load_file
@@ -326,6 +336,7 @@ def test_radam_and_checkpoint_averaging(small_corpus, tmp_path):
         average_checkpoints(tmp_path / "run", last=5)
 
 
+@pytest.mark.integration
 def test_quickstart_end_to_end_in_miniature(tmp_path, capsys):
     """The main job's whole path on the embedded corpus, shrunk to a tiny model and a few steps."""
     folder = tmp_path / "qs"
@@ -483,6 +494,7 @@ def test_train_aliases_and_a_default_output_dir_printed_at_start(small_corpus, t
         parse_train_args(argv)
 
 
+@pytest.mark.integration
 def test_train_ends_with_a_summary_of_where_and_how(trained, capsys):
     from training.report import print_train_summary
 
@@ -494,6 +506,7 @@ def test_train_ends_with_a_summary_of_where_and_how(trained, capsys):
     assert f"deepnmt evaluate --model_name_or_path {folder} --test_file FILE" in out
 
 
+@pytest.mark.integration
 def test_the_card_of_a_crt_run_is_true(small_corpus, tmp_path):
     """The card of a CAD + CRT run (li2022): the training section lists the objective the methods section describes,
     the optimizer and schedule by their plain names, the model-index names the file and split that were scored, the
@@ -527,6 +540,7 @@ def test_the_card_of_a_crt_run_is_true(small_corpus, tmp_path):
     assert "path/to/this/folder" not in pushed
 
 
+@pytest.mark.integration
 def test_resuming_from_a_damaged_checkpoint_names_it_and_offers_the_newest_complete_one(small_corpus, tmp_path,
                                                                                          capsys):
     from training.train import train
@@ -550,6 +564,7 @@ def test_resuming_from_a_damaged_checkpoint_names_it_and_offers_the_newest_compl
     ("unauthorized", "the Hub refused the upload to someone/x (HTTP 401): log in with `hf auth login`"),
     ("no_network", "cannot reach the Hub to upload to someone/x (ConnectError: Name or service not known)"),
 ])
+@pytest.mark.integration
 def test_push_without_the_hub_says_so_in_one_sentence(trained, failure, words):
     """Offline, unreachable or not logged in: one sentence naming the repository and where the model stays."""
     from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
@@ -574,6 +589,7 @@ def test_push_without_the_hub_says_so_in_one_sentence(trained, failure, words):
     assert words in message and f"the model stays in {trained.output_dir}" in message and "\n" not in message
 
 
+@pytest.mark.integration
 def test_bf16_translation_and_training_run_under_bfloat16_autocast_on_cpu(tiny_folder, small_corpus, tmp_path,
                                                                           monkeypatch):
     """`deepnmt translate --bf16` and `deepnmt train --bf16 true --use_cpu true` work on this CPU
@@ -611,3 +627,110 @@ def test_bf16_translation_and_training_run_under_bfloat16_autocast_on_cpu(tiny_f
     assert outcome.trainer.args.bf16 and seen and set(seen) == {(True, torch.bfloat16)}
     losses = [entry["loss"] for entry in outcome.trainer.state.log_history if "loss" in entry]
     assert losses and all(math.isfinite(loss) for loss in losses)
+
+
+# ------------------------------------------------------------------------------------------------ careless input
+def test_max_steps_other_than_a_positive_count_or_minus_one_is_refused(tmp_path, capsys):
+    """transformers reads any non-positive --max_steps as "train for --num_train_epochs": -5 trained silently."""
+    from training.train_arguments import parse_train_args
+
+    for value in ("-5", "0"):
+        assert main(["train", "--recipe", "quickstart", "--max_steps", value, "--output_dir", str(tmp_path / value)]) == 2
+        error = capsys.readouterr().err.strip().splitlines()
+        assert len(error) == 1 and f"`--max_steps` = {value} is not allowed" in error[0] and "-1" in error[0]
+        assert not (tmp_path / value).exists()
+    assert parse_train_args(["--recipe", "quickstart", "--max_steps", "-1", "--output_dir", str(tmp_path / "o")])[2].max_steps == -1
+
+
+@pytest.mark.parametrize("command", ["evaluate", "translate", "export", "diagnose"])
+def test_a_model_path_that_is_not_here_is_named_offline_and_online(command, tmp_path, monkeypatch, capsys):
+    """`--model runs/no-such-model` used to print transformers' "We couldn't connect to 'https://huggingface.co'"
+    without the name."""
+    import transformers
+
+    extra = {"evaluate": ["--test_file", "x.jsonl"], "translate": [], "diagnose": [],
+             "export": ["--output_dir", str(tmp_path / "out"), "--format", "onnx"]}[command]
+    argv = [command, "--model", "runs/no-such-model", *extra]
+    assert main(argv) == 2  # HF_HUB_OFFLINE=1 (tests/conftest.py)
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and "runs/no-such-model is not a folder here, and the Hub is not reachable" in error[0]
+
+    def unreachable(*args, **kwargs):
+        raise OSError("We couldn't connect to 'https://huggingface.co' to load the files, and couldn't find them in "
+                      "the cached files.")
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setattr(transformers.AutoModelForSeq2SeqLM, "from_pretrained", unreachable)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", unreachable)
+    assert main(argv) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and "runs/no-such-model is not a folder here, and the Hub did not provide it" in error[0]
+
+
+def test_a_misspelt_recipe_gets_its_closest_names_not_the_whole_list(capsys):
+    assert main(["train", "--recipe", "quickstar"]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and "did you mean quickstart?" in error[0] and "deepnmt train --help" in error[0]
+    assert len(error[0]) < 250 and "liu2020-wmt14" not in error[0]
+
+
+def test_a_bug_shows_its_traceback_and_only_our_errors_are_one_sentence(monkeypatch, capsys):
+    """Only the project's own error types are a user's mistake; a ValueError from inside torch or transformers is a bug
+    and must not be turned into a one-line "user mistake" with exit status 2."""
+    import training.train
+
+    def broken(argv):
+        raise ValueError("expected scalar type Float but found Half")  # e.g. from inside torch
+
+    monkeypatch.setattr(training.train, "train", broken)
+    with pytest.raises(ValueError, match="expected scalar type"):
+        main(["train", "--recipe", "quickstart"])
+
+
+def test_the_commands_choices_are_the_export_modules():
+    """`--help` needs the export formats without importing torch: the CLI's copy must be hf_deepnmt.export's."""
+    from hf_deepnmt import export
+    from training import arguments
+
+    assert arguments.EXPORT_FORMATS == export.EXPORT_FORMATS and arguments.ENGINES == export.ENGINES
+    assert arguments.QUANTIZATIONS == export.QUANTIZATIONS
+
+
+HELP_PROBE = """
+import contextlib, io, json, sys
+from training.cli import main
+argv = json.loads(sys.argv[1])
+with contextlib.redirect_stdout(io.StringIO()) as out:
+    try:
+        code = main(argv)
+    except SystemExit as exit:
+        code = exit.code
+print(json.dumps({"code": code, "torch": "torch" in sys.modules, "trainer": "transformers.trainer" in sys.modules,
+                  "length": len(out.getvalue())}))
+"""
+
+
+@pytest.mark.integration
+def test_help_answers_without_importing_torch_or_the_trainer(tmp_path):
+    """`deepnmt --help` and every `deepnmt <command> --help`, in a fresh interpreter, import neither torch nor
+    transformers.trainer (`train --help` renders transformers' options once and reads them from the cache after)."""
+    import os
+    import subprocess
+
+    from training.cli import COMMANDS
+
+    env = {**os.environ, "DEEPNMT_CACHE": str(tmp_path / "cache")}
+
+    def probe(argv):
+        result = subprocess.run([sys.executable, "-c", HELP_PROBE, json.dumps(argv)], env=env, capture_output=True,
+                                text=True, timeout=300)
+        assert result.returncode == 0, result.stderr[-2000:]
+        return json.loads(result.stdout.strip().splitlines()[-1])
+
+    first = probe(["train", "--help"])
+    assert first["code"] == 0 and not first["trainer"]  # the first rendering needs transformers' training arguments
+    for argv in (["--help"], *([command, "--help"] for command in COMMANDS)):
+        seen = probe(argv)
+        assert seen["code"] == 0 and seen["length"] > 200, argv
+        assert not seen["torch"] and not seen["trainer"], argv
+    assert probe(["train", "--help"])["length"] == first["length"]

@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from conftest import tiny_model
 
 
+@pytest.mark.integration
 def test_compiled_training_step_matches_eager(batch):
     """A training forward + backward compiles as one graph (dropout on: inductor draws its own random numbers, so
     the losses are not compared); the compiled model in eval mode gives the eager logits."""
@@ -24,6 +26,7 @@ def test_compiled_training_step_matches_eager(batch):
         assert q.grad is not None and q.grad.shape == p.grad.shape, name
 
 
+@pytest.mark.integration
 def test_seq2seq_trainer_with_torch_compile_runs(batch, tmp_path):
     """About 30 s from a cold inductor cache on 2 CPU cores (1 s after the test above, which warms it)."""
     from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments

@@ -326,6 +326,7 @@ def test_warm_start_copies_every_trained_weight_and_linear_starts_as_vanilla(bat
         warm_start(vanilla, config=DeepTransformerConfig(**{**TINY, **DEEP, "vocab_size": 120}))
 
 
+@pytest.mark.integration
 def test_deepnmt_train_warm_start_option(small_corpus, tiny_folder, tmp_path):
     from conftest import train_argv
 
@@ -349,6 +350,7 @@ def test_deepnmt_train_warm_start_option(small_corpus, tiny_folder, tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------ around it
+@pytest.mark.integration
 def test_save_load_and_remote_code_in_a_fresh_process(tmp_path, tiny_tokenizer, batch):
     model = dou_model("all", vocab_size=len(tiny_tokenizer), diversity_weight=1.0)
     model.save_pretrained(tmp_path)

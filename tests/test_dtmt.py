@@ -392,6 +392,7 @@ def dtmt_folder(tmp_path_factory, tiny_tokenizer):
     return folder
 
 
+@pytest.mark.integration
 def test_saved_dtmt_loads_and_translates_where_hf_deepnmt_is_not_importable(dtmt_folder, tmp_path):
     model = AutoModelForSeq2SeqLM.from_pretrained(dtmt_folder).eval()
     tokenizer = AutoTokenizer.from_pretrained(dtmt_folder)

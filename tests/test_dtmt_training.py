@@ -34,6 +34,7 @@ def test_rnnplus_warmup_decay_is_equation_17():
     assert math.isclose(rnnplus_warmup_decay(200, 50, 100, 200, replicas=1), 0.5)
 
 
+@pytest.mark.integration
 def test_deepnmt_train_model_type_dtmt_with_the_papers_schedule(small_corpus, tmp_path):
     from training.train import train
 
@@ -74,6 +75,7 @@ def test_bad_lr_schedule_is_refused_before_any_work(small_corpus, tmp_path, caps
     assert not (tmp_path / "o" / "tokenizer.json").exists()
 
 
+@pytest.mark.integration
 def test_torchrun_trains_dtmt_with_gradient_checkpointing(small_corpus, tmp_path):
     """Two gloo processes (DDP), every parameter used every step, per-timestep gradient checkpointing on."""
     folder = tmp_path / "ddp"

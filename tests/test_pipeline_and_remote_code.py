@@ -140,6 +140,7 @@ FRESH_PROCESS = BLOCK_OUR_PACKAGES + textwrap.dedent(
 )
 
 
+@pytest.mark.integration
 def test_saved_folder_loads_and_translates_where_hf_deepnmt_is_not_importable(tiny_folder, loaded, tmp_path):
     model, tokenizer = loaded
     script = tmp_path / "fresh.py"
@@ -214,6 +215,7 @@ LOAD_QUIETLY = textwrap.dedent(
 )
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("family", ["admin_transformer", "deep_representation_transformer", "dtmt"])
 @pytest.mark.parametrize("mode", ["installed", "remote"])
 def test_loading_a_saved_model_prints_no_warning(family, mode, tiny_tokenizer, tmp_path):
@@ -412,6 +414,7 @@ REMOTE_LANGUAGES = BLOCK_OUR_PACKAGES + textwrap.dedent(
 )
 
 
+@pytest.mark.integration
 def test_remote_code_checks_the_languages_where_hf_deepnmt_is_not_importable(paired_folder, tmp_path):
     script = tmp_path / "remote_languages.py"
     script.write_text(REMOTE_LANGUAGES)

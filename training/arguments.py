@@ -12,15 +12,22 @@ import argparse
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
+from .errors import CommandLineError
+
 # One vocabulary for every command (docs/training.md, "The command line"): an option may be spelt with hyphens or
 # underscores (`--num-beams` = `--num_beams`), and these aliases name the same option everywhere.
 OPTION_ALIASES = {"--model": "--model_name_or_path", "--src_lang": "--source_lang", "--tgt_lang": "--target_lang"}
 # `deepnmt train` (and the quickstart, which runs it) call the beam of the final test evaluation `--eval_num_beams`.
 TRAIN_ALIASES = {**OPTION_ALIASES, "--num_beams": "--eval_num_beams"}
-
-
-class CommandLineError(ValueError):
-    """A command line that cannot run: `main` prints its one sentence on stderr and exits with code 2."""
+# The choices of `deepnmt export` / `deepnmt translate --engine`, spelt here so that `--help` needs no torch; they
+# are `hf_deepnmt.export`'s (tests/test_cli.py checks that they are the same).
+EXPORT_FORMATS: tuple[str, ...] = ("ctranslate2", "onnx", "marian")
+ENGINES: tuple[str, ...] = ("torch", "ctranslate2", "onnx")
+QUANTIZATIONS: dict[str, tuple[str, ...]] = {
+    "ctranslate2": ("int8", "int8_float32", "bfloat16"),
+    "onnx": ("int8",),
+    "marian": ("bfloat16",),
+}
 
 
 def underscored(argv: Sequence[str]) -> list[str]:

@@ -10,11 +10,14 @@ import os
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, Seq2SeqTrainingArguments
+from transformers import CONFIG_MAPPING, AutoModelForSeq2SeqLM, AutoTokenizer, Seq2SeqTrainingArguments
+from transformers.trainer_utils import get_last_checkpoint, sort_checkpoints
 
 import hf_deepnmt  # noqa: F401  (registers the model types)
+from hf_deepnmt.errors import UserInputError
+from hf_deepnmt.registry import model_type_names
 
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 
 
 def resume_target(training_args: Seq2SeqTrainingArguments) -> str | None:
@@ -24,17 +27,17 @@ def resume_target(training_args: Seq2SeqTrainingArguments) -> str | None:
     if requested in (None, "", "False", "false"):
         if existing is not None or (Path(output_dir) / "model.safetensors").exists():
             found = Path(existing).name if existing else "a trained model"
-            raise ValueError(
+            raise UserInputError(
                 f"--output_dir {output_dir} already holds {found}; continue it with --resume_from_checkpoint last, "
                 "or train into a new --output_dir (nothing a run trained is overwritten)."
             )
         return None
     if requested in ("last", "True", "true"):
         if existing is None:
-            raise ValueError(f"--resume_from_checkpoint last: {output_dir} holds no complete checkpoint-N yet.")
+            raise UserInputError(f"--resume_from_checkpoint last: {output_dir} holds no complete checkpoint-N yet.")
         target = existing
     elif not Path(requested).is_dir():
-        raise ValueError(f"--resume_from_checkpoint {requested!r} is not a checkpoint folder.")
+        raise UserInputError(f"--resume_from_checkpoint {requested!r} is not a checkpoint folder.")
     else:
         target = requested
     problem = checkpoint_problem(target)
@@ -43,7 +46,7 @@ def resume_target(training_args: Seq2SeqTrainingArguments) -> str | None:
                      and not checkpoint_problem(c)), None)
         offer = (f"the newest complete checkpoint is {good}: move {Path(target).name} away and resume with "
                  f"--resume_from_checkpoint {good}" if good else f"{output_dir} holds no other complete checkpoint")
-        raise ValueError(f"--resume_from_checkpoint {requested}: {target} cannot be resumed from ({problem}); "
+        raise UserInputError(f"--resume_from_checkpoint {requested}: {target} cannot be resumed from ({problem}); "
                          f"{offer}.")
     return target
 
@@ -54,13 +57,13 @@ def average_checkpoints(run_dir: str | os.PathLike, last: int = 10, output_dir: 
     from safetensors.torch import load_file
 
     run_dir = Path(run_dir)
-    steps = sorted(int(p.name.split("-")[-1]) for p in run_dir.glob("checkpoint-*") if p.name.split("-")[-1].isdigit())
+    checkpoints = sort_checkpoints(str(run_dir)) if run_dir.is_dir() else []  # oldest first
     if last < 1:
-        raise ValueError(f"`--last` = {last!r} is not allowed; average at least 1 checkpoint.")
-    if len(steps) < last:
-        raise ValueError(f"{run_dir} holds {len(steps)} checkpoint(s), fewer than --last {last}; keep more with "
-                         "--save_total_limit or average fewer.")
-    folders = [run_dir / f"checkpoint-{step}" for step in steps[-last:]]
+        raise UserInputError(f"`--last` = {last!r} is not allowed; average at least 1 checkpoint.")
+    if len(checkpoints) < last:
+        raise UserInputError(f"{run_dir} holds {len(checkpoints)} checkpoint(s), fewer than --last {last}; keep more "
+                             "with --save_total_limit or average fewer.")
+    folders = [Path(folder) for folder in checkpoints[-last:]]
     total: dict[str, torch.Tensor] = {}
     for folder in folders:
         for name, tensor in load_file(str(folder / "model.safetensors")).items():
@@ -81,51 +84,63 @@ def average_checkpoints(run_dir: str | os.PathLike, last: int = 10, output_dir: 
     return output_dir
 
 
-def last_checkpoint(output_dir: str) -> str | None:
-    """The newest complete ``checkpoint-N`` in ``output_dir`` (``.incomplete/`` is never considered)."""
-    if not os.path.isdir(output_dir):
-        return None
-    steps = [
-        int(name.split("-")[-1])
-        for name in os.listdir(output_dir)
-        if name.startswith(f"{PREFIX_CHECKPOINT_DIR}-") and name.split("-")[-1].isdigit()
-    ]
-    return os.path.join(output_dir, f"{PREFIX_CHECKPOINT_DIR}-{max(steps)}") if steps else None
+def last_checkpoint(output_dir: str | os.PathLike) -> str | None:
+    """The newest ``checkpoint-N`` of ``output_dir`` (transformers' `get_last_checkpoint`; a checkpoint being written
+    lives under ``.incomplete/`` until it is complete, so every ``checkpoint-N`` is whole), or None."""
+    return get_last_checkpoint(str(output_dir)) if os.path.isdir(output_dir) else None
 
 
-def checkpoint_problem(folder: str | os.PathLike) -> str | None:
-    """Why ``folder`` cannot be resumed from, in a few words (a missing or unreadable ``trainer_state.json``, no
-    weights, a truncated or corrupted ``model.safetensors``), or None for a complete checkpoint."""
-    folder = str(folder)
-    state = os.path.join(folder, "trainer_state.json")
-    try:
-        with open(state, encoding="utf-8") as handle:
-            json.load(handle)
-    except (OSError, ValueError):
-        return f"{state} is missing or unreadable"
-    weights = os.path.join(folder, "model.safetensors")
-    if not os.path.isfile(weights):
-        if any(os.path.isfile(os.path.join(folder, name)) for name in ("model.safetensors.index.json",
-                                                                        "pytorch_model.bin")):
-            return None
-        return f"{folder} holds no model weights"
-    from safetensors import safe_open
+def checkpoints_newest_first(output_dir: str | os.PathLike) -> list[str]:
+    """Every ``checkpoint-N`` folder of ``output_dir``, the highest step first (transformers' `sort_checkpoints`)."""
+    return sort_checkpoints(str(output_dir))[::-1] if os.path.isdir(output_dir) else []
 
-    try:
-        with safe_open(weights, framework="pt") as handle:
-            handle.keys()
-    except Exception:  # the Rust reader raises its own error types
-        return f"{weights} is truncated or corrupted"
+
+def weights_problem(folder: str | os.PathLike) -> str | None:
+    """Why the weights of a model folder or checkpoint cannot be read, in a few words (none, or a truncated or
+    corrupted ``model.safetensors``), or None. The one integrity check of saved weights."""
+    folder = Path(folder)
+    present = [folder / name for name in WEIGHT_FILES if (folder / name).is_file()]
+    if not present:
+        return f"{folder} holds no model weights ({', '.join(WEIGHT_FILES)})"
+    if present[0].name == "model.safetensors":
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(present[0]), framework="pt") as handle:
+                handle.keys()
+        except Exception:  # the Rust reader raises its own error types
+            return f"{present[0]} is truncated or corrupted"
     return None
 
 
-def checkpoints_newest_first(output_dir: str) -> list[str]:
-    """Every ``checkpoint-N`` folder of ``output_dir``, the highest step first."""
-    if not os.path.isdir(output_dir):
-        return []
-    steps = sorted((int(name.split("-")[-1]) for name in os.listdir(output_dir)
-                    if name.startswith(f"{PREFIX_CHECKPOINT_DIR}-") and name.split("-")[-1].isdigit()), reverse=True)
-    return [os.path.join(output_dir, f"{PREFIX_CHECKPOINT_DIR}-{step}") for step in steps]
+def checkpoint_problem(folder: str | os.PathLike) -> str | None:
+    """Why ``folder`` cannot be resumed from, in a few words (a missing or unreadable ``trainer_state.json``, or
+    `weights_problem`), or None for a complete checkpoint."""
+    state = Path(folder) / "trainer_state.json"
+    try:
+        json.loads(state.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return f"{state} is missing or unreadable"
+    return weights_problem(folder)
+
+
+def saved_model_problem(folder: str | os.PathLike) -> str | None:
+    """Why a saved model folder cannot load, in a few words (an unreadable ``config.json``, a ``model_type`` nobody
+    registered, or `weights_problem`), or None."""
+    config_file = Path(folder) / "config.json"
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        return f"{config_file} is not a readable JSON config ({error})"
+    model_type = config.get("model_type") if isinstance(config, dict) else None
+    if model_type not in CONFIG_MAPPING:
+        return (f"{config_file} names model_type {model_type!r}, which neither transformers nor hf_deepnmt knows "
+                f"(hf_deepnmt's: {', '.join(model_type_names())})")
+    problem = weights_problem(folder)
+    if problem and "holds no model weights" in problem:
+        return (f"{folder} holds a config but no weights ({', '.join(WEIGHT_FILES)}); a run killed before its final "
+                "save keeps its weights in checkpoint-N/ folders")
+    return problem and f"{problem}; use an earlier checkpoint-N/ or re-download it"
 
 
 def fsync_tree(path: str) -> None:

@@ -9,7 +9,8 @@
     deepnmt push DIR --repo_id    upload model + tokenizer + code + pipeline + card to the Hub
     deepnmt average-checkpoints   average the weights of a run's last N checkpoints (liu2020: last 10)
 
-`deepnmt <command> --help` documents every option. Set DEEPNMT_DEBUG=1 for tracebacks of argument errors.
+`deepnmt <command> --help` documents every option. A mistake in what you passed is one sentence (exit status 2);
+anything else shows its traceback. Set DEEPNMT_DEBUG=1 for tracebacks of the one-sentence errors too.
 """
 
 from __future__ import annotations
@@ -23,15 +24,23 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from typing import Any
+
+# Only the standard library and the light modules below at import time: `deepnmt --help` and every
+# `deepnmt <command> --help` answer without loading torch or transformers (each command imports what it needs after
+# its arguments are parsed; tests/test_cli.py checks sys.modules).
 from .arguments import (
+    ENGINES,
+    EXPORT_FORMATS,
     OPTION_ALIASES,
+    QUANTIZATIONS,
     TRAIN_ALIASES,
     CommandParser,
     add_model_option,
     canonical_options,
     underscored,
 )
-from .trainer import NonFiniteLossError
+from .errors import CommandLineError, NonFiniteLossError, hub_lookup, is_user_mistake
 
 COMMANDS = ("quickstart", "train", "evaluate", "diagnose", "translate", "export", "push", "average-checkpoints")
 
@@ -40,12 +49,6 @@ def _top_level_help() -> str:
 
 
 def _evaluate(argv: Sequence[str]) -> int:
-    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
-
-    from .data import read_parallel_file
-    from .recipes import resolve_path
-    from .translate import corpus_source_reliance, evaluate_model
-
     parser = CommandParser(prog="deepnmt evaluate", description="Score a saved model on a test file "
                            "(BLEU, chrF, TER with sacreBLEU signatures) using beam search.")
     add_model_option(parser, "Saved model folder (or Hub id).")
@@ -64,8 +67,11 @@ def _evaluate(argv: Sequence[str]) -> int:
     args = parser.parse_args(argv)
     if args.num_beams < 1 or args.batch_size < 1 or args.reliance_pairs < 1:
         parser.error("--num_beams, --batch_size and --reliance_pairs must be ≥ 1.")
-    model = AutoModelForSeq2SeqLM.from_pretrained(args.model)
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    from .data import read_parallel_file
+    from .recipes import resolve_path
+    from .translate import corpus_source_reliance, evaluate_model
+
+    model, tokenizer = load_model_and_tokenizer(args.model)
     corpus = read_parallel_file(resolve_path(args.test_file), args.source_lang, args.target_lang, args.max_samples)
     scores, hypotheses = evaluate_model(args.model, args.test_file, args.source_lang, args.target_lang,
                                         num_beams=args.num_beams, batch_size=args.batch_size,
@@ -87,14 +93,6 @@ def _evaluate(argv: Sequence[str]) -> int:
 
 
 def _diagnose(argv: Sequence[str]) -> int:
-    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
-
-    import hf_deepnmt  # noqa: F401
-
-    from .data import read_parallel_file
-    from .diagnose import diagnose
-    from .recipes import resolve_path
-
     parser = CommandParser(prog="deepnmt diagnose", description="Tell a collapsed or stalled model from a "
                            "healthy one: source reliance (li2022's collapse monitor), and per decoder layer "
                            "the cross-attention share ‖CrossAttn(h)‖/‖h‖ and its attention entropy.")
@@ -108,11 +106,14 @@ def _diagnose(argv: Sequence[str]) -> int:
     args = parser.parse_args(argv)
     if args.pairs < 1:
         parser.error(f"--pairs {args.pairs} is not allowed; use 1 or more.")
-    model = AutoModelForSeq2SeqLM.from_pretrained(args.model)
+    from .data import read_parallel_file
+    from .diagnose import diagnose
+    from .recipes import resolve_path
+
+    model, tokenizer = load_model_and_tokenizer(args.model)
     if not hasattr(model.get_decoder(), "layers"):
-        raise ValueError(f"deepnmt diagnose: {args.model} is a {model.config.model_type} model; the per-layer "
-                         "cross-attention measurements need a Transformer of this package.")
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
+        raise CommandLineError(f"deepnmt diagnose: {args.model} is a {model.config.model_type} model; the "
+                               "per-layer cross-attention measurements need a Transformer of this package.")
     corpus = read_parallel_file(resolve_path(args.test_file), args.source_lang, args.target_lang, args.pairs)
     result = diagnose(model, tokenizer, corpus.sources, corpus.targets, args.pairs)
     print(result.report())
@@ -122,16 +123,6 @@ def _diagnose(argv: Sequence[str]) -> int:
 
 
 def _translate(argv: Sequence[str]) -> int:
-    import torch
-    from transformers import AutoTokenizer
-
-    import hf_deepnmt  # noqa: F401
-    from hf_deepnmt.export import ENGINES, load_engine
-
-    from tqdm.auto import tqdm
-
-    from .translate import completed_lines, translate_windows
-
     parser = CommandParser(prog="deepnmt translate", description="Translate one sentence per line "
                            "from a file or stdin to stdout (batched, beam search).")
     add_model_option(parser, "Saved model folder (or Hub id); with --engine ctranslate2 or onnx, a folder written "
@@ -164,11 +155,20 @@ def _translate(argv: Sequence[str]) -> int:
         parser.error(f"--input {args.input} does not exist")
     if args.resume and args.output == "-":
         parser.error("--resume needs --output FILE (the lines already translated are read from it)")
+    import torch
+    from tqdm.auto import tqdm
+    from transformers import AutoTokenizer
+
+    from hf_deepnmt.export import load_engine
+
+    from .translate import completed_lines, translate_windows
+
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    engine = load_engine(args.model, args.engine, intra_threads=args.threads or torch.get_num_threads(),
-                         bf16=args.bf16)
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    with hub_lookup(args.model):
+        engine = load_engine(args.model, args.engine, intra_threads=args.threads or torch.get_num_threads(),
+                             bf16=args.bf16)
+        tokenizer = AutoTokenizer.from_pretrained(args.model)
     window = args.batch_size if args.stream else args.window
     done = completed_lines(args.output) if args.resume else 0
     total = None
@@ -195,11 +195,6 @@ def _translate(argv: Sequence[str]) -> int:
 
 
 def _export(argv: Sequence[str]) -> int:
-    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
-
-    import hf_deepnmt  # noqa: F401
-    from hf_deepnmt.export import EXPORT_FORMATS, QUANTIZATIONS, export_model
-
     quantizations = sorted({name for names in QUANTIZATIONS.values() for name in names})
     parser = CommandParser(prog="deepnmt export", description="Export a saved model for fast inference: "
                            "ctranslate2 (CTranslate2 model + vocabulary), onnx (encoder.onnx + "
@@ -224,9 +219,10 @@ def _export(argv: Sequence[str]) -> int:
         parser.error("give one model (MODEL or --model_name_or_path) and one output folder (OUTPUT or --output_dir)")
     output = Path(args.output)
     if output.exists() and any(output.iterdir()) and not args.force:
-        raise ValueError(f"the output folder {output} is not empty; choose a new one or pass --force.")
-    model = AutoModelForSeq2SeqLM.from_pretrained(args.model)
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
+        raise CommandLineError(f"the output folder {output} is not empty; choose a new one or pass --force.")
+    from hf_deepnmt.export import export_model
+
+    model, tokenizer = load_model_and_tokenizer(args.model)
     export_model(model, tokenizer, output, args.format, args.quantization)
     print(f"wrote a {args.format} export ({args.quantization or 'float32'}) of {args.model} to {output}; try: "
           f"deepnmt translate --engine {'torch' if args.format == 'marian' else args.format} --model {output}")
@@ -268,8 +264,6 @@ def _push(argv: Sequence[str]) -> int:
 
 
 def _average(argv: Sequence[str]) -> int:
-    from .checkpoints import average_checkpoints
-
     parser = CommandParser(prog="deepnmt average-checkpoints", description="Average the weights of the "
                            "last N complete checkpoint-* folders of a run into a complete model folder "
                            "(liu2020 and fairseq evaluate the average of the last 10).")
@@ -278,6 +272,8 @@ def _average(argv: Sequence[str]) -> int:
     parser.add_argument("--output", default=None, help="Where to write the averaged model (default: "
                         "RUN_DIR/averaged-lastN).")
     args = parser.parse_args(argv)
+    from .checkpoints import average_checkpoints
+
     print(average_checkpoints(args.run_dir, args.last, args.output))
     return 0
 
@@ -306,8 +302,8 @@ SAVED_MARKERS = ("config.json", "tokenizer.json", "deepnmt_export.json")
 
 def check_references(argv: Sequence[str]) -> None:
     """Refuse, before anything loads, a model/tokenizer option that names a local path that does not exist, a file,
-    or a folder holding no saved model — which the Hub client would otherwise report as an invalid repository id —
-    and an ``--output_dir`` that is an existing file."""
+    or a folder holding no saved model — which the Hub client would otherwise report as an invalid repository id or a
+    failed connection — and an ``--output_dir`` that is an existing file."""
     for index, token in enumerate(argv):
         flag, has_value, value = token.partition("=")
         if not has_value:
@@ -315,55 +311,65 @@ def check_references(argv: Sequence[str]) -> None:
         if flag in MODEL_REFERENCE_FLAGS and value:
             path = Path(value).expanduser()
             if path.is_file():
-                raise ValueError(f"`{flag}` = {value!r} is a file; it must be a saved model folder or a Hub id.")
+                raise CommandLineError(f"`{flag}` = {value!r} is a file; it must be a saved model folder or a Hub id.")
             if path.is_dir() and not any((path / marker).exists() for marker in SAVED_MARKERS):
-                raise ValueError(f"`{flag}` = {value!r} is a folder without a saved model (no "
-                                 f"{', '.join(SAVED_MARKERS)}); pass the folder that `deepnmt train` or "
-                                 "`save_pretrained` wrote.")
+                raise CommandLineError(f"`{flag}` = {value!r} is a folder without a saved model (no "
+                                       f"{', '.join(SAVED_MARKERS)}); pass the folder that `deepnmt train` or "
+                                       "`save_pretrained` wrote.")
+            # "name" or "owner/name" may be a Hub id (looked up when loading, `hub_lookup`); anything else that looks
+            # like a path names a missing folder
             looks_local = value.startswith(("/", "./", "../", "~", ".")) or value.count("/") > 1
             if not path.exists() and looks_local:
-                raise ValueError(f"`{flag}` = {value!r} does not exist; pass a saved model folder or a Hub id "
-                                 "(owner/name).")
+                raise CommandLineError(f"`{flag}` = {value!r} does not exist; pass a saved model folder or a Hub id "
+                                       "(owner/name).")
             exported = (path / "deepnmt_export.json").is_file()  # a `deepnmt export` folder has its engine's config
             if flag != "--tokenizer_name" and (path / "config.json").is_file() and not exported:
                 check_saved_model(path, flag)
         if flag == "--output_dir" and value and Path(value).expanduser().is_file():
-            raise ValueError(f"`--output_dir` = {value!r} is an existing file; pass a folder (it is created).")
-
-
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+            raise CommandLineError(f"`--output_dir` = {value!r} is an existing file; pass a folder (it is created).")
 
 
 def check_saved_model(folder: Path, flag: str = "--model") -> None:
-    """One sentence naming the file when a saved model folder cannot load: unreadable ``config.json``, a
-    ``model_type`` nobody registered, no weights, or a truncated/corrupted ``model.safetensors``."""
-    from transformers import CONFIG_MAPPING
+    """One sentence naming the file when a saved model folder cannot load (`training.checkpoints.saved_model_problem`:
+    unreadable ``config.json``, a ``model_type`` nobody registered, no weights, a truncated/corrupted
+    ``model.safetensors``)."""
+    from .checkpoints import saved_model_problem
 
-    import hf_deepnmt  # noqa: F401  (registers this package's model types)
+    problem = saved_model_problem(folder)
+    if problem:
+        raise CommandLineError(f"`{flag}`: {problem}.")
 
-    config_file = folder / "config.json"
-    try:
-        config = json.loads(config_file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"`{flag}`: {config_file} is not a readable JSON config ({error}).") from None
-    model_type = config.get("model_type") if isinstance(config, dict) else None
-    if model_type not in CONFIG_MAPPING:
-        raise ValueError(f"`{flag}`: {config_file} names model_type {model_type!r}, which neither transformers nor "
-                         "hf_deepnmt knows (hf_deepnmt's: deep_transformer, admin_transformer, "
-                         "deep_decoder_transformer, deep_representation_transformer, dtmt).")
-    weights = [folder / name for name in WEIGHT_FILES if (folder / name).is_file()]
-    if not weights:
-        raise ValueError(f"`{flag}`: {folder} holds a config but no weights ({', '.join(WEIGHT_FILES)}); a run "
-                         "killed before its final save keeps its weights in checkpoint-N/ folders.")
-    if weights[0].name == "model.safetensors":
-        from safetensors import safe_open
 
-        try:
-            with safe_open(str(weights[0]), framework="pt") as handle:
-                handle.keys()
-        except Exception as error:  # the Rust reader raises its own error type
-            raise ValueError(f"`{flag}`: {weights[0]} is truncated or corrupted ({error}); use an earlier "
-                             "checkpoint-N/ or re-download it.") from None
+def load_model_and_tokenizer(value: str) -> tuple[Any, Any]:
+    """The model and tokenizer of a saved folder or Hub id (`hub_lookup` names a missing one)."""
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    import hf_deepnmt  # noqa: F401  (registers this package's model types with the Auto classes)
+
+    with hub_lookup(value):
+        return AutoModelForSeq2SeqLM.from_pretrained(value), AutoTokenizer.from_pretrained(value)
+
+
+def train_help() -> str:
+    """`deepnmt train --help`: rendered by transformers' argument parser once, then read from the cache
+    (`training.help_cache`), so that it answers without loading torch."""
+    from .help_cache import cached_help, store_help
+
+    text = cached_help("train")
+    if text is None:
+        import io
+
+        from .train_arguments import parse_train_args
+
+        rendered = io.StringIO()
+        with contextlib.redirect_stdout(rendered):
+            try:
+                parse_train_args(["--help"])
+            except SystemExit:  # argparse prints the help and exits
+                pass
+        text = rendered.getvalue()
+        store_help("train", text)
+    return text
 
 
 def _close_process_group() -> None:
@@ -391,6 +397,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         rest = underscored(rest)
         check_references(rest)  # names the option as the user spelt it (`--model` or `--model_name_or_path`)
         rest = canonical_options(rest, TRAIN_ALIASES if command in ("train", "quickstart") else OPTION_ALIASES)
+        if command == "train" and rest in (["--help"], ["-h"]):
+            print(train_help(), end="")
+            return 0
         if command == "train":
             from .report import print_train_summary
             from .train import train
@@ -401,20 +410,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             code = {"evaluate": _evaluate, "diagnose": _diagnose, "translate": _translate, "export": _export,
                     "push": _push, "quickstart": _quickstart, "average-checkpoints": _average}[command](rest)
-    except (ValueError, FileNotFoundError) as error:  # user mistakes: one sentence, no traceback
-        if os.environ.get("DEEPNMT_DEBUG"):
-            raise
-        print(f"deepnmt {command}: {error}", file=sys.stderr)
-        return 2
-    except OSError as error:  # a model or file that cannot be read (e.g. a Hub id while offline)
-        if os.environ.get("DEEPNMT_DEBUG"):
-            raise
-        text = str(error.args[0] if error.args else error).strip().strip('"').strip()
-        print(f"deepnmt {command}: {text.splitlines()[0] if text else repr(error)}", file=sys.stderr)
-        return 2
     except NonFiniteLossError as error:
         print(f"deepnmt {command}: {error}", file=sys.stderr)
         return 3
+    except Exception as error:
+        if not is_user_mistake(error) or os.environ.get("DEEPNMT_DEBUG"):
+            raise  # a bug shows its traceback; only the project's own user-mistake errors are one sentence
+        print(f"deepnmt {command}: {error}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         if os.environ.get("DEEPNMT_DEBUG"):
             raise

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from hf_deepnmt.errors import UserInputError
+
 
 @dataclass
 class Diagnosis:
@@ -54,7 +56,7 @@ def diagnose(model, tokenizer, sources: Sequence[str], targets: Sequence[str], m
 
     pairs = [(s, t) for s, t in zip(sources, targets) if s.strip() and t.strip()][:max_pairs]
     if not pairs:
-        raise ValueError("diagnose needs at least one non-empty sentence pair.")
+        raise UserInputError("diagnose needs at least one non-empty sentence pair.")
     model.eval()
     reliance = corpus_source_reliance(model, tokenizer, [s for s, _ in pairs], [t for _, t in pairs], max_pairs)
     decoder = model.get_decoder()

@@ -10,6 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from .errors import CommandLineError
+
 REQUIRED = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "README.md")
 EXCLUDED_PREFIXES = ("checkpoint-", ".", "_", "runs")
 EXCLUDED_NAMES = ("optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json")
@@ -21,12 +23,12 @@ def files_to_upload(folder: str | Path, include_subfolders: bool = False) -> lis
     models and go up only with ``include_subfolders`` (checkpoints never)."""
     folder = Path(folder)
     if not folder.is_dir():
-        raise FileNotFoundError(f"{folder} is not a model folder.")
+        raise CommandLineError(f"{folder} is not a model folder.")
     missing = [name for name in REQUIRED if not (folder / name).exists()]
     if not any(folder.glob("modeling_*.py")):
         missing.append("modeling_*.py (the remote code; save with hf_deepnmt imported)")
     if missing:
-        raise FileNotFoundError(f"{folder} cannot be pushed: missing {', '.join(missing)}.")
+        raise CommandLineError(f"{folder} cannot be pushed: missing {', '.join(missing)}.")
     files = []
     for path in sorted(folder.rglob("*")):
         relative = path.relative_to(folder)

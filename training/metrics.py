@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 import sacrebleu
 
+from hf_deepnmt.errors import UserInputError
+
 
 @dataclass
 class TranslationScores:
@@ -30,9 +32,9 @@ class TranslationScores:
 def score_translations(hypotheses: Sequence[str], references: Sequence[str]) -> TranslationScores:
     """BLEU, chrF and TER of detokenized hypotheses against one reference each."""
     if len(hypotheses) != len(references):
-        raise ValueError(f"score_translations: {len(hypotheses)} hypotheses but {len(references)} references.")
+        raise UserInputError(f"score_translations: {len(hypotheses)} hypotheses but {len(references)} references.")
     if not hypotheses:
-        raise ValueError("score_translations: nothing to score (no sentences).")
+        raise UserInputError("score_translations: nothing to score (no sentences).")
     bleu, chrf, ter = sacrebleu.BLEU(), sacrebleu.CHRF(), sacrebleu.TER()
     refs = [list(references)]
     bleu_score = bleu.corpus_score(list(hypotheses), refs)

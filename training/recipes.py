@@ -27,6 +27,8 @@ from typing import Any
 
 import yaml
 
+from hf_deepnmt.errors import UserInputError
+
 from .corpus import corpus_dir
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
@@ -42,6 +44,14 @@ def resolve_path(value: Any) -> Any:
     return value
 
 
+def _closest(name: str, names: list[str]) -> str:
+    """" (did you mean a or b?)" for the names closest to a misspelt ``name``, else ""."""
+    import difflib
+
+    close = difflib.get_close_matches(Path(name).stem, sorted(names), n=3, cutoff=0.5)
+    return f" (did you mean {' or '.join(close)}?)" if close else ""
+
+
 def find_recipe(name_or_path: str) -> Path:
     """A recipe file path, or the name of one shipped in ``training/recipes`` (with or without ``.yaml``)."""
     path = Path(name_or_path)
@@ -50,8 +60,9 @@ def find_recipe(name_or_path: str) -> Path:
     shipped = RECIPES_DIR / (name_or_path if name_or_path.endswith(".yaml") else f"{name_or_path}.yaml")
     if shipped.exists():
         return shipped
-    available = ", ".join(sorted(p.stem for p in RECIPES_DIR.glob("*.yaml")))
-    raise FileNotFoundError(f"--recipe {name_or_path!r} is neither a file nor a shipped recipe ({available}).")
+    raise UserInputError(f"--recipe {name_or_path!r} is neither a file nor a shipped recipe"
+                         + _closest(name_or_path, [p.stem for p in RECIPES_DIR.glob("*.yaml")])
+                         + "; `deepnmt train --help` lists every recipe.")
 
 
 def load_recipe(name_or_path: str) -> dict[str, dict[str, Any]]:
@@ -59,10 +70,10 @@ def load_recipe(name_or_path: str) -> dict[str, dict[str, Any]]:
     path = find_recipe(name_or_path)
     recipe = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     if not isinstance(recipe, dict):
-        raise ValueError(f"{path}: a recipe is a mapping with sections {list(SECTIONS)}.")
+        raise UserInputError(f"{path}: a recipe is a mapping with sections {list(SECTIONS)}.")
     unknown = set(recipe) - set(SECTIONS)
     if unknown:
-        raise ValueError(f"{path}: unknown section(s) {sorted(unknown)}; allowed: {list(SECTIONS)}.")
+        raise UserInputError(f"{path}: unknown section(s) {sorted(unknown)}; allowed: {list(SECTIONS)}.")
     return {section: dict(recipe.get(section) or {}) for section in SECTIONS}
 
 
@@ -102,8 +113,9 @@ def load_model_config_dict(config_name: str | None, recipe_model: dict[str, Any]
         if path.is_dir():
             path = path / "config.json"
         if not path.exists():
-            available = ", ".join(sorted(p.stem for p in PRESETS_DIR.glob("*.json")))
-            raise FileNotFoundError(f"--config_name {name!r} is neither a config file/folder nor a preset ({available}).")
+            raise UserInputError(f"--config_name {name!r} is neither a config file/folder nor a preset"
+                                 + _closest(name, [p.stem for p in PRESETS_DIR.glob("*.json")])
+                                 + "; `deepnmt train --help` lists every preset.")
         base = json.loads(path.read_text(encoding="utf-8"))
     return {**base, **fields}
 
@@ -115,7 +127,7 @@ def parse_overrides(text: str | None) -> dict[str, Any]:
         return overrides
     for item in text.split(","):
         if "=" not in item:
-            raise ValueError(f"--config_overrides item {item!r} is not KEY=VALUE.")
+            raise UserInputError(f"--config_overrides item {item!r} is not KEY=VALUE.")
         key, raw = (part.strip() for part in item.split("=", 1))
         overrides[key] = yaml.safe_load(raw)
     return overrides

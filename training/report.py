@@ -60,6 +60,9 @@ def print_train_summary(outcome: "TrainOutcome", elapsed: float) -> None:
         "",
         f"deepnmt train finished in {elapsed / 60:.1f} min ({outcome.timings.get('train_seconds', 0) / 60:.1f} min "
         f"training, {outcome.trainer.state.global_step} steps) -> {folder}",
+        "data: " + "  ".join(f"{stage} {outcome.timings[f'{stage}_seconds']:.1f} s"
+                             for stage in ("read", "bpe", "tokenize", "batching")
+                             if f"{stage}_seconds" in outcome.timings),
         f"test ({scores.num_sentences} sentences, beam {beams}): BLEU {scores.bleu}  chrF {scores.chrf}  "
         f"TER {scores.ter}" if scores else "test: not evaluated (pass --test_file to score the model)",
         f"model card: {folder / 'README.md'}   metrics: {folder / 'metrics.json'}",

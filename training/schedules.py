@@ -19,6 +19,8 @@ from collections.abc import Callable
 
 import torch
 
+from hf_deepnmt.errors import UserInputError
+
 SCHEDULES = ("rnnplus_warmup_decay",)
 
 
@@ -33,11 +35,11 @@ def rnnplus_warmup_decay(step: int, warmup_steps: int, decay_start: int, decay_e
 def check_rnnplus_arguments(warmup_steps: int, decay_start: int, decay_end: int, replicas: int) -> None:
     """One ValueError sentence for each argument Eq. (17) cannot use."""
     if warmup_steps < 0:
-        raise ValueError(f"rnnplus_warmup_decay: `warmup_steps` = {warmup_steps!r} is not allowed; use an integer ≥ 0.")
+        raise UserInputError(f"rnnplus_warmup_decay: `warmup_steps` = {warmup_steps!r} is not allowed; use an integer ≥ 0.")
     if replicas < 1:
-        raise ValueError(f"rnnplus_warmup_decay: `replicas` = {replicas!r} is not allowed; use an integer ≥ 1.")
+        raise UserInputError(f"rnnplus_warmup_decay: `replicas` = {replicas!r} is not allowed; use an integer ≥ 1.")
     if decay_start < 0 or decay_end <= decay_start:
-        raise ValueError(f"rnnplus_warmup_decay: decay start/end = {decay_start!r}/{decay_end!r} are not allowed; use "
+        raise UserInputError(f"rnnplus_warmup_decay: decay start/end = {decay_start!r}/{decay_end!r} are not allowed; use "
                          "0 ≤ start < end (the paper's Zh-En values are 8000 and 64000).")
 
 

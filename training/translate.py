@@ -15,6 +15,7 @@ import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 import hf_deepnmt  # noqa: F401  (registers the model types)
+from hf_deepnmt.errors import UserInputError
 
 from .data import read_parallel_file
 from .metrics import TranslationScores, score_translations
@@ -70,7 +71,7 @@ def translate_windows(model, tokenizer, lines: Iterable[str], window: int = 10_0
     then reads on. At most ``window`` lines and their translations are held at a time; ``window = batch_size`` is
     the lowest latency (pipes, interactive use). ``progress``, a tqdm bar, is advanced by the lines translated."""
     if window < 1 or batch_size < 1:
-        raise ValueError(f"`window` = {window} and `batch_size` = {batch_size} must both be ≥ 1.")
+        raise UserInputError(f"`window` = {window} and `batch_size` = {batch_size} must both be ≥ 1.")
     chunk: list[str] = []
     for line in lines:
         chunk.append(line.rstrip("\r\n"))
@@ -83,12 +84,6 @@ def translate_windows(model, tokenizer, lines: Iterable[str], window: int = 10_0
         yield from translate_sentences(model, tokenizer, chunk, batch_size=batch_size, progress=False, **options)
         if progress is not None:
             progress.update(len(chunk))
-
-
-def translate_stream(model, tokenizer, lines: Iterable[str], batch_size: int = 32, **options: Any) -> Iterator[str]:
-    """`translate_windows` with a window of one batch: each batch's translations come out before the next batch is
-    read (for pipes and interactive use)."""
-    yield from translate_windows(model, tokenizer, lines, window=batch_size, batch_size=batch_size, **options)
 
 
 def completed_lines(path: str | os.PathLike) -> int:
@@ -138,7 +133,7 @@ def corpus_source_reliance(model, tokenizer, sources: Sequence[str], targets: Se
 
     pairs = [(s, t) for s, t in zip(sources, targets) if s.strip() and t.strip()][:max_pairs]
     if not pairs:
-        raise ValueError("source reliance needs at least one non-empty sentence pair.")
+        raise UserInputError("source reliance needs at least one non-empty sentence pair.")
     limit = min(tokenizer.model_max_length, getattr(model.config, "max_position_embeddings", 1024))
     encoded = tokenizer([s for s, _ in pairs], text_target=[t for _, t in pairs], padding=True, truncation=True,
                         max_length=limit, return_tensors="pt").to(model.device)

@@ -34,9 +34,24 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.measure import DOU2018_VARIANTS
-
 from .common import RESULTS, history, plot_runs, series
+
+# dou2018 Table 1 rows as config switches (benchmarks/measure.py times the same rows)
+DOU2018_VARIANTS: dict[str, dict[str, object]] = {
+    "vanilla": {},
+    "dense": {"encoder_layer_aggregation": "dense", "decoder_layer_aggregation": "dense"},
+    "linear": {"encoder_layer_aggregation": "linear", "decoder_layer_aggregation": "linear"},
+    "iterative": {"encoder_layer_aggregation": "iterative", "decoder_layer_aggregation": "iterative"},
+    "hierarchical": {"encoder_layer_aggregation": "hierarchical", "decoder_layer_aggregation": "hierarchical"},
+    "mla2": {"multi_layer_attention_k": 2},
+    "mla3": {"multi_layer_attention_k": 3},
+    "hierarchical+div": {"encoder_layer_aggregation": "hierarchical", "decoder_layer_aggregation": "hierarchical",
+                         "diversity_weight": 1.0},
+}
+# dou2018 Table 1 (Base, P40): training steps/s and decoding sentences/s, for the ratios against row 1.
+DOU2018_TABLE_1 = {"vanilla": (1.82, 1.33), "dense": (1.69, 1.28), "linear": (1.59, 1.26), "iterative": (1.32, 1.22),
+                   "hierarchical": (1.46, 1.25), "mla2": (1.19, 1.05), "mla3": (1.12, 1.00),
+                   "hierarchical+div": (1.41, 1.25)}
 
 ROWS = ("vanilla", "dense", "linear", "iterative", "hierarchical", "mla2", "hierarchical-div")
 LABELS = {"vanilla": "TRANSFORMER (vanilla)", "dense": "+ Dense Connection", "linear": "+ Linear Combination",

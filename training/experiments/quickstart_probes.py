@@ -54,36 +54,10 @@ def command(name: str, work: Path) -> list[str]:
             *PROBES[name]]
 
 
-def step_times(repeats: int = 8) -> dict[str, float]:
-    """Median seconds of one training step (forward, backward, AdamW) of each probe's model, with the benchmark
-    harness's timing (`benchmarks.measure.training_throughput`: the models' steps interleaved, so load affects all
-    alike) on its synthetic 2048-source-token batch and 8000-token vocabulary, 1 thread."""
-    import torch
-
-    from benchmarks.common import build_ours, synthetic_batch
-    from benchmarks.measure import training_throughput
-    from training.recipes import load_recipe, parse_overrides
-
-    torch.set_num_threads(1)
-    recipe = load_recipe("miniature")["model"]
-    dims = {key: recipe[key] for key in ("d_model", "encoder_ffn_dim", "decoder_ffn_dim", "encoder_attention_heads",
-                                         "decoder_attention_heads")}
-    models = {}
-    for name, options in PROBES.items():
-        probe = parse_overrides(options[options.index("--config_overrides") + 1])  # dropout and the layer counts
-        layers = {key: probe.pop(key) for key in ("encoder_layers", "decoder_layers")}
-        models[name] = build_ours({**dims, **layers, "vocab_size": 8000, "max_position_embeddings": 512},
-                                  layer_norm_position=recipe["layer_norm_position"], **probe)
-    measured = training_throughput(models, synthetic_batch(tokens=2048), repeats=repeats)
-    return measured["median_s"]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--probes", default="", help=f"Comma-separated probes to train, of {list(PROBES)}.")
     parser.add_argument("--collect", action="store_true", help="Only build the table from finished probes.")
-    parser.add_argument("--step_times", action="store_true",
-                        help="Also time one training step of every probe's model (1 thread) for the table.")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--work_dir", default="runs/probe")
     parser.add_argument("--results", default=str(RESULTS))
@@ -111,8 +85,8 @@ def main() -> None:
                       "test": metrics.get("test"), "timings_seconds": metrics.get("timings_seconds")}
     results = Path(args.results)
     previous = results / "quickstart_probes.json"
-    timed = step_times() if args.step_times else (
-        json.loads(previous.read_text()).get("step_seconds", {}) if previous.exists() else {})
+    # step times are measured by `python -m benchmarks.quickstart_probe_steps` (the benchmark harness) and kept here
+    timed = json.loads(previous.read_text()).get("step_seconds", {}) if previous.exists() else {}
     (results / "quickstart_probes.json").write_text(json.dumps({"probes": rows, "step_seconds": timed}, indent=2)
                                                     + "\n")
     lines = ["# Quickstart probes: variants of the old quickstart recipe (now `miniature`) at equal steps", "",
@@ -135,7 +109,8 @@ def main() -> None:
     if timed:
         lines += ["", "*step time vs old*: median time of one training step (forward, backward, AdamW) of the probe's "
                   "model over that of the old quickstart model: the benchmark harness's synthetic batch of 2048 source "
-                  "tokens (8000-token vocabulary), 1 thread, median of 8 interleaved repeats (`--step_times`)."]
+                  "tokens (8000-token vocabulary), 1 thread, median of 8 interleaved repeats "
+                  "(`python -m benchmarks.quickstart_probe_steps`)."]
     lines += [""] + [f"- {name}: `{row['command']}`" for name, row in rows.items()]
     (results / "quickstart_probes.md").write_text("\n".join(lines) + "\n")
 
