@@ -507,6 +507,15 @@ class DeepTransformerConfig(PreTrainedConfig):
                 "differ only by dropout or cross-attention drop, and all dropouts are 0 with no drop-net; set a "
                 "dropout or ddr_weight=0.")
 
+        for side in ("encoder", "decoder"):
+            layers = getattr(self, f"{side}_layers")
+            if getattr(self, f"{side}_layer_aggregation") == "dense" and self.layer_norm_position == "post" and layers > 2:
+                logger.warning_once(
+                    f"{name}: {side}_layer_aggregation='dense' with layer_norm_position='post' adds the normalised "
+                    f"outputs of every layer below (dou2018 Eq. (4) read literally), so the {side}'s representation "
+                    f"about doubles in scale per layer (≈{2 ** (layers - 1)}× at layer {layers}) and reaches the "
+                    "next stage unnormalised; docs/dou2018.md, 'Dense under post-LN'.")
+
     def cross_attention_keep_schedule(self) -> list[float]:
         """Per decoder layer (bottom first), the probability that its cross-attention runs in a training pass.
 

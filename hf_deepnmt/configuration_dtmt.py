@@ -94,10 +94,11 @@ class DTMTConfig(PreTrainedConfig):
         init_range (`float`, defaults to 0.08):
             Every weight, embedding and bias starts uniform in [-init_range, init_range] (§Training Details);
             LayerNorm gains start at 1 and offsets at 0. Positive.
-        label_smoothing (`float`, defaults to 0.0):
+        label_smoothing (`float`, defaults to 0.1):
             ε of the label-smoothed NLL the model's own training-mode loss uses when the caller passes none (a stock
             `Seq2SeqTrainer` or a plain loop; `DeepNMTTrainer` passes its ``label_smoothing_factor``, and `deepnmt
-            train` records it here). meng2019 states no smoothing (Eq. (1) is the plain NLL); in [0, 1).
+            train` records it here). meng2019 §Advanced Techniques: "uniform label smoothing with an uncertainty=0.1"
+            (Eq. (1) writes the plain NLL it is applied to); 0.0 trains the plain NLL. In [0, 1).
         layer_norm_eps (`float`, defaults to 1e-6):
             Epsilon of the per-gate LayerNorms (the authors' value), in (0, 1).
         max_position_embeddings (`int`, defaults to 1024):
@@ -153,7 +154,7 @@ class DTMTConfig(PreTrainedConfig):
         rnn_dropout: float = 0.3,
         readout_dropout: float = 0.5,
         init_range: float = 0.08,
-        label_smoothing: float = 0.0,
+        label_smoothing: float = 0.1,
         layer_norm_eps: float = 1e-6,
         max_position_embeddings: int = 1024,
         share_encoder_decoder_embeddings: bool = False,

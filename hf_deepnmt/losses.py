@@ -293,8 +293,9 @@ def ald_views(
 
     Each sentence draws γ ~ U[0, p_ALD) (or takes ``gamma`` ``(B,)``); of its n replaceable tokens
     (`replaceable_source_positions`), X⁺ replaces round(γ·n) by ``<unk>`` and X⁻ round((1−γ)·n). Both take the
-    positions from one random order, so X⁻'s ``<unk>`` positions include X⁺'s: X⁺ always keeps strictly more of the
-    source (li2022 does not say whether the two draws are related; this is our choice, docs/li2022.md). Random numbers
+    positions from one random order, so X⁻'s ``<unk>`` positions include X⁺'s, and X⁻ masks at least one token more
+    when rounding would make the counts equal: X⁺ keeps strictly more of the source whenever n ≥ 1 (li2022 does not
+    say whether the two draws are related nor how γ·n is rounded; our choices, docs/li2022.md). Random numbers
     come from torch's generator (seeded, resumable).
     """
     replaceable = replaceable_source_positions(input_ids, attention_mask, config)  # (B, S)
@@ -304,6 +305,9 @@ def ald_views(
     gamma = gamma.to(device=input_ids.device, dtype=torch.float32)
     k_pos = torch.round(gamma * n).long()  # (B,) §3.4 li2022: X⁺ masks round(γ·n)
     k_neg = torch.round((1.0 - gamma) * n).long()  # X⁻ masks round((1−γ)·n)
+    # rounding can make the two equal (n = 2, γ ∈ (0.25, 0.3): both 1): X⁻ then masks one more, so that X⁺ keeps
+    # strictly more of the source whenever there is something to mask (docs/li2022.md)
+    k_neg = torch.maximum(k_neg, torch.minimum(k_pos + 1, n))  # (B,)
     scores = torch.rand(input_ids.shape).to(input_ids.device).masked_fill(~replaceable, 2.0)  # (B, S)
     rank = scores.argsort(dim=1).argsort(dim=1)  # (B, S): 0 = first position to replace
     unk = config.unk_token_id

@@ -685,8 +685,8 @@ class DTMTForConditionalGeneration(TranslationGenerationMixin, DTMTPreTrainedMod
         **kwargs: Any,
     ) -> DeepTransformerSeq2SeqLMOutput | tuple:
         """With ``labels`` the output carries the model's objective (docs/training.md): in training mode the
-        label-smoothed NLL (ε = ``smoothing_epsilon``, default ``config.label_smoothing``; meng2019 trains with the
-        plain cross-entropy of Eq. (1), THUMT's default ε 0.1 is the CLI's), in evaluation mode the unsmoothed NLL;
+        label-smoothed NLL (ε = ``smoothing_epsilon``, default ``config.label_smoothing``, 0.1 as meng2019's
+        §Advanced Techniques trains the NLL of Eq. (1)), in evaluation mode the unsmoothed NLL;
         ``loss_components`` / ``loss_component_counts`` hold each term. ``num_items_in_batch`` (transformers'
         Trainer) and ``loss_normalizers`` (``DeepNMTTrainer``) make the loss this micro-batch's share of the
         optimizer step's, so gradient accumulation and DDP give the gradient of one large batch."""

@@ -403,3 +403,28 @@ def test_gradient_reaches_every_new_parameter(batch):
     missing = [name for name, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
     assert not missing, missing
     assert F.relu is not None  # aggregation_activation="relu" is used by the "all" mechanism
+
+
+def test_dense_under_post_ln_grows_geometrically_and_says_so(caplog):
+    """dou2018 Eq. (4) read literally: H^l = LN(...) + Σ_{i<l} H^i; with post-LN outputs of RMS 1 the sum doubles per
+    layer. Kept literal (docs/dou2018.md), measured here, and warned about at config time."""
+    import logging
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.warning_once.cache_clear()  # another test may have built the same config (warned once per process)
+    with caplog.at_level(logging.WARNING):
+        model = tiny_model(encoder_layers=6, encoder_layer_aggregation="dense")
+    assert any("encoder_layer_aggregation='dense' with layer_norm_position='post'" in r.getMessage()
+               and "≈32× at layer 6" in r.getMessage() for r in caplog.records), caplog.text
+    ids = torch.randint(4, 90, (4, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        states = model.model.encoder(input_ids=ids, output_hidden_states=True).hidden_states[1:]  # H^1..H^6
+    rms = [float(h.pow(2).mean().sqrt()) for h in states]
+    assert rms[0] == pytest.approx(1.0, rel=0.05)
+    assert all(1.7 < b / a < 2.1 for a, b in zip(rms[1:], rms[2:])), rms  # ×≈2 per layer from H^2 on
+    assert rms[-1] > 20 * rms[0]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        tiny_model(encoder_layers=6, encoder_layer_aggregation="dense", layer_norm_position="pre")
+    assert not any("layer_aggregation='dense'" in r.getMessage() for r in caplog.records)

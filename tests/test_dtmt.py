@@ -335,6 +335,27 @@ def test_compute_losses_and_source_reliance_work_on_dtmt(batch):
     assert source_reliance(model, batch) > 0
 
 
+def test_a_stock_seq2seq_trainer_trains_dtmt_with_the_papers_label_smoothing(batch, tmp_path):
+    """meng2019 §Advanced Techniques: uniform label smoothing 0.1. A stock `Seq2SeqTrainer` (no smoothing of its own)
+    gets it from the model's default config; evaluation stays the plain NLL."""
+    from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
+
+    assert DTMTConfig().label_smoothing == 0.1
+    model = dtmt_model(dropout=0.0, rnn_dropout=0.0, readout_dropout=0.0, init_range=0.5)
+    trainer = Seq2SeqTrainer(model=model, args=Seq2SeqTrainingArguments(str(tmp_path), report_to=[], use_cpu=True))
+    model.train()
+    with torch.no_grad():
+        loss = trainer.compute_loss(model, dict(batch))
+        log_probs = F.log_softmax(model.eval()(**batch).logits, dim=-1)
+    keep = batch["labels"] != -100
+    nll = -log_probs.gather(-1, batch["labels"].clamp(min=0).unsqueeze(-1)).squeeze(-1)[keep].mean()
+    uniform = -log_probs.mean(-1)[keep].mean()
+    assert torch.allclose(loss, 0.9 * nll + 0.1 * uniform, atol=1e-5)  # transformers' uniform-prior form
+    assert not torch.allclose(loss, nll, atol=1e-3)
+    with torch.no_grad():
+        assert torch.allclose(model.eval()(**batch).loss, nll, atol=1e-6)
+
+
 def test_init_is_uniform_in_the_init_range():
     model = dtmt_model(init_range=0.05)
     for name, p in model.named_parameters():

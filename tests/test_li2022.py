@@ -286,6 +286,21 @@ def test_ald_views_replace_the_right_number_of_tokens_and_never_specials():
     assert max(gammas) <= round(0.3 * 9) / 9 and min(gammas) == 0.0  # γ ~ U[0, p_ALD)
 
 
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 7, 12, 31])
+def test_ald_positive_view_keeps_strictly_more_of_the_source(n):
+    """For every n ≥ 1 and γ ∈ [0, p_ALD), X⁻ masks a strict superset of X⁺'s positions (n = 2 with γ ∈ (0.25, 0.3)
+    rounds both counts to 1 without the tie-break)."""
+    config = tiny_config(ald_unk_ratio=0.49)
+    input_ids = torch.cat([torch.arange(10, 10 + n), torch.tensor([2])]).repeat(64, 1)  # (64, n + 1): n words + </s>
+    attention_mask = torch.ones_like(input_ids)
+    gammas = torch.cat([torch.linspace(0, 0.489, 60), torch.tensor([0.26, 0.27, 0.29, 0.2999])])
+    positive, negative = ald_views(input_ids, attention_mask, config, gammas)
+    masked_pos, masked_neg = positive == config.unk_token_id, negative == config.unk_token_id
+    assert bool((masked_pos <= masked_neg).all())
+    assert bool((masked_pos.sum(1) < masked_neg.sum(1)).all()), (masked_pos.sum(1), masked_neg.sum(1))
+    assert masked_neg.sum(1).max() <= n  # never more than the sentence has
+
+
 def reference_ald(anchor, positive, negative, tau):
     losses = []
     for g, gp, gn in zip(anchor, positive, negative):
