@@ -32,8 +32,8 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _run(command: list[str], timeout: int = 300) -> subprocess.CompletedProcess:
-    result = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=timeout)
+def _run(command: list[str], timeout: int = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    result = subprocess.run(command, env=env or ENV, capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, result.stderr[-4000:]
     return result
 
@@ -47,6 +47,7 @@ def _weights(folder: Path) -> dict[str, torch.Tensor]:
     return load_file(str(folder / "model.safetensors"))
 
 
+@pytest.mark.integration
 def test_sigkilled_run_resumes_to_the_same_result(small_corpus, tmp_path):
     args = ["--max_steps", "160", "--save_strategy", "steps", "--save_steps", "20", "--config_overrides",
             "d_model=16,encoder_layers=2,decoder_layers=2,encoder_attention_heads=2,decoder_attention_heads=2,"
@@ -99,6 +100,7 @@ def _compare_with_single(single: Path, multi: Path) -> None:
     assert all(torch.allclose(a[name], b[name], atol=2e-4) for name in a)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("use_cpu_given", [True, False])
 def test_torchrun_two_processes_match_one_process_with_the_doubled_batch(small_corpus, tmp_path,
                                                                          single_process_double_batch, use_cpu_given):
@@ -111,12 +113,19 @@ def test_torchrun_two_processes_match_one_process_with_the_doubled_batch(small_c
         del argv[index:index + 2]
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
                str(_free_port()), "-m", "training.cli", "train", *argv]
-    result = _run(command)
+    cache = tmp_path / "datasets-cache"  # a cache of their own: the two processes prepare the corpus from nothing
+    result = _run(command, env={**ENV, "HF_DATASETS_CACHE": str(cache)})
+    # one process read and tokenized each split, the other memory-mapped that copy (training.preprocess)
+    assert result.stderr.count("train: reusing the prepared pairs") == 1, result.stderr[-3000:]
+    assert result.stderr.count("train: reusing the tokenized corpus") == 1, result.stderr[-3000:]
+    assert result.stderr.count("Generating train split: 160 examples") == 1  # read once
+    assert len(list((cache / "hf_deepnmt").glob("tokens-*/complete.json"))) == 1
     assert "parallel_mode" not in result.stderr or "DISTRIBUTED" in result.stderr
     assert use_cpu_given or "training on CPU processes over gloo" in result.stderr
     _compare_with_single(single_process_double_batch, folder)
 
 
+@pytest.mark.integration
 def test_accelerate_launch_two_processes_match_one_process(small_corpus, tmp_path, single_process_double_batch):
     folder = tmp_path / "accelerate"
     # `--multi_gpu` selects accelerate's torch.distributed launcher; with no GPU it runs gloo processes on the CPU
@@ -129,6 +138,7 @@ def test_accelerate_launch_two_processes_match_one_process(small_corpus, tmp_pat
     _compare_with_single(single_process_double_batch, folder)
 
 
+@pytest.mark.integration
 def test_torchrun_trains_li2022_cad_and_crt(small_corpus, tmp_path):
     """CAD skips parameters at random and CRT's views go through one model call: DDP must accept both."""
     folder = tmp_path / "crt"
@@ -150,6 +160,7 @@ def _fsdp_launch(entry: list[str], argv: list[str]) -> list[str]:
             "2", "--main_process_port", str(_free_port()), *entry, "train", *argv]
 
 
+@pytest.mark.integration
 def test_fsdp_two_processes_match_one_process_and_save_an_ordinary_folder(small_corpus, tmp_path,
                                                                           single_process_double_batch):
     """FSDP2 really shards (2 CPU processes over gloo, `tests/fsdp_cpu_worker.py`): same losses and weights as one
@@ -182,6 +193,7 @@ def test_fsdp_two_processes_match_one_process_and_save_an_ordinary_folder(small_
     assert all(torch.equal(loaded[name], tensor) for name, tensor in trained.items())
 
 
+@pytest.mark.integration
 def test_fsdp_trains_admin_with_cad_and_crt(small_corpus, tmp_path):
     """ADMIN profiles before FSDP wraps the model; CAD's per-process drop-net draws leave different cross-attention
     parameters unused on the two processes (the per-layer reduce-scatter used to fail at step 5 with these seeds);
@@ -202,6 +214,7 @@ def test_fsdp_trains_admin_with_cad_and_crt(small_corpus, tmp_path):
     assert omegas and all(bool((tensor > 1.0).all()) for tensor in omegas)  # profiled ω grows with depth, ω_1 = 1
 
 
+@pytest.mark.integration
 def test_fsdp_config_on_cpu_processes_says_it_trains_as_ddp(small_corpus, tmp_path, single_process_double_batch):
     """accelerate shards only on GPUs: the plain CLI under the FSDP config trains as DDP over gloo and says so."""
     folder = tmp_path / "fsdp_as_ddp"

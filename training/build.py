@@ -5,7 +5,10 @@ learning-rate schedule.
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -14,33 +17,72 @@ from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer, Seq2S
 
 import hf_deepnmt  # noqa: F401  (registers the model types)
 from hf_deepnmt import record_language_pair
+from hf_deepnmt.errors import UserInputError
+from hf_deepnmt.registry import model_type_entry
 
 from .data import DataArguments
+from .errors import hub_lookup
 from .recipes import load_model_config_dict, parse_overrides
 from .schedules import SCHEDULES, rnnplus_scheduler_factory
-from .tokenizer import train_and_save
+from .tokenizer import train_joint_bpe_from_texts
 
 if TYPE_CHECKING:
     from .train_arguments import ModelArguments
 
 
-def load_or_train_tokenizer(model_args: ModelArguments, data_args: DataArguments, training_args, train_corpus):
+def load_or_train_tokenizer(model_args: ModelArguments, data_args: DataArguments, training_args: Any,
+                            train_read: Any) -> Any:
+    """The tokenizer of a run: the one named (or the fine-tuned / warm-start model's), the run's own when
+    resuming, else a joint BPE of the training data (`training.preprocess.ReadSplit`)."""
     if model_args.tokenizer_name or model_args.model_name_or_path or model_args.warm_start_from:
-        return AutoTokenizer.from_pretrained(model_args.tokenizer_name or model_args.model_name_or_path
-                                             or model_args.warm_start_from)
+        name, flag = next((getattr(model_args, option), f"--{option}") for option in
+                          ("tokenizer_name", "model_name_or_path", "warm_start_from") if getattr(model_args, option))
+        with hub_lookup(name, flag):
+            return AutoTokenizer.from_pretrained(name)
     output_dir = Path(training_args.output_dir)
     with training_args.main_process_first(desc="joint BPE"):
         if (output_dir / "tokenizer.json").exists():  # resuming, or another process trained it
             return AutoTokenizer.from_pretrained(output_dir)
-        if train_corpus is None:
-            raise ValueError("No tokenizer: pass --tokenizer_name or training data to train a joint BPE on.")
-        limit = max(data_args.max_source_length, data_args.max_target_length)
-        print(f"[deepnmt] training a joint BPE ({model_args.vocab_size} tokens) on {len(train_corpus)} pairs",
+        if train_read is None:
+            raise UserInputError("No tokenizer: pass --tokenizer_name or training data to train a joint BPE on.")
+        return _joint_bpe(model_args, data_args, training_args, train_read, output_dir)
+
+
+def _joint_bpe(model_args: ModelArguments, data_args: DataArguments, training_args: Any, train_read: Any,
+               output_dir: Path) -> Any:
+    """The joint BPE of the training data: reused from the cache when the same data, size and options were trained
+    before (`training.preprocess.bpe_folder`), else trained on every pair or on a random sample of
+    ``--bpe_sample_pairs`` pairs (docs/data.md) and kept in the cache."""
+    from .preprocess import bpe_folder, bpe_texts
+
+    limit = max(data_args.max_source_length, data_args.max_target_length)
+    sample = model_args.bpe_sample_pairs
+    options = dict(vocab_size=model_args.vocab_size, min_frequency=model_args.bpe_min_frequency,
+                   model_max_length=limit, sample_pairs=min(sample, len(train_read)), seed=training_args.seed)
+    folder = bpe_folder(train_read, **options)
+    started = time.time()
+    if (folder / "tokenizer.json").exists():
+        print(f"[deepnmt] reusing the joint BPE trained before on the same data and options ({folder})",
               file=sys.stderr)
-        return train_and_save(train_corpus.sources, train_corpus.targets, output_dir,
-                              vocab_size=model_args.vocab_size, min_frequency=model_args.bpe_min_frequency,
-                              model_max_length=limit, show_progress=training_args.local_process_index == 0
-                              and not training_args.disable_tqdm)
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+    else:
+        texts, pairs = bpe_texts(train_read, sample, training_args.seed)
+        of = "" if pairs == len(train_read) else f" (a random sample of {len(train_read):,})"
+        print(f"[deepnmt] training a joint BPE ({model_args.vocab_size} tokens) on {pairs:,} pairs{of}",
+              file=sys.stderr)
+        tokenizer = train_joint_bpe_from_texts(
+            texts, 2 * pairs, vocab_size=model_args.vocab_size, min_frequency=model_args.bpe_min_frequency,
+            model_max_length=limit, show_progress=training_args.local_process_index == 0
+            and not training_args.disable_tqdm)
+        staged = folder.with_name(f".{folder.name}-{os.getpid()}")
+        tokenizer.save_pretrained(staged)
+        if folder.exists():  # another run finished the same BPE meanwhile: keep theirs
+            shutil.rmtree(staged, ignore_errors=True)
+        else:
+            os.replace(staged, folder)
+    tokenizer.save_pretrained(output_dir)
+    train_read.bpe_seconds = round(time.time() - started, 1)
+    return tokenizer
 
 
 def model_fields(model_args: ModelArguments, recipe_model: dict) -> tuple[str, dict]:
@@ -63,9 +105,7 @@ def check_override_keys(model_type: str, overrides: dict[str, Any]) -> None:
 
     from transformers import CONFIG_MAPPING
 
-    if model_type not in CONFIG_MAPPING:
-        raise ValueError(f"`model_type` = {model_type!r} is not allowed; use one of deep_transformer, "
-                         "admin_transformer, deep_decoder_transformer, deep_representation_transformer, dtmt.")
+    model_type_entry(model_type, "`model_type`")  # one sentence with the closest types for an unknown one
     config_class = CONFIG_MAPPING[model_type]
     known = set(inspect.signature(config_class.__init__).parameters) | set(config_class().to_dict())
     known -= {"self", "kwargs"}
@@ -74,7 +114,7 @@ def check_override_keys(model_type: str, overrides: dict[str, Any]) -> None:
             config_class(**{key: value})  # a config that refuses the field by name says why (e.g. DTMT's refusals)
             close = difflib.get_close_matches(key, sorted(known), n=3, cutoff=0.6)
             hint = f"did you mean {', '.join(close)}?" if close else "see `deepnmt train --help` and the presets"
-            raise ValueError(f"--config_overrides: `{key}` is not a field of {config_class.__name__} "
+            raise UserInputError(f"--config_overrides: `{key}` is not a field of {config_class.__name__} "
                              f"({model_type}); {hint}")
 
 
@@ -90,7 +130,8 @@ def build_model(model_args: ModelArguments, data_args: DataArguments, recipe_mod
 def new_or_loaded_model(model_args: ModelArguments, data_args: DataArguments, recipe_model: dict, tokenizer,
                          label_smoothing: float):
     if model_args.model_name_or_path:
-        model = AutoModelForSeq2SeqLM.from_pretrained(model_args.model_name_or_path)
+        with hub_lookup(model_args.model_name_or_path, "--model_name_or_path"):
+            model = AutoModelForSeq2SeqLM.from_pretrained(model_args.model_name_or_path)
         if hasattr(model.config, "label_smoothing"):
             model.config.label_smoothing = label_smoothing
         return model
@@ -106,7 +147,7 @@ def new_or_loaded_model(model_args: ModelArguments, data_args: DataArguments, re
     longest = max(data_args.max_source_length, data_args.max_target_length)
     fields.setdefault("max_position_embeddings", max(1024, longest))
     if fields["max_position_embeddings"] < longest:
-        raise ValueError(
+        raise UserInputError(
             f"`max_position_embeddings` = {fields['max_position_embeddings']} is not allowed with "
             f"--max_source_length/--max_target_length {longest}; it must be at least as long."
         )
@@ -114,11 +155,12 @@ def new_or_loaded_model(model_args: ModelArguments, data_args: DataArguments, re
     config = AutoConfig.for_model(model_type, **fields)
     if model_args.warm_start_from:
         if model_args.model_name_or_path:
-            raise ValueError("--warm_start_from and --model_name_or_path exclude each other: fine-tune a model with "
+            raise UserInputError("--warm_start_from and --model_name_or_path exclude each other: fine-tune a model with "
                              "the latter, or start a new one from a trained model's weights with the former.")
         from hf_deepnmt import warm_start
 
-        model = warm_start(model_args.warm_start_from, config=config)
+        with hub_lookup(model_args.warm_start_from, "--warm_start_from"):
+            model = warm_start(model_args.warm_start_from, config=config)
         print(f"[deepnmt] warm start: {config.model_type} initialised from {model_args.warm_start_from}",
               file=sys.stderr)
         return model
@@ -129,7 +171,7 @@ def lr_scheduler_factory(model_args: ModelArguments, training_args: Seq2SeqTrain
     if model_args.lr_schedule is None:
         return None
     if model_args.lr_schedule not in SCHEDULES:
-        raise ValueError(f"`--lr_schedule` = {model_args.lr_schedule!r} is not allowed; use one of {list(SCHEDULES)} "
+        raise UserInputError(f"`--lr_schedule` = {model_args.lr_schedule!r} is not allowed; use one of {list(SCHEDULES)} "
                          "or leave it unset (--lr_scheduler_type).")
     replicas = model_args.lr_replicas or training_args.world_size * training_args.gradient_accumulation_steps
     return rnnplus_scheduler_factory(int(training_args.warmup_steps), model_args.lr_decay_start,
@@ -140,7 +182,7 @@ def optimizer_setting(model_args: Any, training_args: Seq2SeqTrainingArguments
                       ) -> tuple[type[torch.optim.Optimizer], dict[str, Any]] | None:
     """``--optimizer radam``: liu2020's RAdam with the Adam options of the command line; None: transformers' --optim."""
     if model_args.optimizer not in (None, "radam"):
-        raise ValueError(f"`--optimizer` = {model_args.optimizer!r} is not allowed; use 'radam' or leave it unset (--optim).")
+        raise UserInputError(f"`--optimizer` = {model_args.optimizer!r} is not allowed; use 'radam' or leave it unset (--optim).")
     if model_args.optimizer != "radam":
         return None
     return (torch.optim.RAdam, {"lr": training_args.learning_rate, "eps": training_args.adam_epsilon,

@@ -19,6 +19,8 @@ from collections.abc import Iterable, Iterator
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
+from hf_deepnmt.errors import UserInputError
+
 SPECIAL_TOKENS: tuple[str, ...] = ("<pad>", "<s>", "</s>", "<unk>")
 PAD, BOS, EOS, UNK = SPECIAL_TOKENS
 
@@ -48,10 +50,25 @@ def train_joint_bpe(
             ``max_position_embeddings``.
         show_progress: show the `tokenizers` training progress bar.
     """
+    return train_joint_bpe_from_texts(_interleave(sources, targets), None, vocab_size, min_frequency,
+                                      model_max_length, show_progress)
+
+
+def train_joint_bpe_from_texts(
+    texts: Iterable[str],
+    length: int | None = None,
+    vocab_size: int = 8000,
+    min_frequency: int = 2,
+    model_max_length: int = 1024,
+    show_progress: bool = False,
+) -> PreTrainedTokenizerFast:
+    """`train_joint_bpe` on one stream of sentences of both languages (source, target, source, …), e.g. a sample
+    of a corpus too large for memory read from its Arrow file; ``length`` (the number of sentences) lets the
+    progress bar count."""
     if not isinstance(vocab_size, int) or vocab_size < 100:
-        raise ValueError(f"train_joint_bpe: `vocab_size` = {vocab_size!r} is not allowed; use an integer ≥ 100.")
+        raise UserInputError(f"train_joint_bpe: `vocab_size` = {vocab_size!r} is not allowed; use an integer ≥ 100.")
     if not isinstance(min_frequency, int) or min_frequency < 1:
-        raise ValueError(f"train_joint_bpe: `min_frequency` = {min_frequency!r} is not allowed; use an integer ≥ 1.")
+        raise UserInputError(f"train_joint_bpe: `min_frequency` = {min_frequency!r} is not allowed; use an integer ≥ 1.")
     tokenizer = Tokenizer(models.BPE(unk_token=UNK))
     tokenizer.normalizer = normalizers.NFKC()
     tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
@@ -62,9 +79,9 @@ def train_joint_bpe(
         special_tokens=list(SPECIAL_TOKENS),
         show_progress=show_progress,
     )
-    tokenizer.train_from_iterator(_interleave(sources, targets), trainer=trainer)
+    tokenizer.train_from_iterator(texts, trainer=trainer, length=length)
     if tokenizer.get_vocab_size() < len(SPECIAL_TOKENS) + 2:
-        raise ValueError("train_joint_bpe: the training text is empty; pass at least one non-empty sentence pair.")
+        raise UserInputError("train_joint_bpe: the training text is empty; pass at least one non-empty sentence pair.")
     tokenizer.post_processor = processors.TemplateProcessing(
         single=f"$A {EOS}",
         pair=f"$A {EOS} $B {EOS}",
@@ -77,7 +94,7 @@ def wrap_tokenizer(tokenizer: Tokenizer, model_max_length: int = 1024) -> PreTra
     """Wrap a trained `tokenizers.Tokenizer` with our specials, right padding and truncation limit."""
     ids = [tokenizer.token_to_id(token) for token in SPECIAL_TOKENS]
     if ids != [0, 1, 2, 3]:
-        raise ValueError(f"wrap_tokenizer: special tokens {SPECIAL_TOKENS} must have ids 0-3, found {ids}.")
+        raise UserInputError(f"wrap_tokenizer: special tokens {SPECIAL_TOKENS} must have ids 0-3, found {ids}.")
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         pad_token=PAD,

@@ -24,13 +24,16 @@ from transformers import (
     set_seed,
 )
 
+from hf_deepnmt.errors import UserInputError
+
 from .arguments import TRAIN_ALIASES, canonical_options
 from .build import build_model, load_or_train_tokenizer, lr_scheduler_factory, model_fields, optimizer_setting
 from .checkpoints import resume_target
-from .data import DataArguments, DataError, load_splits, tokenize_corpus
+from .data import DataArguments, DataError, length_column
 from .defaults import given_options
 from .hub import push_folder
 from .metrics import TranslationMetrics, TranslationScores
+from .preprocess import ReadSplit, TokenizedSplit, read_split, tokenize_split
 from .report import finish_run
 from .train_arguments import ModelArguments, apply_scratch_defaults, parse_train_args
 from .trainer import DeepNMTTrainer
@@ -89,7 +92,7 @@ def train(argv: Sequence[str]) -> TrainOutcome:
     if training_args.push_to_hub:
         training_args.push_to_hub = False  # we push once, at the end, with our card (training.hub)
         if not push_repo:
-            raise ValueError("--push_to_hub needs --hub_model_id USER/NAME.")
+            raise UserInputError("--push_to_hub needs --hub_model_id USER/NAME.")
     set_seed(training_args.seed)
     resume = resume_target(training_args)
     output_dir = Path(training_args.output_dir)
@@ -99,7 +102,8 @@ def train(argv: Sequence[str]) -> TrainOutcome:
     tokenizer = load_or_train_tokenizer(model_args, data_args, training_args, corpora["train"])
     model = build_model(model_args, data_args, recipe["model"], tokenizer, training_args.label_smoothing_factor)
     model.generation_config.num_beams = model_args.eval_num_beams
-    datasets = tokenize_corpora(corpora, tokenizer, model_args, data_args, training_args)
+    prepared = tokenize_corpora(corpora, tokenizer, model_args, data_args, training_args)
+    datasets = {split: entry.dataset for split, entry in prepared.items()}
     trainer = build_trainer(model, tokenizer, datasets, model_args, data_args, training_args, schedule)
     # Seq2SeqTrainer's evaluation writes transformers' global defaults (max_length=20, …) into the model's
     # generation config; save the model with the one it was built with.
@@ -112,7 +116,7 @@ def train(argv: Sequence[str]) -> TrainOutcome:
     trainer.save_metrics("train", result.metrics)
     trainer.save_state()
     outcome = TrainOutcome(output_dir, trainer, tokenizer, data_args, model_args, training_args,
-                           timings={"train_seconds": round(trained, 1)})
+                           timings={**data_timings(prepared, trainer), "train_seconds": round(trained, 1)})
     if trainer.is_world_process_zero():
         if data_args.test_file:
             score_test_set(outcome)
@@ -127,47 +131,53 @@ def train(argv: Sequence[str]) -> TrainOutcome:
 
 
 def read_corpora(argv: Sequence[str], model_args: ModelArguments, data_args: DataArguments,
-                 training_args: Seq2SeqTrainingArguments, recipe: dict) -> dict[str, Any]:
-    """The training split (and the validation split when the run evaluates); a from-scratch run without a recipe
-    takes its data-dependent NMT defaults from the training data's size here (`training.defaults`)."""
-    corpora = load_splits(data_args, ["train"])
-    if "train" not in corpora:
+                 training_args: Seq2SeqTrainingArguments, recipe: dict) -> dict[str, ReadSplit]:
+    """The training split (and the validation split when the run evaluates), read into Arrow once
+    (`training.preprocess.read_split`); a from-scratch run without a recipe takes its data-dependent NMT defaults
+    from the training data's size here (`training.defaults`)."""
+    path = data_args.split_file("train")
+    if path is None and data_args.dataset_name is None:
         raise DataError("No training data: pass --train_file (or --dataset_name) or a recipe that has one.")
+    corpora = {"train": read_split(data_args, "train", path, data_args.max_train_samples, training_args)}
     if model_args.nmt_defaults:  # from scratch, no recipe: model size etc. from the data size (training.defaults)
         apply_scratch_defaults(model_args, data_args, training_args, recipe, len(corpora["train"]),
                                given_options(canonical_options(argv, TRAIN_ALIASES)))
-    if training_args.eval_strategy != "no" or training_args.do_eval:
-        corpora.update(load_splits(data_args, ["validation"]))
+    path = data_args.split_file("validation")
+    if (training_args.eval_strategy != "no" or training_args.do_eval) and (path or data_args.dataset_name):
+        corpora["validation"] = read_split(data_args, "validation", path, data_args.max_eval_samples, training_args)
     return corpora
 
 
-def tokenize_corpora(corpora: dict[str, Any], tokenizer: Any, model_args: ModelArguments, data_args: DataArguments,
-                     training_args: Seq2SeqTrainingArguments) -> dict[str, Any]:
-    """Every split as a tokenized `datasets.Dataset` (the length filters apply to training only); sets the NMT
-    default ``generation_max_length`` from the longest validation source."""
-    datasets = {
-        split: tokenize_corpus(
-            corpus, tokenizer, data_args.max_source_length,
-            data_args.max_target_length if split == "train" else (data_args.val_max_target_length or data_args.max_target_length),
-            data_args.filter_max_length if split == "train" else None,
-            data_args.filter_max_ratio if split == "train" else None,
-            data_args.source_prefix,
-        )
-        for split, corpus in corpora.items()
-    }
+def tokenize_corpora(corpora: dict[str, ReadSplit], tokenizer: Any, model_args: ModelArguments,
+                     data_args: DataArguments, training_args: Seq2SeqTrainingArguments) -> dict[str, TokenizedSplit]:
+    """Every split as a tokenized, memory-mapped `datasets.Dataset` (`training.preprocess.tokenize_split`; the
+    length filters apply to training only); sets the NMT default ``generation_max_length`` from the longest
+    validation source."""
+    prepared = {split: tokenize_split(read, tokenizer, data_args, training_args, split, filters=split == "train")
+                for split, read in corpora.items()}
+    datasets = {split: entry.dataset for split, entry in prepared.items()}
     if model_args.nmt_defaults and "validation" in datasets and training_args.generation_max_length is None:
         # transformers' default (20 tokens) cuts most translations short, the truncation length (256) lets an
         # untrained model babble for minutes: translate's rule for the longest validation source
-        longest = max((len(ids) for ids in datasets["validation"]["input_ids"]), default=0)
+        longest = int(length_column(datasets["validation"]).max(initial=0))
         limit = data_args.val_max_target_length or data_args.max_target_length
         training_args.generation_max_length = new_token_budget(longest, limit) + 1  # + the decoder start token
         print(f"[deepnmt]   --generation_max_length {training_args.generation_max_length} (translate's length "
               f"rule, 1.5 × source + 10 new tokens, for the longest validation source: {longest} tokens)",
               file=sys.stderr)
-    for split, corpus in corpora.items():
-        print(f"[deepnmt] {split}: {len(datasets[split])} pairs from {corpus.origin} "
-              f"(dropped {corpus.dropped_empty} empty, {corpus.dropped_length} by length filters)", file=sys.stderr)
-    return datasets
+    for split, entry in prepared.items():
+        print(f"[deepnmt] {split}: {len(entry):,} pairs from {entry.read.origin} (dropped "
+              f"{entry.read.dropped_empty} empty, {entry.dropped_length} by length filters)", file=sys.stderr)
+    return prepared
+
+
+def data_timings(prepared: dict[str, TokenizedSplit], trainer: DeepNMTTrainer) -> dict[str, float]:
+    """Seconds of each data stage of the run (reading, joint BPE, tokenizing, batching), for metrics.json and the
+    summary; a stage served from the cache takes the seconds of loading it."""
+    return {"read_seconds": round(sum(entry.read.seconds for entry in prepared.values()), 1),
+            "bpe_seconds": prepared["train"].read.bpe_seconds,
+            "tokenize_seconds": round(sum(entry.seconds for entry in prepared.values()), 1),
+            "batching_seconds": round(trainer.batching_seconds, 1)}
 
 
 def build_trainer(model: torch.nn.Module, tokenizer: Any, datasets: dict[str, Any], model_args: ModelArguments,

@@ -18,10 +18,13 @@ from typing import Any, NoReturn
 import torch
 from transformers import HfArgumentParser, Seq2SeqTrainingArguments
 
-from .arguments import TRAIN_ALIASES, CommandLineError, canonical_options, unknown_arguments_message
+from hf_deepnmt.registry import MODEL_TYPES
+
+from .arguments import TRAIN_ALIASES, canonical_options, unknown_arguments_message
 from .build import model_fields
 from .data import DataArguments
 from .defaults import PARSE_TIME_DEFAULTS, given_options, resolve as resolve_defaults
+from .errors import CommandLineError, is_user_mistake
 from .recipes import load_recipe, parse_overrides, recipe_to_argv, resolve_path
 
 
@@ -31,13 +34,14 @@ class ModelArguments:
 
     recipe: str | None = field(default=None, metadata={"help": "A recipe YAML (path or shipped name, e.g. quickstart); its values are defaults that the command line overrides."})
     model_name_or_path: str | None = field(default=None, metadata={"help": "Fine-tune a saved model (folder or Hub id) instead of training from scratch."})
-    model_type: str | None = field(default=None, metadata={"help": "Model family of a model trained from scratch: deep_transformer (default), admin_transformer, deep_decoder_transformer or dtmt (meng2019's deep transition RNN); overrides the model_type of --config_name / the recipe."})
+    model_type: str | None = field(default=None, metadata={"help": "Model type of a model trained from scratch (default deep_transformer): " + "; ".join(f"{entry.model_type}, {entry.summary}" for entry in MODEL_TYPES.values()) + ". Overrides the model_type of --config_name / the recipe."})
     config_name: str | None = field(default=None, metadata={"help": "Model config: a preset name (training/presets, e.g. transformer-base), a config.json or a model folder."})
     config_overrides: str | None = field(default=None, metadata={"help": "Override config fields: 'd_model=256,encoder_layers=12'."})
     warm_start_from: str | None = field(default=None, metadata={"help": "Initialise a new model from a trained one (folder or Hub id): its weights are copied, the mechanisms it lacks (e.g. dou2018 aggregation, multi-layer attention) start from their initialisation, as dou2018 trains its models. The model comes from --recipe/--config_name/--config_overrides as usual; the tokenizer is the trained model's."})
     tokenizer_name: str | None = field(default=None, metadata={"help": "A saved tokenizer; without it (and without a model) a joint BPE is trained on the training data."})
     vocab_size: int = field(default=8000, metadata={"help": "Joint BPE vocabulary size when a tokenizer is trained."})
     bpe_min_frequency: int = field(default=2, metadata={"help": "Minimum merge frequency when a tokenizer is trained."})
+    bpe_sample_pairs: int = field(default=1_000_000, metadata={"help": "Train the joint BPE on at most this many pairs: every pair of a smaller corpus, a seeded random sample of a larger one (docs/data.md: merge statistics settle long before WMT size, and BPE time grows with the sample, not the corpus). The trained tokenizer is cached and reused by a later run on the same data and options."})
     eval_num_beams: int = field(default=4, metadata={"help": "Beam size of the final test evaluation and of the saved generation config."})
     optimizer: str | None = field(default=None, metadata={"help": "'radam' trains with torch.optim.RAdam (liu2020's optimizer, not among transformers' --optim choices) using --learning_rate, --adam_beta1/2, --adam_epsilon, --weight_decay; default: --optim."})
     admin_profile_tokens: int = field(default=4096, metadata={"help": "ADMIN profiling batch size in target tokens (liu2020, docs/liu2020.md: ≥ 4k); used once, before the first step, when the model has residual_scaling=admin and is not profiled yet."})
@@ -129,40 +133,30 @@ def train_argument_parser(scratch_defaults: dict[str, Any] | None = None) -> HfA
 
 
 def parse_train_args(argv: Sequence[str]) -> tuple[ModelArguments, DataArguments, Seq2SeqTrainingArguments, dict]:
-    """Parse `deepnmt train` arguments: recipe values first, the command line on top."""
+    """Parse `deepnmt train` arguments: recipe values first, the command line on top; every value is checked
+    (`check_train_args`) before anything is written or loaded."""
     argv = canonical_options(argv, TRAIN_ALIASES)
-    recipe = {"model": {}, "data": {}, "training": {}}
-    for index, token in enumerate(argv):
-        if token == "--recipe" or token.startswith("--recipe="):
-            name = token.partition("=")[2] if "=" in token else (argv[index + 1] if index + 1 < len(argv) else "")
-            if not name:
-                raise ValueError("--recipe needs a value (a YAML path or a shipped recipe name).")
-            recipe = load_recipe(name)
+    recipe = _recipe_of(argv)
     named_output_dir = any(token == "--output_dir" or token.startswith("--output_dir=")
                            for token in recipe_to_argv(recipe) + argv)
     if not named_output_dir and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1 and "--help" not in argv:
-        raise ValueError("--output_dir is required when several processes train one model (every rank must write "
-                         "the same folder).")
+        raise CommandLineError("--output_dir is required when several processes train one model (every rank must "
+                               "write the same folder).")
     given = given_options(argv)
-    from_scratch = not ({"recipe", "model_name_or_path", "warm_start_from"} & given)
     scratch_defaults = None
-    if from_scratch:  # training.defaults: what is chosen here does not depend on the data
+    if not ({"recipe", "model_name_or_path", "warm_start_from"} & given):  # from scratch: training.defaults
         scratch_defaults = {key: value for key, value in PARSE_TIME_DEFAULTS.items() if key not in given}
         if not {"validation_file", "dataset_name"} & given:
             scratch_defaults.pop("eval_strategy", None)  # nothing to evaluate on
     parser = train_argument_parser(scratch_defaults)
-    model_args, data_args, training_args, unknown = parser.parse_args_into_dataclasses(
-        recipe_to_argv(recipe) + argv, return_remaining_strings=True)
+    model_args, data_args, training_args, unknown = _parse(parser, recipe_to_argv(recipe) + argv, remaining=True)
     if unknown:
         raise CommandLineError(unknown_arguments_message(unknown, list(parser._option_string_actions))
                                + " (see `deepnmt train --help`)")
     if scratch_defaults and not model_args.nmt_defaults:  # --nmt_defaults false: transformers' defaults
         parser = train_argument_parser()
-        model_args, data_args, training_args = parser.parse_args_into_dataclasses(recipe_to_argv(recipe) + argv)
+        model_args, data_args, training_args = _parse(parser, recipe_to_argv(recipe) + argv)
     model_args.nmt_defaults = bool(scratch_defaults) and model_args.nmt_defaults  # True: `train` resolves the rest
-    if not named_output_dir:
-        training_args.output_dir = default_output_dir(model_args, recipe)
-        print(f"[deepnmt] no --output_dir given: writing the run to {training_args.output_dir}", file=sys.stderr)
     launched = int(os.environ.get("WORLD_SIZE", "1") or 1)
     if launched > 1 and not training_args.use_cpu and not torch.cuda.is_available():
         # transformers forms no process group on a machine without GPUs unless told to use the CPU: every process
@@ -170,22 +164,58 @@ def parse_train_args(argv: Sequence[str]) -> tuple[ModelArguments, DataArguments
         if int(os.environ.get("RANK", "0") or 0) == 0:
             print(f"[deepnmt] {launched} processes were launched on a machine without GPUs: training on CPU "
                   "processes over gloo (--use_cpu true)", file=sys.stderr)
-        model_args, data_args, training_args = parser.parse_args_into_dataclasses(
-            recipe_to_argv(recipe) + argv + ["--use_cpu", "true"])
-    if launched > 1 and training_args.world_size != launched:
-        raise ValueError(f"the launcher started {launched} processes (WORLD_SIZE={launched}) but they formed a process "
-                         f"group of {training_args.world_size}; each would train alone and write the same "
-                         "--output_dir. Launch with torchrun/accelerate on matching devices, or run one process.")
-    for name in ("eval_num_beams", "vocab_size", "bpe_min_frequency", "admin_profile_tokens"):
-        value = getattr(model_args, name)
-        if not (isinstance(value, int) and value >= 1):
-            raise ValueError(f"`--{name}` = {value!r} is not allowed; use a positive integer.")
-    minutes = model_args.max_train_minutes
-    if minutes is not None and not (math.isfinite(minutes) and minutes > 0):
-        raise ValueError(f"`--max_train_minutes` = {minutes!r} is not allowed; use a positive number of minutes.")
+        model_args, data_args, training_args = _parse(parser, recipe_to_argv(recipe) + argv + ["--use_cpu", "true"])
+    check_train_args(model_args, training_args, launched)
+    if not named_output_dir:
+        training_args.output_dir = default_output_dir(model_args, recipe)
+        print(f"[deepnmt] no --output_dir given: writing the run to {training_args.output_dir}", file=sys.stderr)
     for name in ("train_file", "validation_file", "test_file"):
         setattr(data_args, name, resolve_path(getattr(data_args, name)))
     return model_args, data_args, training_args, recipe
+
+
+def _recipe_of(argv: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """The recipe ``--recipe`` names (empty sections without one)."""
+    recipe: dict[str, dict[str, Any]] = {"model": {}, "data": {}, "training": {}}
+    for index, token in enumerate(argv):
+        if token == "--recipe" or token.startswith("--recipe="):
+            name = token.partition("=")[2] if "=" in token else (argv[index + 1] if index + 1 < len(argv) else "")
+            if not name:
+                raise CommandLineError("--recipe needs a value (a YAML path or a shipped recipe name).")
+            recipe = load_recipe(name)
+    return recipe
+
+
+def _parse(parser: HfArgumentParser, argv: list[str], remaining: bool = False) -> tuple:
+    """The three argument dataclasses; transformers' own validation of a combination of options (a `ValueError` from
+    `Seq2SeqTrainingArguments`) is a command-line mistake, reported in one sentence."""
+    try:
+        return parser.parse_args_into_dataclasses(argv, return_remaining_strings=remaining)
+    except ValueError as error:
+        if is_user_mistake(error):
+            raise
+        raise CommandLineError(f"transformers refused the training options: {error}") from None
+
+
+def check_train_args(model_args: ModelArguments, training_args: Seq2SeqTrainingArguments, launched: int) -> None:
+    """The values transformers would take without complaint but that cannot be what the user meant."""
+    if launched > 1 and training_args.world_size != launched:
+        raise CommandLineError(f"the launcher started {launched} processes (WORLD_SIZE={launched}) but they formed a "
+                               f"process group of {training_args.world_size}; each would train alone and write the "
+                               "same --output_dir. Launch with torchrun/accelerate on matching devices, or run one "
+                               "process.")
+    for name in ("eval_num_beams", "vocab_size", "bpe_min_frequency", "bpe_sample_pairs", "admin_profile_tokens"):
+        value = getattr(model_args, name)
+        if not (isinstance(value, int) and value >= 1):
+            raise CommandLineError(f"`--{name}` = {value!r} is not allowed; use a positive integer.")
+    if training_args.max_steps < 1 and training_args.max_steps != -1:
+        # transformers reads every non-positive value as "train for --num_train_epochs"; -1 is its documented default
+        raise CommandLineError(f"`--max_steps` = {training_args.max_steps} is not allowed; use a positive number of "
+                               "optimizer steps, or -1 (the default) to train for --num_train_epochs.")
+    minutes = model_args.max_train_minutes
+    if minutes is not None and not (math.isfinite(minutes) and minutes > 0):
+        raise CommandLineError(f"`--max_train_minutes` = {minutes!r} is not allowed; use a positive number of "
+                               "minutes.")
 
 
 def apply_scratch_defaults(model_args: ModelArguments, data_args: DataArguments,

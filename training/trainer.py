@@ -33,6 +33,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -44,18 +45,113 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
 from hf_deepnmt.admin import admin_profile
 from hf_deepnmt.losses import AuxiliaryLoss, LossNormalizers, batch_normalizers, compute_losses, source_reliance
+from hf_deepnmt.errors import UserInputError
 
 from .checkpoints import fsync_dir, fsync_tree, last_checkpoint
-from .data import TokenBudgetBatchSampler
+from .errors import NonFiniteLossError
+from .data import TokenBudgetBatchSampler, length_column
 
 INCOMPLETE_DIR = ".incomplete"
 
 
-class NonFiniteLossError(RuntimeError):
-    """Training produced a NaN or infinite loss; raised before the optimizer step that would spread it."""
+# transformers' private Trainer API this module relies on, and the versions it was read and tested against. Every
+# override of a private method lives in `TrainerInternals`; `check_private_api` names what disappeared, in one
+# sentence, when another transformers version lacks it.
+CHECKED_TRANSFORMERS = "5.17 (the GPU machines) to 5.23 (this project's CI)"
+PRIVATE_API = ("_prepare_for_training", "_issue_warnings_after_load", "_save_checkpoint", "_get_output_dir",
+               "_remove_unused_columns")
 
 
-class DeepNMTTrainer(Seq2SeqTrainer):
+def check_private_api(trainer_class: type = Seq2SeqTrainer) -> None:
+    """Refuse, in one sentence, a transformers whose Trainer lacks a private method `TrainerInternals` overrides."""
+    import transformers
+
+    missing = [name for name in PRIVATE_API if not callable(getattr(trainer_class, name, None))]
+    if missing:
+        raise RuntimeError(f"DeepNMTTrainer: transformers {transformers.__version__}'s Trainer has no "
+                           f"{', '.join(missing)}, which hf_deepnmt overrides (checked against transformers "
+                           f"{CHECKED_TRANSFORMERS}); install a transformers version in that range.")
+
+
+class TrainerInternals(Seq2SeqTrainer):
+    """Every place where `DeepNMTTrainer` touches transformers' private Trainer API (`PRIVATE_API`, the
+    ``_created_lr_scheduler`` flag), read against transformers `CHECKED_TRANSFORMERS`:
+
+    * ``_prepare_for_training``: under FSDP2, zero gradients for parameters a process left unused;
+    * ``_issue_warnings_after_load``: a tied ``lm_head.weight`` is not "missing" on resume;
+    * ``_save_checkpoint`` (with ``_get_output_dir``): atomic checkpoint writes;
+    * ``_remove_unused_columns``: the model's columns for the token-budget data loader;
+    * ``_created_lr_scheduler``: a schedule built by a factory is owned by the Trainer like its own.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        check_private_api()
+        super().__init__(*args, **kwargs)
+
+    def _mark_scheduler_created(self) -> None:
+        """Tell the Trainer it created the schedule (it rebuilds its own on resume otherwise)."""
+        self._created_lr_scheduler = True
+
+    def _model_columns(self, dataset: Any) -> Any:
+        """``dataset`` with only the columns the model's forward takes (the Trainer's own column filter)."""
+        return self._remove_unused_columns(dataset, description="training")
+
+    def _prepare_for_training(self, *args: Any, **kwargs: Any) -> tuple[torch.nn.Module, Any]:
+        """`Trainer._prepare_for_training` (wraps the model), then, under FSDP2, zero gradients for parameters a
+        process left unused.
+
+        FSDP2 reduce-scatters, per layer, the gradients of the parameters that received one; li2022's cross-attention
+        drop draws per process, so processes could reduce different sets of tensors and the collective would fail or
+        hang. With zero gradients for the unused ones every process sends the same tensors (DDP's
+        ``find_unused_parameters``); a model that uses every parameter in every step is unaffected.
+        """
+        model, train_dataloader = super()._prepare_for_training(*args, **kwargs)
+        if self.is_fsdp_enabled and hasattr(model, "set_reduce_scatter_unused_params"):  # FSDP2 (`fully_shard`)
+            model.set_reduce_scatter_unused_params(True)
+        return model, train_dataloader
+
+    def _issue_warnings_after_load(self, load_result: Any) -> None:
+        """Resuming a model with tied embeddings: the checkpoint does not store ``lm_head.weight`` (it is the shared
+        embedding), so it is not "missing" — re-tie it and warn only about keys that really are absent."""
+        model = self.accelerator.unwrap_model(self.model)
+        tied = set(getattr(model, "all_tied_weights_keys", None) or getattr(model, "_tied_weights_keys", None) or {})
+        missing = [key for key in load_result.missing_keys if key not in tied]
+        if len(missing) < len(load_result.missing_keys):
+            model.tie_weights()
+        super()._issue_warnings_after_load(type(load_result)(missing, load_result.unexpected_keys))
+
+    def _save_checkpoint(self, model: torch.nn.Module, trial: Any) -> None:
+        """Write the checkpoint under ``.incomplete/`` and move it into place only once every file is on disk."""
+        run_dir = self._get_output_dir(trial=trial)
+        name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        staging_root = os.path.join(run_dir, INCOMPLETE_DIR)
+        staged, final = os.path.join(staging_root, name), os.path.join(run_dir, name)
+        if self.args.should_save and os.path.exists(staged):
+            shutil.rmtree(staged)  # left over by a run killed while saving
+        self.accelerator.wait_for_everyone()
+        self._get_output_dir = lambda trial=None: staging_root  # type: ignore[method-assign]
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            del self._get_output_dir
+        self.accelerator.wait_for_everyone()
+        if self.args.should_save:
+            fsync_tree(staged)
+            if os.path.exists(final):
+                shutil.rmtree(final)
+            os.replace(staged, final)
+            if not os.listdir(staging_root):
+                os.rmdir(staging_root)
+            fsync_dir(run_dir)
+            for attribute in ("best_model_checkpoint",):
+                value = getattr(self.state, attribute, None)
+                if isinstance(value, str) and value.startswith(staging_root):
+                    setattr(self.state, attribute, value.replace(staging_root, run_dir, 1))
+            rotate_checkpoints(run_dir, self.args.save_total_limit, self.state.best_model_checkpoint, use_mtime=False)
+        self.accelerator.wait_for_everyone()
+
+
+class DeepNMTTrainer(TrainerInternals):
     """`Seq2SeqTrainer` with the paper losses, per-component logging, token batching, NaN guard, atomic saves.
 
     Args:
@@ -90,7 +186,7 @@ class DeepNMTTrainer(Seq2SeqTrainer):
     ) -> None:
         super().__init__(*args, **kwargs)
         if self.args.n_gpu > 1:
-            raise ValueError(
+            raise UserInputError(
                 f"DeepNMTTrainer: {self.args.n_gpu} GPUs are visible to one process, so transformers would wrap the "
                 "model in nn.DataParallel, which cannot split li2022's multi-view batches or count the step's units; "
                 f"launch one process per GPU with `torchrun --nproc_per_node {self.args.n_gpu} -m training.cli "
@@ -106,7 +202,7 @@ class DeepNMTTrainer(Seq2SeqTrainer):
         self.max_tokens = max_tokens
         self.admin_profile_tokens = admin_profile_tokens
         if source_reliance_samples < 0:
-            raise ValueError(f"DeepNMTTrainer: `source_reliance_samples` = {source_reliance_samples!r} is not allowed; "
+            raise UserInputError(f"DeepNMTTrainer: `source_reliance_samples` = {source_reliance_samples!r} is not allowed; "
                              "use 0 (off) or a positive number of validation pairs.")
         self.source_reliance_samples = source_reliance_samples
         self._pending_eval_logs: dict[str, float] = {}
@@ -121,6 +217,7 @@ class DeepNMTTrainer(Seq2SeqTrainer):
         self.label_smoother = None
         self._component_sums: dict[str, float] = {}
         self._component_counts: dict[str, float] = {}
+        self.batching_seconds = 0.0  # building the token-budget batches (get_train_dataloader)
 
     # ------------------------------------------------------------------------------------------------ ADMIN
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any):
@@ -152,10 +249,10 @@ class DeepNMTTrainer(Seq2SeqTrainer):
 
     def _admin_profiling_batch(self) -> tuple[dict[str, torch.Tensor], int]:
         dataset = self.train_dataset
-        order = np.random.default_rng(self.args.seed).permutation(len(dataset)).tolist()
+        order = np.random.default_rng(self.args.seed).permutation(len(dataset))  # numpy: 8 bytes per pair
         examples, tokens = [], 0
         for index in order:
-            row = dataset[index]
+            row = dataset[int(index)]
             example = {key: row[key] for key in ("input_ids", "attention_mask", "labels")}
             examples.append(example)
             tokens += len(example["labels"])
@@ -165,20 +262,6 @@ class DeepNMTTrainer(Seq2SeqTrainer):
         device = self.accelerator.unwrap_model(self.model).device
         return {key: batch[key].to(device) for key in ("input_ids", "attention_mask", "labels")}, tokens
 
-    def _prepare_for_training(self, *args: Any, **kwargs: Any) -> tuple[torch.nn.Module, Any]:
-        """`Trainer._prepare_for_training` (wraps the model), then, under FSDP2, zero gradients for parameters a
-        process left unused.
-
-        FSDP2 reduce-scatters, per layer, the gradients of the parameters that received one; li2022's cross-attention
-        drop draws per process, so processes could reduce different sets of tensors and the collective would fail or
-        hang. With zero gradients for the unused ones every process sends the same tensors (DDP's
-        ``find_unused_parameters``); a model that uses every parameter in every step is unaffected.
-        """
-        model, train_dataloader = super()._prepare_for_training(*args, **kwargs)
-        if self.is_fsdp_enabled and hasattr(model, "set_reduce_scatter_unused_params"):  # FSDP2 (`fully_shard`)
-            model.set_reduce_scatter_unused_params(True)
-        return model, train_dataloader
-
     def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None
                          ) -> torch.optim.lr_scheduler.LRScheduler:
         """`Trainer.create_scheduler`, or the ``lr_scheduler_factory`` schedule when one was given."""
@@ -186,7 +269,7 @@ class DeepNMTTrainer(Seq2SeqTrainer):
             return super().create_scheduler(num_training_steps, optimizer)
         self.lr_scheduler = self.lr_scheduler_factory(self.optimizer if optimizer is None else optimizer,
                                                       num_training_steps)
-        self._created_lr_scheduler = True
+        self._mark_scheduler_created()
         return self.lr_scheduler
 
     # ------------------------------------------------------------------------------------------------ loss
@@ -302,10 +385,17 @@ class DeepNMTTrainer(Seq2SeqTrainer):
             return super().get_train_dataloader()
         dataset = self.train_dataset
         if dataset is None or "length" not in dataset.column_names:
-            raise ValueError("DeepNMTTrainer: max_tokens needs a training dataset with a `length` column "
-                             "(training.data.tokenize_corpus adds it).")
-        sampler = TokenBudgetBatchSampler(list(dataset["length"]), self.max_tokens, seed=self.args.data_seed or self.args.seed)
-        dataset = self._remove_unused_columns(dataset, description="training")
+            raise UserInputError("DeepNMTTrainer: max_tokens needs a training dataset with a `length` column "
+                                 "(training.preprocess and training.data.tokenize_corpus add it).")
+        started = time.time()
+        # the lengths as one numpy array read from the Arrow column: a few bytes per pair, however large the corpus
+        lengths = length_column(dataset)
+        sampler = TokenBudgetBatchSampler(lengths, self.max_tokens, seed=self.args.data_seed or self.args.seed)
+        self.batching_seconds = time.time() - started
+        if self.is_world_process_zero() and len(lengths) >= 100_000:
+            print(f"[deepnmt] batching: {len(lengths):,} pairs into {len(sampler):,} batches of ≤ {self.max_tokens} "
+                  f"tokens in {self.batching_seconds:.1f} s", file=sys.stderr)
+        dataset = self._model_columns(dataset)
         loader = DataLoader(
             dataset,
             batch_sampler=sampler,
@@ -314,47 +404,6 @@ class DeepNMTTrainer(Seq2SeqTrainer):
             pin_memory=self.args.dataloader_pin_memory,
         )
         return self.accelerator.prepare(loader)
-
-    # ------------------------------------------------------------------------------------------------ saving
-    def _issue_warnings_after_load(self, load_result: Any) -> None:
-        """Resuming a model with tied embeddings: the checkpoint does not store ``lm_head.weight`` (it is the shared
-        embedding), so it is not "missing" — re-tie it and warn only about keys that really are absent."""
-        model = self.accelerator.unwrap_model(self.model)
-        tied = set(getattr(model, "all_tied_weights_keys", None) or getattr(model, "_tied_weights_keys", None) or {})
-        missing = [key for key in load_result.missing_keys if key not in tied]
-        if len(missing) < len(load_result.missing_keys):
-            model.tie_weights()
-        super()._issue_warnings_after_load(type(load_result)(missing, load_result.unexpected_keys))
-
-    def _save_checkpoint(self, model: torch.nn.Module, trial: Any) -> None:
-        """Write the checkpoint under ``.incomplete/`` and move it into place only once every file is on disk."""
-        run_dir = self._get_output_dir(trial=trial)
-        name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-        staging_root = os.path.join(run_dir, INCOMPLETE_DIR)
-        staged, final = os.path.join(staging_root, name), os.path.join(run_dir, name)
-        if self.args.should_save and os.path.exists(staged):
-            shutil.rmtree(staged)  # left over by a run killed while saving
-        self.accelerator.wait_for_everyone()
-        self._get_output_dir = lambda trial=None: staging_root  # type: ignore[method-assign]
-        try:
-            super()._save_checkpoint(model, trial)
-        finally:
-            del self._get_output_dir
-        self.accelerator.wait_for_everyone()
-        if self.args.should_save:
-            fsync_tree(staged)
-            if os.path.exists(final):
-                shutil.rmtree(final)
-            os.replace(staged, final)
-            if not os.listdir(staging_root):
-                os.rmdir(staging_root)
-            fsync_dir(run_dir)
-            for attribute in ("best_model_checkpoint",):
-                value = getattr(self.state, attribute, None)
-                if isinstance(value, str) and value.startswith(staging_root):
-                    setattr(self.state, attribute, value.replace(staging_root, run_dir, 1))
-            rotate_checkpoints(run_dir, self.args.save_total_limit, self.state.best_model_checkpoint, use_mtime=False)
-        self.accelerator.wait_for_everyone()
 
     def create_model_card(self, *args: Any, **kwargs: Any) -> None:
         """Write hf_deepnmt's card (model_cards/) instead of the generic Trainer card."""
