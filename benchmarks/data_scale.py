@@ -1,6 +1,10 @@
 """Section ``data_scale``: memory and time from `deepnmt train` to its first training step at WMT corpus sizes.
 
     python -m benchmarks.data_scale --before /path/to/old/checkout --merge      # the table of benchmarks/RESULTS.md
+    python -m benchmarks.data_scale --render_only --out-dir DIR --merge         # re-render DIR/results.json
+
+``--merge`` writes the block ``<!-- generated:data_scale -->`` of benchmarks/RESULTS.md and the measurements it is
+rendered from to benchmarks/data_scale.json (tests/test_results_files.py re-renders one from the other).
     python -m benchmarks.data_scale --sizes 20000 --procs 1 --out-dir runs/ds   # a quick look
 
 The corpus is the embedded training set (`training/corpus`, 9.6k pairs) repeated to 100k, 300k, 1M and 4.5M pairs
@@ -185,8 +189,9 @@ def render(results: dict[str, Any]) -> str:
         "`--max_steps 1`, on the embedded training set repeated to N pairs of JSON lines. Each cell: **peak RSS of "
         "one process** (its anonymous part, RssAnon, in brackets; the rest are pages of memory-mapped files), "
         "**wall seconds to the first logged training loss**. *first*: empty cache; *cached*: the same command again "
-        "with another `--output_dir`. *before*: the code before `training.preprocess` (the corpus in Python lists "
-        "in every process, nothing cached); *after*: this code.",
+        "with another `--output_dir`. *before*: the code before `training.preprocess` (commit "
+        f"{results.get('before_commit') or '?'}: the corpus in Python lists in every process, nothing cached); "
+        "*after*: this code.",
         "",
         "| pairs | procs | before, first | before, cached | after, first | after, cached |",
         "|---:|---:|---|---|---|---|",
@@ -243,7 +248,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--procs", default="1,2", help="process counts, comma-separated")
     parser.add_argument("--before", default=None, help="a checkout of the code before training.preprocess")
     parser.add_argument("--before_max_pairs", type=int, default=1_000_000,
-                        help="largest corpus the before code is run on (1M pairs peaked at 9.9 GB per process)")
+                        help="largest corpus the before code is run on (1M pairs peaked at 10.6 GB per process)")
     parser.add_argument("--before_max_pairs_two_procs", type=int, default=300_000,
                         help="largest corpus the before code is run on with two processes (two copies)")
     parser.add_argument("--before_second_max_pairs", type=int, default=300_000,
@@ -251,6 +256,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out-dir", default="runs/data_scale")
     parser.add_argument("--timeout", type=float, default=3600)
     parser.add_argument("--merge", action="store_true", help="write the block into benchmarks/RESULTS.md")
+    parser.add_argument("--render_only", action="store_true",
+                        help="measure nothing: render (and --merge) the rows already in OUT_DIR/results.json")
     args = parser.parse_args(argv)
     work = Path(args.out_dir).resolve()
     work.mkdir(parents=True, exist_ok=True)
@@ -261,7 +268,12 @@ def main(argv: list[str] | None = None) -> None:
         print(f"[data_scale] {message}", file=sys.stderr, flush=True)
 
     rows = previous["rows"]
-    for pairs in [int(s) for s in args.sizes.split(",")]:
+    before_commit = previous.get("before_commit")
+    if args.before and not args.render_only:
+        before_commit = subprocess.run(["git", "-C", args.before, "rev-parse", "--short", "HEAD"], capture_output=True,
+                                       text=True).stdout.strip() or None
+        previous["command"] = "python -m benchmarks.data_scale " + " ".join(argv or sys.argv[1:])
+    for pairs in [] if args.render_only else [int(s) for s in args.sizes.split(",")]:
         corpus = write_corpus(work / f"corpus-{pairs}.jsonl", pairs)
         for procs in [int(p) for p in args.procs.split(",")]:
             plans = [("after", ROOT)]
@@ -272,8 +284,8 @@ def main(argv: list[str] | None = None) -> None:
                 else:
                     rows = [r for r in rows if (r["code"], r["pairs"], r["procs"]) != ("before", pairs, procs)]
                     rows.append({"code": "before", "pairs": pairs, "procs": procs, "run": "first",
-                                 "skipped": f"> {limit:,} pairs; 1M pairs already peaked at 9.9 GB in one process, "
-                                            "this machine has 24 GB"})
+                                 "skipped": f"> {limit:,} pairs: the code before holds ~10 KB per pair in every "
+                                            "process (10.6 GB at 1M pairs, row above); this machine has 24 GB"})
             for label, code in plans:
                 rows = [r for r in rows if (r["code"], r["pairs"], r["procs"]) != (label, pairs, procs)]
                 runs = ("first", "cached")
@@ -283,12 +295,15 @@ def main(argv: list[str] | None = None) -> None:
                                  "skipped": "nothing is cached, the second run repeats the first (measured up to "
                                             f"{args.before_second_max_pairs:,} pairs)"})
                 rows += measure(code, label, corpus, pairs, procs, work, args.timeout, log, runs)
-                results_file.write_text(json.dumps({"rows": rows}, indent=1))
+                results_file.write_text(json.dumps({**previous, "rows": rows, "before_commit": before_commit},
+                                                   indent=1))
     import platform
 
-    results = {"rows": rows, "command": "python -m benchmarks.data_scale " + " ".join(argv or sys.argv[1:]),
+    command = previous.get("command") if args.render_only else None
+    results = {"rows": rows, "command": command or "python -m benchmarks.data_scale " + " ".join(argv or sys.argv[1:]),
                "machine": f"{os.cpu_count()} cores, {platform.machine()}, torch {_version('torch')}",
-               "date": time.strftime("%Y-%m-%d")}
+               "date": previous.get("date") if args.render_only else time.strftime("%Y-%m-%d"),
+               "before_commit": before_commit}
     results_file.write_text(json.dumps(results, indent=1))
     block = render(results)
     print(block)
@@ -297,6 +312,7 @@ def main(argv: list[str] | None = None) -> None:
 
         target = ROOT / "benchmarks" / "RESULTS.md"
         target.write_text(merge_blocks(target.read_text(), [("data_scale", block)]))
+        (ROOT / "benchmarks" / "data_scale.json").write_text(json.dumps(results, indent=1) + "\n")
         log(f"merged into {target}")
 
 

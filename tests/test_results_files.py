@@ -48,3 +48,12 @@ def _outside_blocks(markdown: str) -> list[str]:
         elif not inside:
             kept.append(line)
     return kept
+
+
+def test_the_data_scale_block_is_its_json_rendered():
+    from benchmarks import data_scale
+
+    results = json.loads((ROOT / "benchmarks" / "data_scale.json").read_text())
+    text = (ROOT / "benchmarks" / "RESULTS.md").read_text(encoding="utf-8")
+    assert "<!-- generated:data_scale -->" in text
+    assert report.merge_blocks(text, [("data_scale", data_scale.render(results))]) == text
