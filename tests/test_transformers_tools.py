@@ -12,16 +12,12 @@ from conftest import tiny_model
 from hf_deepnmt import DTMTConfig, DTMTForConditionalGeneration
 from hf_deepnmt.errors import UserInputError
 
+from training.experiments.dou2018_miniature import DOU2018_VARIANTS  # dou2018 Table 1 rows
+
 # Every mechanism whose layers are called differently (dou2018 passes the lower layers' outputs to a layer, li2022
 # CAD draws per layer, ADMIN scales the residual) and the DTMT family.
 MECHANISMS = {
-    "vanilla": {},
-    "dense": {"encoder_layer_aggregation": "dense", "decoder_layer_aggregation": "dense"},
-    "linear": {"encoder_layer_aggregation": "linear", "decoder_layer_aggregation": "linear"},
-    "iterative": {"encoder_layer_aggregation": "iterative", "decoder_layer_aggregation": "iterative"},
-    "hierarchical": {"encoder_layer_aggregation": "hierarchical", "decoder_layer_aggregation": "hierarchical"},
-    "mla2": {"multi_layer_attention_k": 2},
-    "mla3": {"multi_layer_attention_k": 3},
+    **{name: switches for name, switches in DOU2018_VARIANTS.items() if name != "hierarchical+div"},
     "cad": {"cross_attention_drop_depth": 2, "cross_attention_drop_ratio": 0.5},
     "admin": {"residual_scaling": "admin", "admin_init": "closed_form"},
     "dtmt": None,
