@@ -8,6 +8,8 @@ from typing import Callable
 
 import torch
 
+from hf_deepnmt.modeling_common import output_cache
+
 # dou2018's rows (switches) and its Table 1 speeds live with the miniature experiment that trains the same rows
 from training.experiments.dou2018_miniature import DOU2018_TABLE_1, DOU2018_VARIANTS
 
@@ -105,7 +107,7 @@ def _decode_step_times(model: torch.nn.Module, source: Batch, steps: int) -> lis
         start = time.perf_counter()
         out = model(encoder_outputs=encoder_outputs, attention_mask=source.attention_mask, decoder_input_ids=tokens,
                     past_key_values=cache, use_cache=True)
-        cache = out.past_key_values
+        cache = output_cache(out)
         tokens = out.logits[:, -1].argmax(-1, keepdim=True)  # (B, 1)
         times.append(time.perf_counter() - start)
     return times
@@ -521,7 +523,7 @@ def dou2018_decode_flops(dims: dict[str, int], source_length: int = 32, prefix_l
             counter = FlopCounterMode(display=False)
             with counter:
                 model(encoder_outputs=encoder_outputs, attention_mask=mask, decoder_input_ids=token,
-                      past_key_values=cached.past_key_values, use_cache=True)
+                      past_key_values=output_cache(cached), use_cache=True)
             flops[name] = counter.get_total_flops()
     return {"source_length": source_length, "prefix_length": prefix_length, "flops_per_step": flops,
             "compute_bound_decode_ratio": {name: flops["vanilla"] / value for name, value in flops.items()}}

@@ -125,6 +125,31 @@ def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_to
     return shifted.masked_fill(shifted == -100, pad_token_id)
 
 
+# transformers 5.24 renamed the decoding cache from `past_key_values` to `cache`: in the arguments `generate` passes to
+# `forward` and in the output dataclasses (the old name still works there, with a deprecation warning). Our models
+# accept both names and write whichever field the installed transformers defines, so 5.17 (the GPU machines) and
+# 5.24+ both run without warnings.
+CACHE_NAME: str = "cache" if "cache" in getattr(Seq2SeqLMOutput, "__dataclass_fields__", {}) else "past_key_values"
+
+
+def cache_field(value: Any) -> dict[str, Any]:
+    """``{name: value}`` for an output dataclass, under the installed transformers' name of the cache field."""
+    return {CACHE_NAME: value}
+
+
+def output_cache(outputs: Any) -> Any:
+    """The decoding cache of a model output (either transformers naming)."""
+    return getattr(outputs, CACHE_NAME, None)
+
+
+def merge_cache_arguments(cache: Any, past_key_values: Any) -> Any:
+    """The cache a forward was given, as ``cache`` (transformers >= 5.24) or ``past_key_values`` (earlier)."""
+    if cache is not None and past_key_values is not None:
+        raise UserInputError("pass the decoding cache once, as `cache` (transformers >= 5.24) or `past_key_values`, "
+                             "not both.")
+    return cache if cache is not None else past_key_values
+
+
 @dataclass
 class DeepTransformerSeq2SeqLMOutput(Seq2SeqLMOutput):
     """`Seq2SeqLMOutput` plus, with labels, every term of the loss (in evaluation mode only ``nll``).

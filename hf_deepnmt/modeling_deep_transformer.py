@@ -83,8 +83,11 @@ from .modeling_common import (
     ScaledEmbedding,
     TranslationGenerationMixin,
     bind_shared_embedding,
+    cache_field,
     check_attention_mask,
     check_token_ids,
+    merge_cache_arguments,
+    output_cache,
     sinusoidal_positions,
 )
 from .errors import UserInputError
@@ -537,6 +540,7 @@ class DeepTransformerDecoder(_DeepTransformerStack):
         encoder_hidden_states: torch.Tensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
         past_key_values: EncoderDecoderCache | None = None,
+        cache: EncoderDecoderCache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
@@ -548,6 +552,7 @@ class DeepTransformerDecoder(_DeepTransformerStack):
         """``drop_net_group_sizes``: consecutive row groups that draw li2022 CAD's drop-net independently
         (`draw_cross_attention`); ``None`` is one group, the whole batch. ``drop_cross_attention=False``: no drop-net
         draw in training mode either, every existing cross-attention runs (ADMIN profiling, docs/liu2020.md)."""
+        past_key_values = merge_cache_arguments(cache, past_key_values)
         output_attentions = bool(output_attentions if output_attentions is not None else self.config.output_attentions)
         output_hidden_states = bool(
             output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
@@ -603,7 +608,7 @@ class DeepTransformerDecoder(_DeepTransformerStack):
         hidden_states, all_states = self._run_layers(hidden_states, call)
         output = BaseModelOutputWithPastAndCrossAttentions(
             last_hidden_state=hidden_states,
-            past_key_values=cache if use_cache else None,
+            **cache_field(cache if use_cache else None),
             hidden_states=tuple(all_states) if output_hidden_states else None,
             attentions=tuple(all_self) if output_attentions else None,
             cross_attentions=tuple(all_cross) if output_attentions else None,
@@ -705,6 +710,7 @@ class DeepTransformerModel(DeepTransformerPreTrainedModel):
         decoder_attention_mask: torch.Tensor | None = None,
         encoder_outputs: BaseModelOutput | tuple | None = None,
         past_key_values: EncoderDecoderCache | None = None,
+        cache: EncoderDecoderCache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
@@ -723,6 +729,7 @@ class DeepTransformerModel(DeepTransformerPreTrainedModel):
         * ``drop_net_group_sizes``: consecutive decoder row groups with independent CAD drop-net draws;
         * ``drop_cross_attention=False``: no CAD draw even in training mode (ADMIN profiling, docs/liu2020.md).
         """
+        past_key_values = merge_cache_arguments(cache, past_key_values)
         if encoder_outputs is None:
             encoder_outputs = self.encoder(
                 input_ids=input_ids,
@@ -756,7 +763,7 @@ class DeepTransformerModel(DeepTransformerPreTrainedModel):
         )
         output = Seq2SeqModelOutput(
             last_hidden_state=decoder_outputs.last_hidden_state,
-            past_key_values=decoder_outputs.past_key_values,
+            **cache_field(output_cache(decoder_outputs)),
             decoder_hidden_states=decoder_outputs.hidden_states,
             decoder_attentions=decoder_outputs.attentions,
             cross_attentions=decoder_outputs.cross_attentions,
@@ -819,6 +826,7 @@ class DeepTransformerForConditionalGeneration(TranslationGenerationMixin, DeepTr
         decoder_attention_mask: torch.Tensor | None = None,
         encoder_outputs: BaseModelOutput | tuple | None = None,
         past_key_values: EncoderDecoderCache | None = None,
+        cache: EncoderDecoderCache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
@@ -845,6 +853,7 @@ class DeepTransformerForConditionalGeneration(TranslationGenerationMixin, DeepTr
         Padding in ``labels`` may be -100 or the pad id; ``logits`` are those of the (first) decoder pass,
         ``(B, T, V)``.
         """
+        past_key_values = merge_cache_arguments(cache, past_key_values)
         if labels is not None:
             check_token_ids("labels", labels, self.config.vocab_size, allow_ignore_index=True)
             use_cache = False
@@ -889,7 +898,7 @@ class DeepTransformerForConditionalGeneration(TranslationGenerationMixin, DeepTr
         output = DeepTransformerSeq2SeqLMOutput(
             loss=loss,
             logits=logits,
-            past_key_values=outputs.past_key_values,
+            **cache_field(output_cache(outputs)),
             decoder_hidden_states=outputs.decoder_hidden_states,
             decoder_attentions=outputs.decoder_attentions,
             cross_attentions=outputs.cross_attentions,

@@ -44,8 +44,11 @@ from .modeling_common import (
     HubReadyMixin,
     TranslationGenerationMixin,
     bind_shared_embedding,
+    cache_field,
     check_attention_mask,
     check_token_ids,
+    merge_cache_arguments,
+    output_cache,
     sinusoidal_positions,
 )
 from .errors import UserInputError
@@ -427,6 +430,7 @@ class DTMTDecoder(_DTMTStack):
         encoder_hidden_states: torch.Tensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
         past_key_values: DTMTCache | None = None,
+        cache: DTMTCache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
@@ -436,6 +440,7 @@ class DTMTDecoder(_DTMTStack):
     ) -> tuple[torch.Tensor, DTMTCache | None, tuple | None, tuple | None]:
         """Runs the decoder over ``input_ids`` ``(B, T)`` (all T steps in training, one step per call when
         decoding with a cache). Returns (readout ``(B, T, d)``, cache or None, hidden states, attention weights)."""
+        past_key_values = merge_cache_arguments(cache, past_key_values)
         if isinstance(past_key_values, DTMTCache):
             cache = past_key_values
         else:  # training, an uncached call, or the first decoding step (generate may hand over an unused cache)
@@ -561,6 +566,7 @@ class DTMTModel(DTMTPreTrainedModel):
         decoder_attention_mask: torch.Tensor | None = None,
         encoder_outputs: BaseModelOutput | tuple | None = None,
         past_key_values: DTMTCache | None = None,
+        cache: DTMTCache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
@@ -571,6 +577,7 @@ class DTMTModel(DTMTPreTrainedModel):
     ) -> Seq2SeqModelOutput | tuple:
         """The usual seq2seq arguments. ``decoder_attention_mask`` is accepted and not needed: the decoder is
         causal by construction and right-padded targets never influence real positions."""
+        past_key_values = merge_cache_arguments(cache, past_key_values)
         use_cache = use_cache if use_cache is not None else self.config.use_cache
         output_attentions = bool(output_attentions if output_attentions is not None else self.config.output_attentions)
         output_hidden_states = bool(
@@ -596,7 +603,7 @@ class DTMTModel(DTMTPreTrainedModel):
         )
         output = Seq2SeqModelOutput(
             last_hidden_state=readout,
-            past_key_values=cache,
+            **cache_field(cache),
             decoder_hidden_states=hidden_states,
             cross_attentions=attentions,
             encoder_last_hidden_state=encoder_outputs.last_hidden_state,
@@ -672,6 +679,7 @@ class DTMTForConditionalGeneration(TranslationGenerationMixin, DTMTPreTrainedMod
         decoder_attention_mask: torch.Tensor | None = None,
         encoder_outputs: BaseModelOutput | tuple | None = None,
         past_key_values: DTMTCache | None = None,
+        cache: DTMTCache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
@@ -690,6 +698,7 @@ class DTMTForConditionalGeneration(TranslationGenerationMixin, DTMTPreTrainedMod
         ``loss_components`` / ``loss_component_counts`` hold each term. ``num_items_in_batch`` (transformers'
         Trainer) and ``loss_normalizers`` (``DeepNMTTrainer``) make the loss this micro-batch's share of the
         optimizer step's, so gradient accumulation and DDP give the gradient of one large batch."""
+        past_key_values = merge_cache_arguments(cache, past_key_values)
         vocab = self.config.vocab_size  # input_ids and attention_mask are checked by the encoder
         # the ids `generate` feeds back after the first step are its own: not scanned (that would sync a GPU)
         check_token_ids("decoder_input_ids", decoder_input_ids, vocab, check_values=past_key_values is None)
@@ -726,7 +735,7 @@ class DTMTForConditionalGeneration(TranslationGenerationMixin, DTMTPreTrainedMod
             loss_components=components,
             loss_component_counts=counts,
             logits=logits,
-            past_key_values=outputs.past_key_values,
+            **cache_field(output_cache(outputs)),
             decoder_hidden_states=outputs.decoder_hidden_states,
             cross_attentions=outputs.cross_attentions,
             encoder_last_hidden_state=outputs.encoder_last_hidden_state,

@@ -11,6 +11,8 @@ import warnings
 
 import pytest
 import torch
+
+from hf_deepnmt.modeling_common import output_cache
 import torch.nn.functional as F
 from test_pipeline_and_remote_code import FRESH_PROCESS
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
@@ -188,7 +190,7 @@ def test_beam_search_cached_equals_uncached(batch, switches):
     assert torch.allclose(cached.sequences_scores, uncached.sequences_scores, atol=1e-5)
     scores = cached.sequences_scores.view(2, 3)
     assert torch.all(scores[:, :-1] >= scores[:, 1:] - 1e-6)  # n-best lists sorted by score
-    assert isinstance(cached.past_key_values, DTMTCache)
+    assert isinstance(output_cache(cached), DTMTCache)
 
 
 def test_beam_search_needs_the_state_reordered(batch, monkeypatch):
@@ -234,13 +236,13 @@ def test_incremental_decoding_matches_teacher_forcing(batch):
         for t in range(decoder_input_ids.shape[1]):
             out = model(encoder_outputs=encoder_outputs, attention_mask=mask, past_key_values=cache,
                         decoder_input_ids=decoder_input_ids[:, t:t + 1], use_cache=True)
-            cache = out.past_key_values
+            cache = output_cache(out)
             steps.append(out.logits)
         assert isinstance(cache, DTMTCache) and cache.get_seq_length() == decoder_input_ids.shape[1]
         prefix = model(encoder_outputs=encoder_outputs, attention_mask=mask, decoder_input_ids=decoder_input_ids[:, :2],
                        use_cache=True)
         chunk = model(encoder_outputs=encoder_outputs, attention_mask=mask, decoder_input_ids=decoder_input_ids[:, 2:],
-                      past_key_values=prefix.past_key_values, use_cache=True)
+                      past_key_values=output_cache(prefix), use_cache=True)
     assert torch.allclose(torch.cat(steps, dim=1), full, atol=1e-5)
     assert torch.allclose(torch.cat([prefix.logits, chunk.logits], dim=1), full, atol=1e-5)
 

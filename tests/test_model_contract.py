@@ -8,6 +8,8 @@ import warnings
 
 import pytest
 import torch
+
+from hf_deepnmt.modeling_common import output_cache
 from conftest import TINY, tiny_config, tiny_model
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 from transformers.cache_utils import EncoderDecoderCache
@@ -182,14 +184,14 @@ def test_incremental_decoding_matches_full_forward(batch, switches):
         for t in range(decoder_input_ids.shape[1]):
             out = model(encoder_outputs=encoder_outputs, attention_mask=batch["attention_mask"],
                         decoder_input_ids=decoder_input_ids[:, t:t + 1], past_key_values=cache, use_cache=True)
-            cache = out.past_key_values
+            cache = output_cache(out)
             steps.append(out.logits)
         assert isinstance(cache, EncoderDecoderCache)
         # a multi-token chunk after a cached prefix (offset causal mask)
         prefix = model(encoder_outputs=encoder_outputs, attention_mask=batch["attention_mask"],
                        decoder_input_ids=decoder_input_ids[:, :2], use_cache=True)
         chunk = model(encoder_outputs=encoder_outputs, attention_mask=batch["attention_mask"],
-                      decoder_input_ids=decoder_input_ids[:, 2:], past_key_values=prefix.past_key_values,
+                      decoder_input_ids=decoder_input_ids[:, 2:], past_key_values=output_cache(prefix),
                       use_cache=True)
     assert torch.allclose(torch.cat(steps, dim=1), full, atol=1e-5)
     assert torch.allclose(torch.cat([prefix.logits, chunk.logits], dim=1), full, atol=1e-5)
