@@ -5,7 +5,11 @@ that for any Transformer variant of this package: it builds the new model, copie
 (same names, same shapes — the one implementation keeps the backbone's names whatever the switches), and leaves the
 new modules (aggregation nodes, linear combinations, multi-layer attentions, ADMIN ω, …) at their initialisation.
 A linear-aggregation model warm-started this way computes exactly what the trained vanilla model does
-(docs/dou2018.md).
+(docs/dou2018.md, which also gives every mechanism's measured change of function at the warm start).
+
+The returned model lists the parameters that did not come from the trained model in ``warm_start_new_parameters``:
+`training.trainer.DeepNMTTrainer` can train them with a scaled learning rate or hold them for the first steps
+(``deepnmt train --warm_start_new_lr_scale / --warm_start_freeze_steps``; why, in docs/dou2018.md "Warm start").
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ def warm_start(
         model_type: the new model's type when ``config`` is omitted (default: dou2018's
             ``deep_representation_transformer``).
 
+    The new model's ``warm_start_new_parameters`` holds the names of the parameters not copied from ``source``.
+
     Raises one `ValueError` naming the weight when a trained weight has no place in the new model (it would be
     lost) or a different shape.
     """
@@ -72,6 +78,8 @@ def warm_start(
     with torch.no_grad():
         target.load_state_dict(copied, strict=False)
     target.tie_weights()
+    # The parameters left at their initialisation (tied weights appear once, under the name named_parameters uses).
+    target.warm_start_new_parameters = tuple(name for name, _ in target.named_parameters() if name not in copied)
     target.generation_config = source.generation_config
     target.train(source.training)
     return target

@@ -10,6 +10,8 @@ import textwrap
 
 import pytest
 import torch
+
+from hf_deepnmt.modeling_common import output_cache
 import torch.nn.functional as F
 from conftest import TINY, tiny_config, tiny_model
 from test_trainer import data, make_trainer  # noqa: F401  (the `data` fixture)
@@ -225,7 +227,7 @@ def test_incremental_steps_match_the_full_forward_with_every_mechanism(batch):
         for t in range(decoder_input_ids.shape[1]):
             out = model(encoder_outputs=encoder_outputs, attention_mask=batch["attention_mask"],
                         decoder_input_ids=decoder_input_ids[:, t:t + 1], past_key_values=cache, use_cache=True)
-            cache, _ = out.past_key_values, steps.append(out.logits)
+            cache, _ = output_cache(out), steps.append(out.logits)
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
     # the extra attention of every layer l ≥ 3 keeps its own keys/values: 5 layers + 5 slots for H^{l-2}
     assert len(cache.self_attention_cache.layers) == 10
@@ -347,6 +349,87 @@ def test_deepnmt_train_warm_start_option(small_corpus, tiny_folder, tmp_path):
     state = model.state_dict()
     for name, tensor in trained.items():  # learning rate 0: the copied weights are still the trained ones
         torch.testing.assert_close(state[name].cpu(), tensor, rtol=0, atol=0, msg=name)
+
+
+def warm_started_trainer(tmp_path, data, tokenizer, **options):
+    """A trained-looking vanilla model warm-started to hierarchical aggregation, in a DeepNMTTrainer."""
+    from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainingArguments
+
+    from training.trainer import DeepNMTTrainer
+
+    vanilla = tiny_model(vocab_size=len(tokenizer), max_position_embeddings=64, dropout=0.0, **DEEP)
+    model = warm_start(vanilla, **MECHANISMS["hierarchical"]).train()
+    args = Seq2SeqTrainingArguments(output_dir=str(tmp_path), learning_rate=1e-2, per_device_train_batch_size=8,
+                                    max_steps=4, logging_steps=1, report_to="none", use_cpu=True, seed=0,
+                                    save_strategy="no", eval_strategy="no", warmup_steps=0, lr_scheduler_type="linear",
+                                    disable_tqdm=True, dataloader_num_workers=0)
+    return DeepNMTTrainer(model=model, args=args, train_dataset=data[0], processing_class=tokenizer,
+                          data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100),
+                          new_parameters=model.warm_start_new_parameters, **options)
+
+
+def test_warm_start_lists_exactly_the_parameters_it_did_not_copy():
+    vanilla = tiny_model(**DEEP)
+    model = warm_start(vanilla, **MECHANISMS["hierarchical"])
+    copied = set(dict(vanilla.named_parameters()))
+    assert set(model.warm_start_new_parameters) == set(dict(model.named_parameters())) - copied
+    assert model.warm_start_new_parameters and all("aggregat" in name for name in model.warm_start_new_parameters)
+    assert warm_start(vanilla, config=vanilla.config).warm_start_new_parameters == ()  # same model: nothing new
+
+
+def test_new_parameters_train_at_the_scaled_learning_rate(tmp_path, data, tiny_tokenizer, capsys):
+    trainer = warm_started_trainer(tmp_path, data, tiny_tokenizer, new_parameters_lr_scale=0.1)
+    trainer.train()
+    new = set(trainer.model.warm_start_new_parameters)
+    names = {id(parameter): name for name, parameter in trainer.model.named_parameters()}
+    groups = trainer.optimizer.param_groups
+    for group in groups:  # every group is all-new or all-copied, and the new ones carry the scaled learning rate
+        kinds = {names[id(parameter)] in new for parameter in group["params"]}
+        assert kinds == {bool(group.get("warm_start_new"))}
+    lr = {bool(group.get("warm_start_new")): group["initial_lr"] for group in groups}
+    assert lr[True] == pytest.approx(0.1 * lr[False]) and lr[False] == pytest.approx(1e-2)
+    assert sum(len(group["params"]) for group in groups) == len(list(trainer.model.parameters()))
+    assert "new parameters train at 0.1× the learning rate" in capsys.readouterr().err
+
+
+def test_held_new_parameters_stay_put_for_exactly_the_freeze_steps(tmp_path, data, tiny_tokenizer):
+    from transformers import TrainerCallback
+
+    trainer = warm_started_trainer(tmp_path, data, tiny_tokenizer, new_parameters_freeze_steps=2)
+    new = set(trainer.model.warm_start_new_parameters)
+    snapshots = [{name: p.detach().clone() for name, p in trainer.model.named_parameters()}]
+
+    class Snapshot(TrainerCallback):
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            snapshots.append({name: p.detach().clone() for name, p in model.named_parameters()})
+
+    trainer.add_callback(Snapshot())
+    trainer.train()
+    assert len(snapshots) == 5
+
+    def moved(step: int, names: set[str]) -> bool:
+        return any(not torch.equal(snapshots[step][name], snapshots[step - 1][name]) for name in names)
+
+    backbone = set(snapshots[0]) - new
+    assert moved(1, backbone) and moved(2, backbone)  # the trained weights adapt during the hold ...
+    assert not moved(1, new) and not moved(2, new)  # ... while the new ones are held exactly
+    assert moved(3, new) and moved(4, new)  # then they train
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--warm_start_new_lr_scale", "0.1"], "give --warm_start_from too"),
+    (["--warm_start_freeze_steps", "5"], "give --warm_start_from too"),
+    (["--warm_start_from", "{tiny}", "--warm_start_new_lr_scale", "0"], "`--warm_start_new_lr_scale` = 0.0 is not"),
+    (["--warm_start_from", "{tiny}", "--warm_start_new_lr_scale", "nan"], "`--warm_start_new_lr_scale` = nan is not"),
+    (["--warm_start_from", "{tiny}", "--warm_start_freeze_steps", "-1"], "`--warm_start_freeze_steps` = -1 is not"),
+])
+def test_bad_new_parameter_options_get_one_line_and_exit_2(argv, words, tiny_folder, tmp_path, capsys):
+    from training.cli import main
+
+    argv = [part.replace("{tiny}", str(tiny_folder)) for part in argv]
+    assert main(["train", "--recipe", "miniature", "--output_dir", str(tmp_path / "run"), *argv]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and words in error[0], error
 
 
 # ------------------------------------------------------------------------------------------------ around it

@@ -197,6 +197,9 @@ def build_trainer(model: torch.nn.Module, tokenizer: Any, datasets: dict[str, An
         data_collator=collator,
         compute_metrics=TranslationMetrics(tokenizer) if training_args.predict_with_generate else None,
         max_tokens=data_args.max_tokens,
+        new_parameters=getattr(model, "warm_start_new_parameters", ()),
+        new_parameters_lr_scale=model_args.warm_start_new_lr_scale,
+        new_parameters_freeze_steps=model_args.warm_start_freeze_steps,
     )
     if model_args.max_train_minutes is not None:
         trainer.add_callback(TimeBudget(model_args.max_train_minutes))

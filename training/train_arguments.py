@@ -38,6 +38,8 @@ class ModelArguments:
     config_name: str | None = field(default=None, metadata={"help": "Model config: a preset name (training/presets, e.g. transformer-base), a config.json or a model folder."})
     config_overrides: str | None = field(default=None, metadata={"help": "Override config fields: 'd_model=256,encoder_layers=12'."})
     warm_start_from: str | None = field(default=None, metadata={"help": "Initialise a new model from a trained one (folder or Hub id): its weights are copied, the mechanisms it lacks (e.g. dou2018 aggregation, multi-layer attention) start from their initialisation, as dou2018 trains its models. The model comes from --recipe/--config_name/--config_overrides as usual; the tokenizer is the trained model's."})
+    warm_start_new_lr_scale: float = field(default=1.0, metadata={"help": "With --warm_start_from: the parameters the trained model lacks (aggregation nodes, multi-layer attentions, ...) train at this multiple of the learning rate; 1.0 (default) treats them like the rest. docs/dou2018.md 'Warm start' gives the measurements behind the choice."})
+    warm_start_freeze_steps: int = field(default=0, metadata={"help": "With --warm_start_from: hold the new parameters (learning rate 0) for this many optimizer steps while the trained ones adapt to them; 0 (default): no hold."})
     tokenizer_name: str | None = field(default=None, metadata={"help": "A saved tokenizer; without it (and without a model) a joint BPE is trained on the training data."})
     vocab_size: int = field(default=8000, metadata={"help": "Joint BPE vocabulary size when a tokenizer is trained."})
     bpe_min_frequency: int = field(default=2, metadata={"help": "Minimum merge frequency when a tokenizer is trained."})
@@ -216,6 +218,17 @@ def check_train_args(model_args: ModelArguments, training_args: Seq2SeqTrainingA
     if minutes is not None and not (math.isfinite(minutes) and minutes > 0):
         raise CommandLineError(f"`--max_train_minutes` = {minutes!r} is not allowed; use a positive number of "
                                "minutes.")
+    treated = model_args.warm_start_new_lr_scale != 1.0 or model_args.warm_start_freeze_steps != 0
+    if treated and not model_args.warm_start_from:
+        raise CommandLineError("`--warm_start_new_lr_scale` / `--warm_start_freeze_steps` apply to the parameters a "
+                               "warm start adds; give --warm_start_from too, or leave them at 1.0 / 0.")
+    scale, hold = model_args.warm_start_new_lr_scale, model_args.warm_start_freeze_steps
+    if not (math.isfinite(scale) and scale > 0):
+        raise CommandLineError(f"`--warm_start_new_lr_scale` = {scale!r} is not allowed; use a number > 0 (1.0: the "
+                               "same learning rate as the trained parameters; --warm_start_freeze_steps holds them).")
+    if hold < 0:
+        raise CommandLineError(f"`--warm_start_freeze_steps` = {hold!r} is not allowed; use 0 (no hold) or a positive "
+                               "number of optimizer steps.")
 
 
 def apply_scratch_defaults(model_args: ModelArguments, data_args: DataArguments,

@@ -151,6 +151,35 @@ class TrainerInternals(Seq2SeqTrainer):
         self.accelerator.wait_for_everyone()
 
 
+def check_new_parameter_options(lr_scale: float, freeze_steps: int) -> None:
+    """One sentence per bad value of the warm start's new-parameter options."""
+    if not lr_scale > 0:
+        raise UserInputError(f"`--warm_start_new_lr_scale` = {lr_scale!r} is not allowed; use a number > 0 (1.0: the "
+                             "same learning rate as the trained parameters; --warm_start_freeze_steps holds them).")
+    if freeze_steps < 0:
+        raise UserInputError(f"`--warm_start_freeze_steps` = {freeze_steps!r} is not allowed; use 0 (no hold) or a "
+                             "positive number of optimizer steps.")
+
+
+def hold_new_parameters(scheduler: torch.optim.lr_scheduler.LRScheduler, steps: int) -> None:
+    """Multiply the schedule of every ``warm_start_new`` parameter group by 0 for its first ``steps`` steps.
+
+    Works on `LambdaLR` (every schedule of transformers' ``lr_scheduler_type`` and of `training.schedules`); the
+    current learning rates are recomputed, so the very first optimizer step already holds them."""
+    if not isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):
+        raise UserInputError(f"`--warm_start_freeze_steps` needs a LambdaLR schedule; this run's is "
+                             f"{type(scheduler).__name__}: use --warm_start_new_lr_scale instead.")
+    groups = scheduler.optimizer.param_groups
+    for index, group in enumerate(groups):
+        if group.get("warm_start_new"):
+            schedule = scheduler.lr_lambdas[index]
+            scheduler.lr_lambdas[index] = lambda step, schedule=schedule: 0.0 if step < steps else schedule(step)
+    for group, base, schedule in zip(groups, scheduler.base_lrs, scheduler.lr_lambdas):
+        group["lr"] = base * schedule(scheduler.last_epoch)
+    scheduler._last_lr = [group["lr"] for group in groups]
+    scheduler._holds_new_parameters = True
+
+
 class DeepNMTTrainer(TrainerInternals):
     """`Seq2SeqTrainer` with the paper losses, per-component logging, token batching, NaN guard, atomic saves.
 
@@ -166,6 +195,11 @@ class DeepNMTTrainer(TrainerInternals):
         lr_scheduler_factory: ``factory(optimizer, num_training_steps) -> LRScheduler`` for a schedule that
             ``lr_scheduler_type`` does not offer (e.g. meng2019's, `training.schedules`); ``None`` uses
             ``args.lr_scheduler_type``.
+        new_parameters: names (as ``model.named_parameters()`` gives them) of parameters that a warm start left at
+            their initialisation (`hf_deepnmt.warm_start` lists them in ``model.warm_start_new_parameters``).
+        new_parameters_lr_scale: their learning rate is this multiple of the schedule's (1.0: the same as the rest).
+        new_parameters_freeze_steps: their learning rate is 0 for the first this many optimizer steps.
+            Why and what was measured: docs/dou2018.md, "Warm start".
         All other arguments are those of `Seq2SeqTrainer`. Label smoothing is ``args.label_smoothing_factor``.
     """
 
@@ -182,9 +216,16 @@ class DeepNMTTrainer(TrainerInternals):
         source_reliance_samples: int = 64,
         optimizer_cls_and_kwargs: tuple[type[torch.optim.Optimizer], dict[str, Any]] | None = None,
         lr_scheduler_factory: Callable[[torch.optim.Optimizer, int], torch.optim.lr_scheduler.LRScheduler] | None = None,
+        new_parameters: Sequence[str] = (),
+        new_parameters_lr_scale: float = 1.0,
+        new_parameters_freeze_steps: int = 0,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
+        check_new_parameter_options(new_parameters_lr_scale, new_parameters_freeze_steps)
+        self.new_parameters = tuple(new_parameters)
+        self.new_parameters_lr_scale = float(new_parameters_lr_scale)
+        self.new_parameters_freeze_steps = int(new_parameters_freeze_steps)
         if self.args.n_gpu > 1:
             raise UserInputError(
                 f"DeepNMTTrainer: {self.args.n_gpu} GPUs are visible to one process, so transformers would wrap the "
@@ -262,15 +303,53 @@ class DeepNMTTrainer(TrainerInternals):
         device = self.accelerator.unwrap_model(self.model).device
         return {key: batch[key].to(device) for key in ("input_ids", "attention_mask", "labels")}, tokens
 
+    # ------------------------------------------------------------------------------------------------ optimizer
+    def create_optimizer(self, model: torch.nn.Module | None = None) -> torch.optim.Optimizer:
+        """`Trainer.create_optimizer`; the parameters a warm start added get groups of their own (same options,
+        learning rate × ``new_parameters_lr_scale``, marked ``warm_start_new``) when a scale or freeze is asked."""
+        optimizer = super().create_optimizer(model)
+        if not self.new_parameters or (self.new_parameters_lr_scale == 1.0 and self.new_parameters_freeze_steps == 0):
+            return optimizer
+        if any(group.get("warm_start_new") for group in optimizer.param_groups):
+            return optimizer  # already split (create_optimizer called again)
+        named = dict(self.accelerator.unwrap_model(self.model if model is None else model).named_parameters())
+        unknown = [name for name in self.new_parameters if name not in named]
+        if unknown:
+            raise UserInputError(f"DeepNMTTrainer: `new_parameters` names {unknown[:3]}, which the model does not have; "
+                                 "pass the names of model.named_parameters() (warm_start_new_parameters).")
+        new_ids = {id(named[name]) for name in self.new_parameters}
+        added = []
+        for group in optimizer.param_groups:
+            new = [parameter for parameter in group["params"] if id(parameter) in new_ids]
+            if not new:
+                continue
+            group["params"] = [parameter for parameter in group["params"] if id(parameter) not in new_ids]
+            added.append({**{key: value for key, value in group.items() if key != "params"}, "params": new,
+                          "lr": group["lr"] * self.new_parameters_lr_scale, "warm_start_new": True})
+        for group in added:
+            optimizer.add_param_group(group)
+        optimizer.param_groups[:] = [group for group in optimizer.param_groups if group["params"]]
+        if self.is_world_process_zero():
+            count = sum(parameter.numel() for group in added for parameter in group["params"])
+            print(f"[deepnmt] warm start: {count:,} new parameters train at {self.new_parameters_lr_scale:g}× the "
+                  f"learning rate" + (f", held for the first {self.new_parameters_freeze_steps} steps"
+                                      if self.new_parameters_freeze_steps else ""), file=sys.stderr)
+        return optimizer
+
     def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None
                          ) -> torch.optim.lr_scheduler.LRScheduler:
-        """`Trainer.create_scheduler`, or the ``lr_scheduler_factory`` schedule when one was given."""
+        """`Trainer.create_scheduler`, or the ``lr_scheduler_factory`` schedule when one was given; the warm start's
+        new parameters held at learning rate 0 for ``new_parameters_freeze_steps`` steps."""
         if self.lr_scheduler_factory is None or self.lr_scheduler is not None:
-            return super().create_scheduler(num_training_steps, optimizer)
-        self.lr_scheduler = self.lr_scheduler_factory(self.optimizer if optimizer is None else optimizer,
-                                                      num_training_steps)
-        self._mark_scheduler_created()
-        return self.lr_scheduler
+            scheduler = super().create_scheduler(num_training_steps, optimizer)
+        else:
+            self.lr_scheduler = self.lr_scheduler_factory(self.optimizer if optimizer is None else optimizer,
+                                                          num_training_steps)
+            self._mark_scheduler_created()
+            scheduler = self.lr_scheduler
+        if self.new_parameters_freeze_steps > 0 and not getattr(scheduler, "_holds_new_parameters", False):
+            hold_new_parameters(scheduler, self.new_parameters_freeze_steps)
+        return scheduler
 
     # ------------------------------------------------------------------------------------------------ loss
     def get_batch_samples(self, epoch_iterator: Any, num_batches: int, device: torch.device) -> tuple[list, Any]:
