@@ -299,8 +299,11 @@ def main(argv: list[str] | None = None) -> None:
                                                    indent=1))
     import platform
 
-    command = previous.get("command") if args.render_only else None
-    results = {"rows": rows, "command": command or "python -m benchmarks.data_scale " + " ".join(argv or sys.argv[1:]),
+    this_command = "python -m benchmarks.data_scale " + " ".join(argv or sys.argv[1:])
+    command = previous.get("command")
+    if not args.render_only and not args.before and command:  # rows added to an earlier table: name both commands
+        command = f"{command.split('  #')[0].strip()}; later rows: {this_command}"
+    results = {"rows": rows, "command": command or this_command,
                "machine": f"{os.cpu_count()} cores, {platform.machine()}, torch {_version('torch')}",
                "date": previous.get("date") if args.render_only else time.strftime("%Y-%m-%d"),
                "before_commit": before_commit}
