@@ -1,13 +1,27 @@
 """The committed results files are what their renderers make of the committed measurements, and a re-run of the
-benchmarks replaces only the measured blocks of benchmarks/RESULTS.md, never the hand-written text around them."""
+benchmarks replaces only the measured blocks of benchmarks/RESULTS.md, never the hand-written text around them.
+
+Every markdown of training/experiments/results is its script's rendering of a committed JSON, byte for byte; the
+hand-written li2022-cpu-scale.md holds its tables in generated blocks rendered from its JSONs, and its narrative
+quotes only numbers those tables show (or that it takes, recomputed here, from a named source)."""
 
 from __future__ import annotations
 
 import copy
+import importlib
 import json
+import math
+import re
+import shutil
 from pathlib import Path
+from typing import Literal, NamedTuple
+
+import pytest
+import yaml
 
 from benchmarks import report
+from training.experiments import li2022_regime
+from training.experiments.common import merge_generated
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,3 +71,122 @@ def test_the_data_scale_block_is_its_json_rendered():
     text = (ROOT / "benchmarks" / "RESULTS.md").read_text(encoding="utf-8")
     assert "<!-- generated:data_scale -->" in text
     assert report.merge_blocks(text, [("data_scale", data_scale.render(results))]) == text
+
+
+# --- training/experiments/results: every markdown is what its script renders from the committed JSON -------------
+
+RESULTS = ROOT / "training" / "experiments" / "results"
+
+
+class Renderer(NamedTuple):
+    """How one results markdown is made: ``training.experiments.<module>.<function>`` renders ``json``; it takes the
+    markdown's path (``takes="markdown"``) or the results folder (``takes="folder"``), and reads the committed files
+    of ``inputs`` from that folder too."""
+
+    module: str
+    function: str
+    json: str
+    takes: Literal["markdown", "folder"]
+    inputs: tuple[str, ...] = ()
+
+
+RENDERED: dict[str, Renderer] = {
+    "admin_miniature.md": Renderer("admin_miniature", "write_markdown", "admin_miniature.json", "markdown"),
+    "bf16_cpu.md": Renderer("bf16_cpu", "render", "bf16_cpu.json", "folder"),
+    "dou2018_miniature.md": Renderer("dou2018_miniature", "write_markdown", "dou2018_miniature.json", "markdown",
+                                     inputs=("dou2018_miniature_base2.json",)),
+    "dou2018_postln_d64.md": Renderer("dou2018_postln", "write_markdown", "dou2018_postln_d64.json", "markdown"),
+    "dtmt_miniature.md": Renderer("dtmt_miniature", "write_markdown", "dtmt_miniature.json", "markdown"),
+    "li2022_cad_crt_cost.md": Renderer("li2022_regime", "write_markdown", "li2022_cad_crt_cost.json", "markdown"),
+    "li2022_miniature.md": Renderer("li2022_miniature", "write_markdown", "li2022_miniature.json", "markdown"),
+    "li2022_regime_step1.md": Renderer("li2022_regime", "write_markdown", "li2022_regime_step1.json", "markdown"),
+    "quickstart_probes.md": Renderer("quickstart_probes", "render", "quickstart_probes.json", "folder"),
+    "train_defaults.md": Renderer("train_defaults", "render", "train_defaults.json", "folder"),
+}
+# Hand-written reports whose tables are generated blocks (checked below, not rendered whole).
+WITH_GENERATED_BLOCKS = {"li2022-cpu-scale.md"}
+
+
+def test_every_results_markdown_has_a_renderer():
+    markdown = {path.name for path in RESULTS.glob("*.md")}
+    assert markdown == set(RENDERED) | WITH_GENERATED_BLOCKS, "a results markdown without a renderer in RENDERED"
+    for renderer in RENDERED.values():
+        assert all((RESULTS / name).exists() for name in (renderer.json, *renderer.inputs))
+
+
+@pytest.mark.parametrize("markdown", sorted(RENDERED))
+def test_results_markdown_is_its_json_rendered(markdown, tmp_path):
+    """Re-render into a temporary folder (the committed files stay untouched) and compare byte for byte."""
+    renderer = RENDERED[markdown]
+    for name in renderer.inputs:
+        shutil.copy(RESULTS / name, tmp_path / name)
+    render = getattr(importlib.import_module(f"training.experiments.{renderer.module}"), renderer.function)
+    render(json.loads((RESULTS / renderer.json).read_text()), tmp_path / markdown if renderer.takes == "markdown"
+           else tmp_path)
+    assert (tmp_path / markdown).read_bytes() == (RESULTS / markdown).read_bytes(), (
+        f"{markdown} is not what its script renders from {renderer.json}: re-render it "
+        f"(python -m training.experiments.{renderer.module} --render_only …)")
+
+
+# --- li2022-cpu-scale.md: tables generated from its JSONs, narrative quoting only their numbers --------------------
+
+LI2022_REPORT = RESULTS / "li2022-cpu-scale.md"
+# A decimal number standing alone: not part of a name (li2022), a file (step1.json) or a unit-suffixed figure (4.5M).
+DECIMAL = re.compile(r"(?<![\w.])\d+\.\d+(?![\w.]*\w)")
+
+
+def _li2022_blocks() -> list[tuple[str, str]]:
+    reports = {step: json.loads((RESULTS / f"{name}.json").read_text())
+               for step, name in li2022_regime.CPU_SCALE_RESULTS.items()}
+    return li2022_regime.cpu_scale_blocks(**reports)
+
+
+def _quoted_elsewhere() -> dict[str, str]:
+    """The numbers the report's narrative takes from outside its tables, each recomputed from its source: printed the
+    way the report prints it, the key must come back."""
+    recipe = yaml.safe_load((ROOT / "training" / "recipes" / "miniature.yaml").read_text())  # the runs' recipe
+    miniature = json.loads((RESULTS / "li2022_miniature.json").read_text())
+    benchmark = json.loads((ROOT / "benchmarks" / "results.json").read_text())["crt_cost"]["variants"]["DEEP+CAD+CRT"]
+    paper = "DEEP 15-15 at 0.55 BLEU" in (ROOT / "docs" / "li2022.md").read_text(encoding="utf-8")
+    return {
+        "0.55": "0.55" if paper else "docs/li2022.md no longer quotes li2022 Table 1",  # the paper's collapsed DEEP
+        "0.1": str(recipe["model"]["label_smoothing"]),
+        "0.693": f"{math.log(2):.3f}",  # ALD's loss at chance
+        "8.29": f"{math.log(recipe['training']['vocab_size']):.2f}",  # the loss of a uniform prediction
+        "7.4": str(miniature["runs"]["deep"]["minutes"]),  # the li2022 miniature's 6-12 row on one CPU thread
+        "3.66": f"{benchmark['ratio_vs_deep']:.2f}",  # benchmarks/RESULTS.md, crt_cost
+        "1.0": str(benchmark["overrides"]["cross_attention_drop_ratio"]),  # that benchmark's p_net
+    }
+
+
+def _unbacked_numbers(text: str, blocks: list[tuple[str, str]]) -> set[str]:
+    """Decimal numbers of the narrative (``text`` outside its generated blocks) that no table shows and that are not
+    quoted from elsewhere."""
+    shown = {number for _, body in blocks for number in DECIMAL.findall(body)}
+    narrative = "\n".join(_outside_blocks(text))
+    return set(DECIMAL.findall(narrative)) - shown - set(_quoted_elsewhere())
+
+
+def test_li2022_report_tables_are_its_jsons_rendered():
+    text = LI2022_REPORT.read_text(encoding="utf-8")
+    blocks = _li2022_blocks()
+    for name, _ in blocks:
+        assert text.count(f"<!-- generated:{name} -->") == 1 and text.count(f"<!-- /generated:{name} -->") == 1
+    assert merge_generated(text, blocks) == text, (
+        "li2022-cpu-scale.md's tables differ from its JSONs: python -m training.experiments.li2022_regime "
+        "--render_report")
+
+
+def test_li2022_report_narrative_quotes_only_numbers_its_tables_show():
+    assert _unbacked_numbers(LI2022_REPORT.read_text(encoding="utf-8"), _li2022_blocks()) == set()
+    for number, recomputed in _quoted_elsewhere().items():
+        assert recomputed == number, f"li2022-cpu-scale.md quotes {number}; its source now says {recomputed}"
+
+
+def test_li2022_report_checks_catch_a_number_not_in_the_jsons():
+    text = LI2022_REPORT.read_text(encoding="utf-8")
+    blocks = _li2022_blocks()
+    in_a_table = text.replace("| 11.39 |", "| 12.14 |", 1)
+    assert in_a_table != text and merge_generated(in_a_table, blocks) != in_a_table
+    in_the_narrative = text.replace("validation BLEU 11.39", "test BLEU 12.14", 1)
+    assert in_the_narrative != text and _unbacked_numbers(in_the_narrative, blocks) == {"12.14"}

@@ -111,8 +111,18 @@ def render(report: dict, results_dir: Path) -> None:
               f"{decoding['bf16']['seconds']:.1f} s, BLEU {decoding['bf16']['bleu']:.2f} "
               f"({decoding['fp32']['seconds'] / decoding['bf16']['seconds']:.2f}×, "
               f"{100 * decoding['identical']:.1f} % identical outputs).", "",
-              "Commands:", ""] + [f"    {run['command']}" for run in runs.values()] + [""]
+              f"{_commands_heading(runs)}:", ""] + [f"    {run['command']}" for run in runs.values()] + [""]
     (results_dir / "bf16_cpu.md").write_text("\n".join(lines))
+
+
+def _commands_heading(runs: dict) -> str:
+    """"Commands", and for runs of before the recipe rename (their commands say `--recipe quickstart`), how to
+    reproduce them now."""
+    if not any("--recipe quickstart" in run["command"] for run in runs.values()):
+        return "Commands"
+    return ("Commands (as they ran, before the old quickstart recipe was renamed `miniature` on 2026-11-23: to "
+            "reproduce, write `--recipe miniature`, which is that file unchanged; `python -m "
+            "training.experiments.bf16_cpu` does)")
 
 
 if __name__ == "__main__":

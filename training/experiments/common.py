@@ -1,13 +1,19 @@
-"""What the miniature experiments share: reading a run's Trainer log and plotting several runs' curves side by side."""
+"""What the miniature experiments share: reading a run's Trainer log, plotting several runs' curves side by side,
+naming the recipe their runs used, and rewriting the generated blocks of a hand-written report."""
 
 from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable, Mapping, Sequence
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
+
+# The `miniature` recipe is the `quickstart` recipe of before this time (2026-11-23 15:49 UTC, commit defecf9), renamed
+# unchanged; a run started before it ran `--recipe quickstart`. Run folders end in their start time (Unix seconds).
+MINIATURE_RENAMED_AT = 1795448949
 
 
 def add_output_arguments(parser: argparse.ArgumentParser, work_dir: str) -> None:
@@ -24,6 +30,28 @@ def render_only(args: argparse.Namespace, name: str, render: Callable[[dict, Pat
     results_dir = Path(args.results)
     render(json.loads((results_dir / f"{name}.json").read_text()), results_dir)
     return True
+
+
+def miniature_recipe(folders: Iterable[str]) -> str:
+    """How a report names the recipe that the runs in ``folders`` trained with: `miniature`, and when every one of
+    them started before the rename (the start time that ends each folder's name), the name their commands used."""
+    started = [Path(folder).name.rsplit("-", 1)[-1] for folder in folders]
+    if started and all(start.isdigit() and int(start) < MINIATURE_RENAMED_AT for start in started):
+        return "`miniature` (run as `--recipe quickstart`, the same file's name until 2026-11-23)"
+    return "`miniature`"
+
+
+def merge_generated(text: str, blocks: Sequence[tuple[str, str]]) -> str:
+    """``text`` with the body of every ``<!-- generated:NAME -->`` … ``<!-- /generated:NAME -->`` block of ``blocks``
+    (``(NAME, body)``) replaced; a block the text has no markers for is an error, and everything outside the markers
+    (the hand-written narrative) stays as it was. The same convention as benchmarks/RESULTS.md."""
+    for name, body in blocks:
+        start, end = f"<!-- generated:{name} -->", f"<!-- /generated:{name} -->"
+        pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
+        if not pattern.search(text):
+            raise ValueError(f"the report has no {start} … {end} block")
+        text = pattern.sub(lambda _: f"{start}\n{body}\n{end}", text, count=1)
+    return text
 
 
 def history(folder: Path) -> list[dict]:

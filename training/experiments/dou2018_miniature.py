@@ -201,8 +201,9 @@ def main() -> None:
         base_run = {"exit_code": 0, "folder": str(base), "minutes": base_minutes, "reused": True}
     else:
         base = work / f"base-{int(started)}"
-        base_run = run_queue([("base", train_command(base, model_overrides("vanilla", args), args.base_steps, args,
-                                                      base_seed, None), base)], 1, env, work)["base"]
+        base_command = train_command(base, model_overrides("vanilla", args), args.base_steps, args, base_seed, None)
+        base_run = {**run_queue([("base", base_command, base)], 1, env, work)["base"],
+                    "command": " ".join(["deepnmt", *base_command[3:]])}
     if base_run["exit_code"] != 0:
         raise SystemExit(f"the vanilla base run failed; see {work}/{base.name}.log")
     previous_path = results / "dou2018_miniature.json"
@@ -294,11 +295,14 @@ def write_markdown(report: dict, path: Path) -> None:
         f"Command: `{report['command']}` ({report['wall_minutes']} min wall, {setup['parallel']} runs at a time, "
         f"{setup['threads']} CPU thread each). Embedded WEB→RV1909 corpus (en→es); the miniature recipe's model "
         "(the quickstart's until 2026-11-23) "
-        f"width (d_model 128, 4 heads, FFN 512) and optimiser (AdamW, lr {setup['learning_rate']}, inverse-sqrt, "
-        f"{setup['warmup_steps']} warm-up steps, {setup['max_tokens']}-token batches). A vanilla model is trained "
-        f"{setup['base_steps']} steps (test BLEU {base_test.get('bleu', 'n/a')}), then every row — the vanilla one "
+        "width (d_model 128, 4 heads, FFN 512) and the rows' optimiser (AdamW, "
+        f"lr {setup['learning_rate']}, inverse-sqrt, {setup['warmup_steps']} warm-up steps, {setup['max_tokens']}-token "
+        f"batches). A vanilla model is trained {setup['base_steps']} steps (test BLEU {base_test.get('bleu', 'n/a')}; "
+        "what is recorded of it is below), then every row — the vanilla one "
         f"too — starts from it (`deepnmt train --warm_start_from`, as dou2018 §4.1) and trains {setup['max_steps']} "
         f"more steps; seeds {', '.join(seeds)} (the seed of the second stage).",
+        "",
+        *base_lines(report),
         "",
         "Layer diversity = dou2018 Eq. (10) measured on the trained model, mean over real positions of "
         "1/(L−1) Σ_l (1 − cos²(h^l, h^{l+1})) between adjacent layer outputs, on "
@@ -343,6 +347,31 @@ def write_markdown(report: dict, path: Path) -> None:
     path.write_text("\n".join(lines))
 
 
+def base_lines(report: dict) -> list[str]:
+    """What the results record about the vanilla base every row starts from. A base this script trained has its
+    command recorded; for one reused through ``--base_dir`` the results hold no command, so the lines say so and give,
+    labelled as such, the command this script would use now for a base of the recorded setup."""
+    setup, base = report["setup"], report["base"]
+    test = base.get("test") or {}
+    lines = [
+        f"The vanilla base: `{base['folder']}`"
+        + (f", reused through `--base_dir` (which requires its `metrics.json` to record {setup['base_steps']} steps)"
+           if base.get("reused") else "")
+        + f"; {base.get('minutes', 'n/a')} min of its own run, test BLEU {test.get('bleu', 'n/a')} / chrF "
+        f"{test.get('chrf', 'n/a')} ({test.get('sentences', 'n/a')} verses, beam {test.get('num_beams', 'n/a')})."
+    ]
+    if base.get("command"):
+        return lines + ["", f"    {base['command']}"]
+    args = argparse.Namespace(**setup)
+    seed = setup.get("base_seed") or int(setup["seeds"].split(",")[0])
+    command = train_command(Path(base["folder"]), model_overrides("vanilla", args), setup["base_steps"], args, seed,
+                            None)
+    lines[0] += (" Its training command was not recorded. For reference only — not known to be the command that "
+                 "trained it — the command this script would use now for a base of the recorded setup "
+                 f"(`train_command` of the vanilla row, {setup['base_steps']} steps, seed {seed}):")
+    return lines + ["", f"    {' '.join(['deepnmt', *command[3:]])}"]
+
+
 def second_base_section(report: dict, second: dict) -> list[str]:
     """Paired differences to the vanilla row of the same base and seed: seeds 1-2 (and 3 where the table has it)
     from the table's base, seed 3 of the other rows from a second, retrained base (``dou2018_miniature_base2.json``,
@@ -363,6 +392,7 @@ def second_base_section(report: dict, second: dict) -> list[str]:
         f"(`{second['command']}`). Each cell is a row's test BLEU minus the vanilla row's, same base and same seed; "
         "the mean ± standard deviation is over the three paired differences.",
         "",
+        *([f"The note of `dou2018_miniature_base2.json`: {second['note']}", ""] if second.get("note") else []),
         "| row | Δ seed 1 (base 1) | Δ seed 2 (base 1) | Δ seed 3 (base 1 or 2) | mean Δ ± sd (3 runs) | paper Δ |",
         "|---|---|---|---|---|---|",
     ]

@@ -36,7 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-from .common import RESULTS, history, plot_runs, series
+from .common import RESULTS, history, miniature_recipe, plot_runs, series
 
 ROWS = ("gru", "lgru", "dtmt1", "dtmt4", "transformer")
 LABELS = {"gru": "ShallowRNMT (GRU)", "lgru": "ShallowRNMT + L-GRU", "dtmt1": "DTMT#1", "dtmt4": "DTMT#4",
@@ -174,6 +174,7 @@ def _fmt(values: list[float | None], digits: int = 2) -> str:
 def write_markdown(report: dict, path: Path) -> None:
     setup = report["setup"]
     grouped = _by_row(report)
+    transformer_recipe = miniature_recipe(entry["folder"] for entry in grouped.get("transformer", []))
     lines = [
         f"# meng2019 in miniature: ShallowRNMT, L-GRU, DTMT#1, DTMT#4 and a Transformer at d_model {setup['d_model']}",
         "",
@@ -184,8 +185,8 @@ def write_markdown(report: dict, path: Path) -> None:
         f"{setup['eval_samples']} verses (greedy), test on the first {setup['test_samples']} test verses (beam 4; "
         "DTMT rows with the paper's length penalty 0.6, the Transformer with 1.0). RNN rows: recipe "
         "`meng2019-bible-dtmt4` (Adam 0.9/0.999, eq. (17) schedule lr0 1e-3, n = 2, clip 5.0, dropouts "
-        "0.2/0.1/0.2, label smoothing 0.1); Transformer row: recipe `miniature` (the quickstart's until 2026-11-23) with a 6-layer decoder (pre-LN, "
-        "4 heads, FFN 512, lr 3e-3 inverse-sqrt, clip 1.0).",
+        f"0.2/0.1/0.2, label smoothing 0.1); Transformer row: recipe {transformer_recipe} with a 6-layer decoder "
+        "(pre-LN, 4 heads, FFN 512, lr 3e-3 inverse-sqrt, clip 1.0).",
         "",
         "Values are the mean ± standard deviation over seeds where a row ran with several.",
         "",

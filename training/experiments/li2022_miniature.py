@@ -36,7 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-from .common import RESULTS, history, plot_runs, series
+from .common import RESULTS, history, miniature_recipe, plot_runs, series
 
 ROWS = ("shallow", "deep", "cad", "full", "crt", "full-ddr", "full-ald")
 DEFAULT_ROWS = "shallow,deep,cad,full,crt"
@@ -183,7 +183,8 @@ def write_markdown(report: dict, path: Path) -> None:
         f"layers, d_model 128, {setup['layer_norm_position']}-LN",
         "",
         f"Command: `{report['command']}` ({report['wall_minutes']} min wall, {setup['parallel']} rows at a time, "
-        f"{setup['threads']} CPU thread each). Embedded WEB→RV1909 corpus (en→es), the miniature recipe's model (the quickstart's until 2026-11-23) "
+        f"{setup['threads']} CPU thread each). Embedded WEB→RV1909 corpus (en→es), recipe "
+        f"{miniature_recipe(run['folder'] for run in report['runs'].values())}: its model "
         f"(d_model 128, 4 heads, FFN 512) and optimizer (lr {setup['learning_rate']}, inverse-sqrt, "
         f"{setup['warmup_steps']} warm-up steps), {setup['max_tokens']}-token batches, {setup['max_steps']} steps for "
         f"every row, seed 1. CAD: p_net = {setup['drop_ratio']} on decoder layers 1..round(0.78·D); CRT: DDR and ALD "

@@ -12,9 +12,12 @@ Step 2, in the regime found, compares DEEP with CAD, CRT and both: ``--rows`` of
     python -m training.experiments.li2022_regime --rows shallow,deep-post --max_steps 3000      # CPU (hours)
     python -m training.experiments.li2022_regime --device cuda --parallel 6 ...                   # one GPU
     python -m training.experiments.li2022_regime --render_only --results DIR
+    python -m training.experiments.li2022_regime --render_report      # the tables of li2022-cpu-scale.md
 
 Every run is one `deepnmt train` process; the device only changes speed, not the recipe. Results:
-``<results>/li2022_regime.{json,md,png}`` (or ``--name``). Negative results stay in the table.
+``<results>/li2022_regime.{json,md,png}`` (or ``--name``). Negative results stay in the table. The hand-written report
+of the three steps, ``li2022-cpu-scale.md``, holds its tables in generated blocks that ``--render_report`` rewrites
+from the committed JSONs (``CPU_SCALE_RESULTS``); the text around them is not generated.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from .common import RESULTS, history, plot_runs, series
+from .common import RESULTS, history, merge_generated, plot_runs, series
 
 DEEP = 16  # the deep decoder's depth (li2022 collapses at 15 and 27 decoder layers)
 SMALL_DATA = 3000  # training pairs of the small-data rows (the target side can be memorised)
@@ -60,6 +63,9 @@ ROWS: dict[str, tuple[dict, list[str], str]] = {
 # Step 2: the collapse-prone setting (filled in from step 1) with li2022's remedies. Each is "<base row>+<remedy>".
 REMEDIES = {"cad": CAD, "crt": CRT, "cad-crt": {**CAD, **CRT}, "admin": {"residual_scaling": "admin"},
             "admin-cad-crt": {**CAD, **CRT, "residual_scaling": "admin"}}
+# The hand-written report of the three steps and the results its generated blocks (its tables) are rendered from.
+CPU_SCALE_REPORT = "li2022-cpu-scale.md"
+CPU_SCALE_RESULTS = {"step1": "li2022_regime_step1", "step2": "li2022_regime_step2", "step3": "li2022_cad_crt_cost"}
 
 
 def row_spec(name: str) -> tuple[dict, list[str], str]:
@@ -104,6 +110,8 @@ def main() -> None:
     parser.add_argument("--results", default=str(RESULTS))
     parser.add_argument("--name", default="li2022_regime", help="Base name of the result files.")
     parser.add_argument("--render_only", action="store_true")
+    parser.add_argument("--render_report", action="store_true",
+                        help=f"Rewrite the tables of {CPU_SCALE_REPORT} in --results from its JSONs, nothing else.")
     parser.add_argument("--from_logs", default=None, help="Build the report from a folder of run logs (the "
                         "stdout of each `deepnmt train`, named <row>-seed<N>-<time>.log) instead of training, e.g. "
                         "for runs a time limit cut short.")
@@ -111,6 +119,9 @@ def main() -> None:
     results = Path(args.results)
     if args.from_logs:
         report_from_logs(Path(args.from_logs), args, results)
+        return
+    if args.render_report:
+        render_cpu_scale(results)
         return
     if args.render_only:
         report = json.loads((results / f"{args.name}.json").read_text())
@@ -239,6 +250,143 @@ def write_markdown(report: dict, path: Path) -> None:
             f"| {entry['row']} | {entry['description']} | {entry['seed']} | failed (exit {entry['exit_code']}) | | | | |")
     lines += ["", f"![curves]({path.stem}.png)", ""]
     path.write_text("\n".join(lines))
+
+
+def render_cpu_scale(results: Path) -> None:
+    """Rewrite the generated blocks of ``<results>/li2022-cpu-scale.md`` from the JSONs of ``CPU_SCALE_RESULTS``."""
+    reports = {step: json.loads((results / f"{name}.json").read_text()) for step, name in CPU_SCALE_RESULTS.items()}
+    path = results / CPU_SCALE_REPORT
+    path.write_text(merge_generated(path.read_text(encoding="utf-8"), cpu_scale_blocks(**reports)), encoding="utf-8")
+
+
+def cpu_scale_blocks(step1: dict, step2: dict, step3: dict) -> list[tuple[str, str]]:
+    """The generated blocks of li2022-cpu-scale.md, ``(name, markdown)``: the table of each step, rendered from its
+    results alone (step 2's also shows the step-1 rows it starts from): every number in them is a JSON's value, or
+    a mean or difference of such values, printed as the table prints it."""
+    return [("step1", _step1_table(step1)), ("step2", _step2_table(step1, step2)), ("step3", _step3_table(step3))]
+
+
+def _step1_table(report: dict) -> str:
+    setup = report["setup"]
+    lines = [
+        f"Command: `{report['command']}` ({report['wall_minutes']} min wall, {setup['parallel']} runs at a time, "
+        f"device {setup['device']}).",
+        "",
+        f"| row | setting | train NLL (last 5 logs) | valid loss | valid BLEU (greedy, {setup['eval_samples']} pairs) "
+        f"| test BLEU / chrF (beam 4, {setup['test_samples']}) | source reliance at each evaluation (every "
+        f"{setup['eval_steps']} steps) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for entry in _ordered(report):
+        reliance = " → ".join(_num(value) for _, value in entry.get("eval_source_reliance", []))
+        lines.append(f"| {entry['row']} | {entry['description']} | {_num(_mean_last(entry.get('nll', [])))} | "
+                     f"{_last_value(entry, 'eval_loss')} | {_last_value(entry, 'eval_bleu')} | {_test(entry)} | "
+                     f"{reliance or 'n/a'} |")
+    return "\n".join(lines)
+
+
+def _step2_table(step1: dict, step2: dict) -> str:
+    """Step 2's rows, each group after the step-1 row it adds a remedy to; the last evaluation's step in brackets."""
+    setup = step2["setup"]
+    lines = [
+        f"Built from the runs' logs by `{step2['command']}`.",
+        "",
+        "| row | setting | train NLL (last 5 logs) | last evaluation (step) | valid loss | valid BLEU (greedy, "
+        f"{setup['eval_samples']} pairs) | source reliance | test BLEU / chrF (beam 4, {setup['test_samples']}) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    references = {entry["row"]: entry for entry in step1["runs"].values()}
+    added = _ordered(step2)
+    for base in dict.fromkeys(entry["row"].partition("+")[0] for entry in added):
+        group = [("step 1", references[base])] if base in references else []
+        group += [("step 2", entry) for entry in added if entry["row"].partition("+")[0] == base]
+        for step, entry in group:
+            nll = _num(_mean_last(entry.get("nll", [])))
+            finished = entry.get("status", "finished") == "finished"
+            if not finished:
+                nll += f" (to step {entry['nll'][-1][0]})"
+            test = _test(entry) if entry.get("test") else ("not recorded" if finished else entry["status"])
+            evaluations = entry.get("eval_loss", [])
+            lines.append(f"| {entry['row']} ({step}) | {entry['description']} | {nll} | "
+                         f"{evaluations[-1][0] if evaluations else 'n/a'} | {_last_value(entry, 'eval_loss')} | "
+                         f"{_last_value(entry, 'eval_bleu')} | {_last_value(entry, 'eval_source_reliance')} | "
+                         f"{test} |")
+    return "\n".join(lines)
+
+
+def _step3_table(report: dict) -> str:
+    """One line per row with its seeds side by side (and their mean), then per remedy row its paired differences to
+    its base row (same seed) and their mean."""
+    setup = report["setup"]
+    by_row: dict[str, dict[int, dict]] = {}
+    for entry in _ordered(report):
+        by_row.setdefault(entry["row"], {})[entry["seed"]] = entry
+    lines = [
+        f"Command: `{report['command']}` ({report['wall_minutes']} min wall, {setup['parallel']} runs at a time, "
+        f"device {setup['device']}).",
+        "",
+        f"| row | setting | seeds | test BLEU (beam 4, {setup['test_samples']}; mean) | test chrF (mean) | valid loss | "
+        "source reliance (last evaluation) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row, runs in by_row.items():
+        entries = list(runs.values())
+        lines.append(
+            f"| {row} | {entries[0]['description']} | {', '.join(str(seed) for seed in runs)} | "
+            f"{_seeds([(entry.get('test') or {}).get('bleu') for entry in entries])} | "
+            f"{_seeds([(entry.get('test') or {}).get('chrf') for entry in entries])} | "
+            f"{', '.join(_last_value(entry, 'eval_loss') for entry in entries)} | "
+            f"{', '.join(_last_value(entry, 'eval_source_reliance') for entry in entries)} |")
+    for row, runs in by_row.items():
+        base = row.partition("+")[0]
+        plain = by_row.get(base, {}) if base != row else {}
+        pairs = [(runs[seed], plain[seed]) for seed in runs
+                 if seed in plain and runs[seed].get("test") and plain[seed].get("test")]
+        if not pairs:
+            continue
+        bleu = [remedy["test"]["bleu"] - reference["test"]["bleu"] for remedy, reference in pairs]
+        chrf = [remedy["test"]["chrf"] - reference["test"]["chrf"] for remedy, reference in pairs]
+        loss = [remedy["eval_loss"][-1][1] - reference["eval_loss"][-1][1] for remedy, reference in pairs]
+        lines.append(f"| {row} − {base}, same seed | | {', '.join(str(remedy['seed']) for remedy, _ in pairs)} | "
+                     f"{_seeds(bleu, signed=True)} | {_seeds(chrf, signed=True)} | "
+                     f"{', '.join(f'{value:+.2f}' for value in loss)} | |")
+    return "\n".join(lines)
+
+
+def _ordered(report: dict) -> list[dict]:
+    """The runs of ``report`` by base row (``ROWS`` order), remedy (none first, then ``REMEDIES`` order) and seed."""
+    def key(entry: dict) -> tuple[int, int, int]:
+        base, _, remedy = entry["row"].partition("+")
+        return list(ROWS).index(base), ["", *REMEDIES].index(remedy), entry["seed"]
+
+    return sorted(report["runs"].values(), key=key)
+
+
+def _num(value: float | None, digits: int = 2) -> str:
+    """``value`` to ``digits`` decimals, without the sign of a value that rounds to zero (the logs hold −0.0)."""
+    if value is None:
+        return "n/a"
+    text = f"{value:.{digits}f}"
+    return text.lstrip("-") if float(text) == 0 else text
+
+
+def _last_value(entry: dict, key: str) -> str:
+    points = entry.get(key) or []
+    return _num(points[-1][1]) if points else "n/a"
+
+
+def _test(entry: dict) -> str:
+    test = entry.get("test") or {}
+    return f"{_num(test.get('bleu'))} / {_num(test.get('chrf'))}" if test else "n/a"
+
+
+def _seeds(values: list[float | None], signed: bool = False) -> str:
+    """The values of the seeds side by side and their mean in brackets."""
+    known = [value for value in values if value is not None]
+    if not known:
+        return "n/a"
+    show = (lambda value: f"{value:+.2f}") if signed else _num  # noqa: E731
+    return f"{', '.join(show(value) for value in known)} ({show(sum(known) / len(known))})"
 
 
 def plot(report: dict, path: Path) -> None:

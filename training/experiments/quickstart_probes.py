@@ -8,6 +8,7 @@ final test BLEU (998 verses, beam 4) — equal steps; equal time is the quicksta
 
     python -m training.experiments.quickstart_probes --probes dropout0,dropout0-4-4     # train these probes
     python -m training.experiments.quickstart_probes --collect                          # table of what finished
+    python -m training.experiments.quickstart_probes --render_only                      # markdown from the JSON
 
 Writes ``quickstart_probes.json`` / ``.md`` under ``results/`` next to this script.
 """
@@ -21,7 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .common import RESULTS, history, series
+from .common import add_output_arguments, history, render_only, series
 
 # name -> the options added to the old quickstart recipe
 OLD_RECIPE = ["--config_overrides", "dropout=0.1,encoder_layers=6,decoder_layers=2"]
@@ -59,9 +60,10 @@ def main() -> None:
     parser.add_argument("--probes", default="", help=f"Comma-separated probes to train, of {list(PROBES)}.")
     parser.add_argument("--collect", action="store_true", help="Only build the table from finished probes.")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--work_dir", default="runs/probe")
-    parser.add_argument("--results", default=str(RESULTS))
+    add_output_arguments(parser, "runs/probe")
     args = parser.parse_args()
+    if render_only(args, "quickstart_probes", render):
+        return
     work = Path(args.work_dir)
     names = [name for name in args.probes.split(",") if name]
     unknown = [name for name in names if name not in PROBES]
@@ -87,13 +89,21 @@ def main() -> None:
     previous = results / "quickstart_probes.json"
     # step times are measured by `python -m benchmarks.quickstart_probe_steps` (the benchmark harness) and kept here
     timed = json.loads(previous.read_text()).get("step_seconds", {}) if previous.exists() else {}
-    (results / "quickstart_probes.json").write_text(json.dumps({"probes": rows, "step_seconds": timed}, indent=2)
-                                                    + "\n")
+    report = {"probes": rows, "step_seconds": timed}
+    (results / "quickstart_probes.json").write_text(json.dumps(report, indent=2) + "\n")
+    render(report, results)
+
+
+def render(report: dict, results_dir: Path) -> None:
+    """``quickstart_probes.md`` from the results' JSON: one row per probe that has a folder, the probes known only
+    from elsewhere (``NOT_IN_A_FOLDER``) with where their figures come from, and the step-time ratios."""
+    rows, timed = report["probes"], report["step_seconds"]
     lines = ["# Quickstart probes: variants of the old quickstart recipe (now `miniature`) at equal steps", "",
              "One CPU thread each, on the shared 2-core machine (other runs beside them), seed 42, 1400 steps, "
              "2048-token batches, lr 3e-3 inverse-sqrt unless the row says otherwise. Validation: 200 verses, greedy; "
              "test: the 998 held-out verses, beam 4. Command of each row below the table "
-             "(`python -m training.experiments.quickstart_probes --probes NAME`).", "",
+             "(`python -m training.experiments.quickstart_probes --probes NAME`; the probes of 2026-11-23 ran the "
+             "same recipe file as `--recipe quickstart`, its name then).", "",
              "| probe | steps | validation BLEU (step: value) | validation loss (last) | test BLEU | test chrF | "
              "step time vs old |",
              "|---|---|---|---|---|---|---|"]
@@ -112,7 +122,7 @@ def main() -> None:
                   "tokens (8000-token vocabulary), 1 thread, median of 8 interleaved repeats "
                   "(`python -m benchmarks.quickstart_probe_steps`)."]
     lines += [""] + [f"- {name}: `{row['command']}`" for name, row in rows.items()]
-    (results / "quickstart_probes.md").write_text("\n".join(lines) + "\n")
+    (results_dir / "quickstart_probes.md").write_text("\n".join(lines) + "\n")
 
 
 def _ratio(timed: dict[str, float], name: str) -> str:
