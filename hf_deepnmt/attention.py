@@ -138,12 +138,15 @@ def attention(
     * the weights are requested (``output_attentions=True``) or ``eager`` (``attn_implementation="eager"``);
     * one incremental decoding step (a single query) of many (batch, head) rows on CPU, where the CPU flash kernel's
       per-row overhead makes SDPA up to 2x slower than two batched matmuls (with few rows SDPA is the faster one;
-      `EXPLICIT_SINGLE_QUERY_MIN_ROWS`, benchmarks/RESULTS.md "Profile and fixes").
+      `EXPLICIT_SINGLE_QUERY_MIN_ROWS`, benchmarks/RESULTS.md "Profile and fixes");
+    * `torch.onnx.export` (``torch.compiler.is_exporting()``): the graph holds the product itself (docs/fast-inference.md).
     """
-    batch_heads = query.size(0) * query.size(1)
-    explicit_decoding_step = (query.size(-2) == 1 and batch_heads >= EXPLICIT_SINGLE_QUERY_MIN_ROWS
-                              and query.device.type == "cpu")
-    if not need_weights and not explicit_decoding_step and not eager:
+    # torch.onnx.export traces the explicit product: no branch on the (symbolic) batch size, and ONNX Runtime fuses it
+    exporting = torch.compiler.is_exporting()
+    explicit_decoding_step = not exporting and (
+        query.size(-2) == 1 and query.size(0) * query.size(1) >= EXPLICIT_SINGLE_QUERY_MIN_ROWS
+        and query.device.type == "cpu")
+    if not need_weights and not explicit_decoding_step and not eager and not exporting:
         out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
         return out, None
     scores = torch.matmul(query, key.transpose(-1, -2)) * query.size(-1) ** -0.5  # (B, H, Tq, Tk)
@@ -320,6 +323,22 @@ class DeepTransformerAttention(nn.Module):
         batch, length, _ = x.shape
         return x.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, d_h)
 
+    def memory(self, encoder_hidden_states: torch.Tensor | None,
+               cache: EncoderDecoderCache | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """A cross-attention's keys and values ``(B, H, S, d_h)``: the encoder states projected once per sentence and
+        kept in ``cache.cross_attention_cache`` (read back on later steps; ``encoder_hidden_states`` may then be None).
+        The first decoding step calls this lazily; the ONNX export's encoder graph calls it for every layer up front
+        (`DeepTransformerDecoder.project_memory`)."""
+        if cache is not None and cache.is_updated.get(self.layer_idx):
+            layer = cache.cross_attention_cache.layers[self.layer_idx]
+            return layer.keys, layer.values  # projected on the first step
+        key = self._heads(self.k_proj(encoder_hidden_states))  # (B, H, S, d_h)
+        value = self._heads(self.v_proj(encoder_hidden_states))
+        if cache is not None:
+            key, value = cache.cross_attention_cache.update(key, value, self.layer_idx)
+            cache.is_updated[self.layer_idx] = True
+        return key, value
+
     def forward(
         self,
         hidden_states: torch.Tensor,
@@ -332,15 +351,7 @@ class DeepTransformerAttention(nn.Module):
         batch, length, _ = hidden_states.shape
         query = self._heads(self.q_proj(hidden_states))  # (B, H, Tq, d_h)
         if self.is_cross_attention:
-            if cache is not None and cache.is_updated.get(self.layer_idx):
-                layer = cache.cross_attention_cache.layers[self.layer_idx]
-                key, value = layer.keys, layer.values  # (B, H, S, d_h), projected on the first step
-            else:
-                key = self._heads(self.k_proj(key_value_states))  # (B, H, S, d_h)
-                value = self._heads(self.v_proj(key_value_states))
-                if cache is not None:
-                    key, value = cache.cross_attention_cache.update(key, value, self.layer_idx)
-                    cache.is_updated[self.layer_idx] = True
+            key, value = self.memory(key_value_states, cache)  # (B, H, S, d_h)
         else:
             source = hidden_states if key_value_states is None else key_value_states  # (B, Tq, d)
             key = self._heads(self.k_proj(source))  # (B, H, Tq, d_h)

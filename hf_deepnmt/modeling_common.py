@@ -31,8 +31,10 @@ def unwrap_model(model: nn.Module) -> nn.Module:
             return model
 
 
-def sinusoidal_positions(start: int, length: int, dim: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """Sinusoidal position encodings for positions ``start .. start+length-1``, shape ``(length, dim)``.
+def sinusoidal_positions(start: int | torch.Tensor, length: int, dim: int, device: torch.device,
+                         dtype: torch.dtype) -> torch.Tensor:
+    """Sinusoidal position encodings for positions ``start .. start+length-1``, shape ``(length, dim)``; ``start``
+    may be a 0-d integer tensor (an exported graph's position input).
 
     Vaswani et al. (2017) §3.5: PE(pos, 2i) = sin(pos / 10000^{2i/d}), PE(pos, 2i+1) = cos(pos / 10000^{2i/d}).
     Layout follows Marian (all sines, then all cosines), so a model without deep-NMT features exports exactly to
@@ -40,7 +42,7 @@ def sinusoidal_positions(start: int, length: int, dim: int, device: torch.device
     """
     half = dim // 2
     inv_freq = torch.pow(10000.0, -torch.arange(half, device=device, dtype=torch.float64) * 2.0 / dim)  # (d/2,)
-    positions = torch.arange(start, start + length, device=device, dtype=torch.float64)
+    positions = torch.arange(length, device=device, dtype=torch.float64) + start  # (T,), exact integers in float64
     angles = positions[:, None] * inv_freq[None, :]  # (T, d/2)
     return torch.cat([angles.sin(), angles.cos()], dim=-1).to(dtype)  # (T, d)
 
@@ -178,7 +180,9 @@ def _unsharded_class(cls: type) -> type:
 
 class HubReadyMixin:
     """`save_pretrained` that makes the folder self-sufficient on the Hub: the `translation` pipeline
-    (``custom_pipelines``) and ``auto_map`` entries for both Auto classes. Put before `PreTrainedModel`.
+    (``custom_pipelines``) and ``auto_map`` entries for both Auto classes, and ``handler.py`` with
+    ``ort_generation.py`` for Inference Endpoints (transformers copies them as same-folder imports of the modeling
+    files, which import the handler). Put before `PreTrainedModel`.
 
     The ``custom_pipelines`` entry is written into the saved config.json only; the live config is left as it was,
     because in a process that imported hf_deepnmt the package's configs never carry it (see

@@ -91,6 +91,7 @@ from .modeling_common import (
     sinusoidal_positions,
 )
 from .errors import UserInputError
+from .handler import EndpointHandler  # noqa: F401  (so that save_pretrained copies handler.py)
 
 logger = logging.get_logger(__name__)
 
@@ -533,6 +534,19 @@ class DeepTransformerDecoder(_DeepTransformerStack):
             decisions.append(mask.to(device)[:, None, None])  # (R, 1, 1)
         return decisions
 
+    def project_memory(self, encoder_hidden_states: torch.Tensor, cache: EncoderDecoderCache) -> None:
+        """Project the encoder states into the keys and values of every cross-attention and keep them in ``cache``,
+        as the first decoding step does lazily; the ONNX export's encoder graph does it up front
+        (docs/fast-inference.md)."""
+        for layer in self.layers:
+            if layer.encoder_attn is not None:
+                layer.encoder_attn.memory(encoder_hidden_states, cache)
+
+    def holds_memory(self, cache: EncoderDecoderCache | None) -> bool:
+        """Whether ``cache`` already holds the keys and values of every cross-attention (no encoder states needed)."""
+        return cache is not None and all(cache.is_updated.get(layer.layer_idx, False) for layer in self.layers
+                                         if layer.encoder_attn is not None)
+
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -567,7 +581,7 @@ class DeepTransformerDecoder(_DeepTransformerStack):
             raise TypeError(
                 f"{type(self).__name__}: `past_key_values` must be an EncoderDecoderCache, got {type(cache).__name__}."
             )
-        if encoder_hidden_states is None:
+        if encoder_hidden_states is None and not self.holds_memory(cache):
             raise UserInputError(f"{type(self).__name__}: `encoder_hidden_states` is required (run the encoder first).")
         if cache is not None and self.config.multi_layer_attention_k > 1:
             ensure_cache_slots(cache.self_attention_cache, self.config.multi_layer_attention_k * len(self.layers))

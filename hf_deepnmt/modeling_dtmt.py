@@ -52,6 +52,7 @@ from .modeling_common import (
     sinusoidal_positions,
 )
 from .errors import UserInputError
+from .handler import EndpointHandler  # noqa: F401  (so that save_pretrained copies handler.py)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -146,7 +147,8 @@ def gated_unit_step(xp: torch.Tensor, h: torch.Tensor, p: PackedUnit, num_gates:
     d = h.size(-1)
     g_rows = num_gates * d
     hp = torch.baddbmm(p.bias, h, p.weight)  # (D, B, (n+1)·d): [W_h· h for the gates; W_hh h + b]
-    pre = (xp[..., :g_rows] + hp[..., :g_rows]).unflatten(-1, (num_gates, d))  # (D, B, n, d)
+    # (D, B, n, d); a view with -1 for B, not unflatten, which the ONNX export's traced loop cannot decompose
+    pre = (xp[..., :g_rows] + hp[..., :g_rows]).view(h.size(0), -1, num_gates, d)
     gates = torch.sigmoid(torch.addcmul(p.norm_bias, F.layer_norm(pre, (d,), eps=eps), p.norm_weight))  # Eq. (8), (9), (16)
     candidate = torch.tanh(torch.addcmul(xp[..., g_rows:g_rows + d], gates[:, :, 0], hp[..., g_rows:]))  # Eq. (7)/(15)
     if linear_transformation:
@@ -161,7 +163,7 @@ def transition_gru_step(h: torch.Tensor, p: PackedUnit, rnn_dropout: float, trai
     """One T-GRU step of ``D`` parallel units; ``h`` ``(D, B, d)``. Gate order: r, z."""
     d = h.size(-1)
     hp = torch.baddbmm(p.bias, h, p.weight)  # (D, B, 3d): [W_hr h; W_hz h; W_hh h + b]
-    pre = hp[..., :2 * d].unflatten(-1, (2, d))  # (D, B, 2, d)
+    pre = hp[..., :2 * d].view(h.size(0), -1, 2, d)  # (D, B, 2, d), as in `gated_unit_step`
     gates = torch.sigmoid(torch.addcmul(p.norm_bias, F.layer_norm(pre, (d,), eps=eps), p.norm_weight))  # Eq. (12), (13)
     candidate = torch.tanh(gates[:, :, 0] * hp[..., 2 * d:])  # Eq. (11)
     candidate = F.dropout(candidate, rnn_dropout, training)
@@ -229,6 +231,23 @@ def reverse_index(lengths: torch.Tensor, length: int) -> torch.Tensor:
     return torch.where(reversed_positions >= 0, reversed_positions, positions)
 
 
+def exported_recurrence(step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], inputs: torch.Tensor,
+                        initial: torch.Tensor, project: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """``step(project(x_t), h)`` over the first dimension of ``inputs`` from state ``initial`` as one traced loop,
+    for `torch.onnx.export`: a Python loop over a sequence of symbolic length would be unrolled for the example's
+    length only. torch's ``scan`` becomes ONNX's ``Scan`` operator; the states of every step come back stacked
+    ``(S, *initial.shape)``. The input projection runs per step inside the loop (the eager path does it for all steps
+    at once before its loop): torch 2.13's ONNX decomposition of ``scan`` fails on loop inputs computed by a matmul
+    over a symbolic batch. Eager code keeps the Python loop (docs/fast-inference.md)."""
+    from torch._higher_order_ops.scan import scan  # torch's (prototype) scan: only ever traced, never run eagerly
+
+    def combine(state: torch.Tensor, x_t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        state = step(project(x_t), state)
+        return state, state.clone()  # scan forbids a carry that aliases an output
+
+    return scan(combine, initial, inputs)[1]
+
+
 class _DTMTStack(nn.Module):
     """What encoder and decoder share: embedding + bias + scaled positions + dropout, and per-step checkpointing."""
 
@@ -241,13 +260,16 @@ class _DTMTStack(nn.Module):
         self.embed_bias = nn.Parameter(torch.zeros(config.d_model))
         self.gradient_checkpointing = False
 
-    def _embed(self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, start: int) -> torch.Tensor:
+    def _embed(self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None,
+               start: int | torch.Tensor) -> torch.Tensor:
+        """``start``: the position of the first token; a 0-d tensor in the ONNX export's decoder step (its
+        ``position`` input), where the length check below is the runtime's (docs/fast-inference.md)."""
         if (input_ids is None) == (inputs_embeds is None):
             raise UserInputError(f"{type(self).__name__}: pass exactly one of `input_ids` and `inputs_embeds`.")
         x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         x = x + self.embed_bias  # (B, T, d)
         length, d = x.size(1), x.size(2)
-        if start + length > self.config.max_position_embeddings:
+        if not isinstance(start, torch.Tensor) and start + length > self.config.max_position_embeddings:
             raise UserInputError(
                 f"{type(self).__name__}: a sequence of {start + length} tokens is longer than "
                 f"max_position_embeddings={self.config.max_position_embeddings}; truncate the input (the tokenizer "
@@ -309,16 +331,21 @@ class DTMTEncoder(_DTMTStack):
         index = reverse_index(lengths, length).unsqueeze(-1)  # (B, S, 1)
         x_backward = x.gather(1, index.expand(-1, -1, d))  # (B, S, d): each sentence reversed within its length
         blocks = (self.forward_transition, self.backward_transition)
-        directions = torch.stack([x, x_backward]).transpose(1, 2).reshape(2, length * batch, d)  # (2, S·B, d) time-major
-        projected = DTMTTransition.project_inputs(blocks, directions)  # (2, S·B, K_in): every timestep in one matmul
-        projected = projected.view(2, length, batch, -1).transpose(0, 1)  # (S, 2, B, K_in)
         step = DTMTTransition.step_function(blocks, self.training)
         h = x.new_zeros(2, batch, d)
-        states = []
-        for t in range(length):
-            h = self._step(step, projected[t], h)  # (2, B, d): both directions in one batched step
-            states.append(h)
-        stacked = torch.stack(states, dim=2)  # (2, B, S, d)
+        if torch.compiler.is_exporting():  # torch.onnx.export: one traced loop over the symbolic length
+            inputs = torch.stack([x, x_backward]).permute(2, 0, 1, 3)  # (S, 2, B, d) time-major
+            stacked = exported_recurrence(step, inputs, h, lambda xt: DTMTTransition.project_inputs(blocks, xt))
+            stacked = stacked.permute(1, 2, 0, 3)  # (S, 2, B, d) -> (2, B, S, d)
+        else:
+            directions = torch.stack([x, x_backward]).transpose(1, 2).reshape(2, length * batch, d)  # (2, S·B, d)
+            projected = DTMTTransition.project_inputs(blocks, directions)  # (2, S·B, K_in): all steps in one matmul
+            projected = projected.view(2, length, batch, -1).transpose(0, 1)  # (S, 2, B, K_in)
+            states = []
+            for t in range(length):
+                h = self._step(step, projected[t], h)  # (2, B, d): both directions in one batched step
+                states.append(h)
+            stacked = torch.stack(states, dim=2)  # (2, B, S, d)
         backward = stacked[1].gather(1, index.expand(-1, -1, d))  # (B, S, d), back in left-to-right order
         annotations = torch.cat([stacked[0], backward], dim=-1)  # (B, S, 2d): C = {[→h_j, ←h_j]}
         if attention_mask is not None:

@@ -82,7 +82,7 @@ MODEL_TYPES: dict[str, ModelTypeEntry] = {
                        ("ctranslate2", "onnx", "marian")),
         ModelTypeEntry("dtmt", DTMT, "meng2019",
                        "meng2019's DTMT deep-transition GRU encoder-decoder (L-GRU, T-GRU, multi-head additive "
-                       "attention)", DTMTConfig, DTMTModel, DTMTForConditionalGeneration, "dtmt", ()),
+                       "attention)", DTMTConfig, DTMTModel, DTMTForConditionalGeneration, "dtmt", ("onnx",)),
     )
 }
 

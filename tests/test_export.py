@@ -1,8 +1,10 @@
-"""Fast inference (hf_deepnmt.export): CTranslate2 and ONNX exports of every standard Transformer variant give
-`generate`'s beam-4 output and its logits; refusals name the mechanism; `deepnmt export` / `translate --engine`.
+"""ONNX export (hf_deepnmt.export_onnx, hf_deepnmt.ort_generation): every family and variant of the package runs
+transformers' `generate` on ONNX Runtime with the model's own outputs — greedy, beam 4 and n-best sequences identical,
+scores and teacher-forced log-probabilities within 1e-4; int8 quantizes every family; `deepnmt export` /
+`translate --engine`; refusals name the mechanism.
 
-ctranslate2 and onnxruntime are the `export` extra: without them these tests skip, unless DEEPNMT_REQUIRE_EXPORT=1
-(set by `bash run.sh test`, i.e. CI), where a missing extra fails.
+onnxruntime is in the `export` extra: without it these tests skip, unless DEEPNMT_REQUIRE_EXPORT=1 (set by
+`bash run.sh test`, i.e. CI), where a missing extra fails.
 """
 
 from __future__ import annotations
@@ -13,194 +15,162 @@ import os
 import sys
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 import torch
-from conftest import PARALLEL, tiny_model
+from conftest import tiny_model
+import export_cases
+from export_cases import VARIANTS, train_briefly, trained_variant
 
-from hf_deepnmt.export import (
-    CTranslate2Engine,
-    OnnxDecoderGraph,
-    OnnxEncoderGraph,
-    OnnxEngine,
-    TorchEngine,
-    beam_search,
-    export_blockers,
-    export_model,
-    load_engine,
-    standard_model,
-)
+
+import hf_deepnmt
+from hf_deepnmt.export import OnnxEngine, export_blockers, export_model, load_engine, pad_batch
+from hf_deepnmt.ort_generation import OnnxSeq2SeqLM
 from training.cli import main
 
 if os.environ.get("DEEPNMT_REQUIRE_EXPORT") == "1":
-    import ctranslate2  # noqa: F401
     import onnxruntime  # noqa: F401
 else:
-    pytest.importorskip("ctranslate2")
     pytest.importorskip("onnxruntime")
 
-# Every variant that is mathematically a standard Transformer (the module docstring of hf_deepnmt.export).
-VARIANTS = {
-    "post_ln": {},
-    "pre_ln": {"layer_norm_position": "pre"},
-    "admin_folded": {"residual_scaling": "admin", "admin_init": "closed_form"},
-    "cad_p1_post_ln": {"cross_attention_drop_depth": 1, "cross_attention_drop_ratio": 1.0},
-    "cad_p1_pre_ln": {"cross_attention_drop_depth": 1, "cross_attention_drop_ratio": 1.0, "layer_norm_position": "pre"},
-    "untied_unscaled_gelu": {"tie_word_embeddings": False, "scale_embedding": False, "activation_function": "gelu",
-                             "layer_norm_eps": 1e-6},
+NEW_TOKENS = 24  # long enough for the briefly trained models to end hypotheses at varied lengths
+DOU2018_LAYERS = {"encoder_layers": 4, "decoder_layers": 4}  # multi-layer attention k=3 needs 4 layers
+# Every family and variant: the standard Transformers of CTranslate2's list, dou2018 (each aggregation on both stacks,
+# multi-layer attention k=2 and 3, and everything composed with pre-LN and li2022 CAD), meng2019 DTMT and its
+# ShallowRNMT (GRU, no transition).
+ONNX_VARIANTS: dict[str, dict] = {
+    **VARIANTS,
+    # dense under pre-LN: under post-LN the stream doubles per layer (docs/dou2018.md), the config warns, and 60 steps
+    # leave the model running every hypothesis to the limit
+    "dou2018_dense_pre_ln": {**DOU2018_LAYERS, "encoder_layer_aggregation": "dense", "decoder_layer_aggregation": "dense",
+                             "layer_norm_position": "pre"},
+    "dou2018_linear": {**DOU2018_LAYERS, "encoder_layer_aggregation": "linear", "decoder_layer_aggregation": "linear"},
+    "dou2018_iterative": {**DOU2018_LAYERS, "encoder_layer_aggregation": "iterative",
+                          "decoder_layer_aggregation": "iterative"},
+    "dou2018_hierarchical": {**DOU2018_LAYERS, "encoder_layer_aggregation": "hierarchical",
+                             "decoder_layer_aggregation": "hierarchical"},
+    "dou2018_mla2": {**DOU2018_LAYERS, "multi_layer_attention_k": 2},
+    "dou2018_mla3": {**DOU2018_LAYERS, "multi_layer_attention_k": 3},
+    "dou2018_composed": {"encoder_layers": 3, "decoder_layers": 3, "encoder_layer_aggregation": "hierarchical",
+                         "decoder_layer_aggregation": "iterative", "multi_layer_attention_k": 2,
+                         "layer_norm_position": "pre", "cross_attention_drop_depth": 1,
+                         "cross_attention_drop_ratio": 1.0},
+    "dtmt": {"model_type": "dtmt", "transition_depth": 2, "dropout": 0.0, "rnn_dropout": 0.0, "readout_dropout": 0.0},
+    "dtmt_shallow_gru": {"model_type": "dtmt", "rnn_cell": "gru", "transition_depth": 0, "dropout": 0.0,
+                         "rnn_dropout": 0.0, "readout_dropout": 0.0},
 }
-NEW_TOKENS = 16
+_TRAINED: dict[str, torch.nn.Module] = {}
+sources = export_cases.sources  # the shared fixture
 
 
-def variant_model(name: str, vocab_size: int, eos_boost: float = 1.0):
-    """A tiny random model of a variant; ADMIN gets random ω (so folding is not the identity). ``eos_boost`` scales
-    the output row of </s>: > 1 makes hypotheses end early, where the beam stopping rule matters."""
-    model = tiny_model(seed=3, vocab_size=vocab_size, init_std=0.5, **VARIANTS[name])
+def case_model(name: str, vocab_size: int) -> torch.nn.Module:
+    """A tiny random model of an ONNX variant (a DTMT one for ``model_type="dtmt"``); ADMIN gets random ω."""
+    overrides = dict(ONNX_VARIANTS[name])
+    if overrides.pop("model_type", None) == "dtmt":
+        torch.manual_seed(3)
+        config = hf_deepnmt.DTMTConfig(vocab_size=vocab_size, d_model=16, attention_heads=2,
+                                       max_position_embeddings=64, **overrides)
+        return hf_deepnmt.DTMTForConditionalGeneration(config).eval()
+    model = tiny_model(seed=3, vocab_size=vocab_size, init_std=0.5, **overrides)
     with torch.no_grad():
         for parameter_name, parameter in model.named_parameters():
             if parameter_name.endswith("_omega"):
                 parameter.copy_(torch.rand_like(parameter) + 0.5)
-        model.get_output_embeddings().weight[model.config.eos_token_id] *= eos_boost
     return model
 
 
-_TRAINED: dict[str, torch.nn.Module] = {}
-
-
-def trained_variant(name: str, tokenizer) -> torch.nn.Module:
-    """`variant_model` after 60 Adam steps on the tiny corpus: it ends hypotheses at varied lengths, so the beam
-    search's stopping rule decides outputs (a random model runs every hypothesis to the length limit)."""
+def trained_case(name: str, tokenizer) -> torch.nn.Module:
+    """The model a parity test exports: the standard variants as the CTranslate2 tests train them
+    (`export_cases.trained_variant`, shared), the other Transformers after the same `train_briefly`, so that
+    hypotheses end at varied lengths. DTMT stays random: 60 steps on six sentences leave it at the unigram stage,
+    where every hypothesis ends at once or never (measured); random weights run every hypothesis to the length limit
+    while beams still swap at every step, which exercises the reordering of its state."""
+    if name in VARIANTS:
+        return trained_variant(name, tokenizer)
     if name not in _TRAINED:
-        model = variant_model(name, len(tokenizer)).train()
-        sources, targets = zip(*PARALLEL)
-        batch = tokenizer(list(sources), text_target=list(targets), padding=True, return_tensors="pt")
-        labels = batch["labels"].masked_fill(batch["labels"] == tokenizer.pad_token_id, -100)
-        optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-        for _ in range(60):
-            loss = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=labels).loss
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-        _TRAINED[name] = model.eval()
+        model = case_model(name, len(tokenizer))
+        _TRAINED[name] = model if model.config.model_type == "dtmt" else train_briefly(model, tokenizer)
     return _TRAINED[name]
 
 
-@pytest.fixture(scope="module")
-def sources(tiny_tokenizer) -> list[list[int]]:
-    """The tiny corpus' sentences (both languages) and random id sequences, each ending in </s>."""
-    texts = [text for pair in PARALLEL for text in pair]
-    encoded = tiny_tokenizer(texts)["input_ids"]
-    generator = torch.Generator().manual_seed(0)
-    lengths = torch.randint(2, 14, (6,), generator=generator).tolist()
-    encoded += [torch.randint(4, len(tiny_tokenizer), (n,), generator=generator).tolist() + [2] for n in lengths]
-    return encoded
+def source_batch(sources: list[list[int]], pad_token_id: int) -> dict[str, torch.Tensor]:
+    input_ids, attention_mask = pad_batch(sources, pad_token_id)
+    return {"input_ids": torch.from_numpy(input_ids), "attention_mask": torch.from_numpy(attention_mask)}
 
 
-def teacher_forced_log_probs(model, source: list[int], target: list[int]) -> np.ndarray:
+def teacher_forced(model: torch.nn.Module, batch: dict[str, torch.Tensor], sequences: torch.Tensor) -> torch.Tensor:
+    """Log-probabilities of every token of ``sequences`` (generate's outputs, start token first) under teacher
+    forcing, ``(N, T)``, 0 after a sentence's end; ``batch`` rows are repeated for n-best outputs."""
+    repeats = sequences.size(0) // batch["input_ids"].size(0)
+    inputs = {name: value.repeat_interleave(repeats, dim=0) for name, value in batch.items()}
     with torch.no_grad():
-        logits = model(input_ids=torch.tensor([source]),
-                       decoder_input_ids=torch.tensor([[model.config.decoder_start_token_id, *target[:-1]]])).logits
-    return logits.log_softmax(-1)[0, torch.arange(len(target)), torch.tensor(target)].numpy()
+        logits = model(**inputs, decoder_input_ids=sequences[:, :-1]).logits
+    scores = logits.log_softmax(-1).gather(-1, sequences[:, 1:, None])[..., 0]  # (N, T)
+    ended = (sequences[:, 1:] == model.config.eos_token_id).long().cumsum(-1) - (
+        sequences[:, 1:] == model.config.eos_token_id).long()
+    return scores.masked_fill(ended > 0, 0.0)
 
 
-def same_fraction(expected: list[list[int]], got: list[list[int]]) -> float:
-    return sum(a == b for a, b in zip(expected, got, strict=True)) / len(expected)
+SEARCHES = {"greedy": {"num_beams": 1}, "beam4": {"num_beams": 4},
+            "beam4_nbest2_early_stopping": {"num_beams": 4, "num_return_sequences": 2, "early_stopping": True}}
 
 
-# ------------------------------------------------------------------------------------------------ CTranslate2
-@pytest.mark.parametrize("variant", list(VARIANTS))
-def test_ctranslate2_export_gives_generates_beams_and_scores(variant, tiny_tokenizer, sources, tmp_path):
-    """Random weights (every hypothesis runs to the limit): CTranslate2 = `generate` with its defaults. Trained
-    weights (hypotheses end early): CTranslate2's beam search stops a sentence once K hypotheses finished, which is
-    `generate(early_stopping=True)`, exactly; the default `early_stopping=False` may search on (measured on a real
-    test set in benchmarks/RESULTS.md). Greedy search and the teacher-forced scores agree in every case."""
-    for model in (variant_model(variant, len(tiny_tokenizer)), trained_variant(variant, tiny_tokenizer)):
-        export_model(model, tiny_tokenizer, tmp_path, "ctranslate2")
-        engine, reference = CTranslate2Engine(tmp_path, intra_threads=1), TorchEngine(model)
-        got = engine.generate(sources, num_beams=4, max_new_tokens=NEW_TOKENS)
-        if model is _TRAINED.get(variant):
-            assert sum(ids[-1] == model.config.eos_token_id for ids in got) >= 2  # </s> ends some: the rule matters
-            assert got == reference.generate(sources, num_beams=4, max_new_tokens=NEW_TOKENS, early_stopping=True)
-            with pytest.raises(ValueError, match="`early_stopping` = False is not available with the ctranslate2"):
-                engine.generate(sources, num_beams=4, max_new_tokens=NEW_TOKENS, early_stopping=False)
-        else:
-            assert same_fraction(reference.generate(sources, num_beams=4, max_new_tokens=NEW_TOKENS), got) >= 0.99
-        greedy = reference.generate(sources, num_beams=1, max_new_tokens=NEW_TOKENS)
-        assert engine.generate(sources, num_beams=1, max_new_tokens=NEW_TOKENS) == greedy
-        # the scores CTranslate2 exposes: per-token log-probabilities under teacher forcing, vs our log-softmax
-        for source, target, scores in zip(sources, got, engine.score(sources, got)):
-            np.testing.assert_allclose(scores, teacher_forced_log_probs(model, source, target), atol=1e-4, rtol=0)
+# ------------------------------------------------------------------------------------------------ ONNX parity
+@pytest.mark.parametrize("variant", list(ONNX_VARIANTS))
+def test_onnx_export_runs_generate_with_the_models_outputs(variant, tiny_tokenizer, sources, tmp_path):
+    """Exported from the model's own modules and run by transformers' `generate` on ONNX Runtime: greedy, beam-4 and
+    n-best outputs identical to the torch model's, beam scores and teacher-forced log-probabilities within 1e-4.
+    The sources differ in length and number from the traced example (batch 2, length 5): the graphs' dimensions are
+    symbolic."""
+    model = trained_case(variant, tiny_tokenizer)
+    export_model(model, tiny_tokenizer, tmp_path, "onnx")
+    onnx = OnnxSeq2SeqLM.from_export(tmp_path, intra_threads=1)
+    batch = source_batch(sources, model.config.pad_token_id)
+    ended = []
+    for name, search in SEARCHES.items():
+        settings = {**batch, **search, "max_new_tokens": NEW_TOKENS, "do_sample": False, "output_scores": True,
+                    "return_dict_in_generate": True}
+        with torch.no_grad():
+            expected, got = model.generate(**settings), onnx.generate(**settings)
+        assert torch.equal(got.sequences, expected.sequences), name
+        if search["num_beams"] > 1:
+            torch.testing.assert_close(got.sequences_scores, expected.sequences_scores, atol=1e-4, rtol=0)
+        torch.testing.assert_close(teacher_forced(onnx, batch, got.sequences),
+                                   teacher_forced(model, batch, expected.sequences), atol=1e-4, rtol=0)
+        ended += (expected.sequences[:, 1:] == model.config.eos_token_id).any(-1).tolist()
+    if model.config.model_type != "dtmt":  # trained: hypotheses end at varied lengths, the stopping rule decides
+        assert 2 <= sum(ended) < len(ended)
 
 
-def test_ctranslate2_int8_and_bfloat16_store_quantized_weights_and_leave_the_model_alone(tiny_tokenizer, sources, tmp_path):
-    model = variant_model("cad_p1_post_ln", len(tiny_tokenizer))
-    weights = {name: tensor.clone() for name, tensor in model.state_dict().items()}
-    sizes = {}
-    for quantization in (None, "int8", "bfloat16"):
+@pytest.mark.parametrize("variant", ["dou2018_composed", "dtmt"])
+def test_onnx_int8_quantizes_every_family(variant, tiny_tokenizer, sources, tmp_path):
+    """int8 (ONNX Runtime's dynamic quantization) replaces the float weight products of both graphs with integer
+    ones — inside DTMT's encoder loop too — and shrinks them; the model still translates (the BLEU cost on trained
+    models: benchmarks/RESULTS.md)."""
+    import onnx
+
+    model = trained_case(variant, tiny_tokenizer)
+    sizes, integer_products, in_loops = {}, {}, {}
+    for quantization in (None, "int8"):
         folder = tmp_path / str(quantization)
-        export_model(model, tiny_tokenizer, folder, "ctranslate2", quantization)
-        sizes[quantization] = (folder / "model.bin").stat().st_size
-        manifest = json.loads((folder / "deepnmt_export.json").read_text())
-        assert manifest["quantization"] == (quantization or "float32")
-        outputs = CTranslate2Engine(folder, intra_threads=1).generate(sources, num_beams=4, max_new_tokens=8)
-        assert all(len(ids) > 0 and max(ids) < len(tiny_tokenizer) for ids in outputs)
-    assert sizes["int8"] < sizes["bfloat16"] < sizes[None]
-    for name, tensor in model.state_dict().items():  # CTranslate2 quantizes its arrays in place: copies, not ours
-        assert torch.equal(tensor, weights[name]), name
-
-
-# ------------------------------------------------------------------------------------------------ ONNX
-class GraphSteps:
-    """The ONNX graphs run in PyTorch behind `beam_search`'s step interface (what ONNX Runtime runs, minus the
-    export): checks the graphs' arithmetic and the search on every variant without exporting each."""
-
-    def __init__(self, model, input_ids: np.ndarray, attention_mask: np.ndarray, beams: int):
-        model = standard_model(model)  # ADMIN folded, as `export_onnx` does
-        self.decoder = OnnxDecoderGraph(model)
-        self.mask = torch.from_numpy(attention_mask)
+        export_model(model, tiny_tokenizer, folder, "onnx", quantization)
+        assert json.loads((folder / "deepnmt_export.json").read_text())["quantization"] == (quantization or "float32")
+        sizes[quantization] = sum((folder / f"{graph}.onnx").stat().st_size for graph in ("encoder", "decoder"))
+        integer_products[quantization] = in_loops[quantization] = 0
+        for graph in ("encoder", "decoder"):
+            nodes = onnx.load(str(folder / f"{graph}.onnx")).graph.node
+            loop_nodes = [inner for node in nodes for attribute in node.attribute
+                          if attribute.type == onnx.AttributeProto.GRAPH for inner in attribute.g.node]
+            integer_products[quantization] += sum(node.op_type == "MatMulInteger" for node in [*nodes, *loop_nodes])
+            in_loops[quantization] += sum(node.op_type == "MatMulInteger" for node in loop_nodes)
+        onnx_model = OnnxSeq2SeqLM.from_export(folder, intra_threads=1)
+        batch = source_batch(sources, model.config.pad_token_id)
         with torch.no_grad():
-            self.cross = list(OnnxEncoderGraph(model)(torch.from_numpy(input_ids), self.mask))
-        heads = model.config.decoder_attention_heads
-        empty = torch.zeros(len(input_ids), beams, heads, 0, model.config.d_model // heads)
-        self.caches = [empty] * (2 * model.config.decoder_layers)
-
-    def step(self, tokens: np.ndarray, position: int) -> np.ndarray:
-        with torch.no_grad():
-            logits, *self.caches = self.decoder(torch.from_numpy(tokens), torch.tensor([position]), self.mask,
-                                                *self.caches, *self.cross)
-        return logits.numpy()
-
-    def select(self, keep: np.ndarray, origins: np.ndarray) -> None:
-        keep_t, origins_t = torch.from_numpy(keep), torch.from_numpy(origins)
-        self.cross = [value[keep_t] for value in self.cross]
-        self.mask = self.mask[keep_t]
-        self.caches = [value[keep_t[:, None], origins_t] for value in self.caches]
-
-
-@pytest.mark.parametrize("variant", list(VARIANTS))
-def test_onnx_graphs_and_beam_search_reproduce_generate(variant, tiny_tokenizer, sources):
-    """On a trained model (hypotheses end at varied lengths), `beam_search` over the graphs gives `generate`'s
-    output with both stopping rules, and greedy's; the decoder graph's logits are the model's."""
-    from hf_deepnmt.export import pad_batch
-
-    model = trained_variant(variant, tiny_tokenizer)
-    reference = TorchEngine(model)
-    input_ids, attention_mask = pad_batch(sources, model.config.pad_token_id)
-    for beams, early_stopping in ((4, False), (4, True), (1, False)):
-        expected = reference.generate(sources, beams, NEW_TOKENS, early_stopping=early_stopping)
-        assert sum(ids[-1] == model.config.eos_token_id for ids in expected) >= 2
-        got = beam_search(GraphSteps(model, input_ids, attention_mask, beams), len(sources), beams, NEW_TOKENS,
-                          model.config.decoder_start_token_id, model.config.eos_token_id, 1.0, early_stopping)
-        assert got == expected, (beams, early_stopping)
-    target = expected[0]
-    steps = GraphSteps(model, input_ids[:1], attention_mask[:1], 1)
-    tokens = [model.config.decoder_start_token_id, *target[:-1]]
-    logits = np.stack([steps.step(np.array([[token]]), t)[0, 0] for t, token in enumerate(tokens)])
-    with torch.no_grad():
-        expected_logits = model(input_ids=torch.from_numpy(input_ids[:1]),
-                                attention_mask=torch.from_numpy(attention_mask[:1]),
-                                decoder_input_ids=torch.tensor([tokens])).logits[0].numpy()
-    np.testing.assert_allclose(logits, expected_logits, atol=1e-4, rtol=0)
+            output = onnx_model.generate(**batch, num_beams=4, max_new_tokens=NEW_TOKENS)
+        assert output.shape[0] == len(sources) and int(output.max()) < model.config.vocab_size
+    assert integer_products[None] == 0 and integer_products["int8"] >= 4
+    if variant == "dtmt":  # the encoder's recurrence (an ONNX Scan loop) is quantized too
+        assert in_loops["int8"] >= 2
+    assert sizes["int8"] < sizes[None]
 
 
 # ------------------------------------------------------------------------------------------------ CLI end to end
@@ -224,25 +194,41 @@ def test_deepnmt_export_and_translate_with_every_engine(tiny_folder, tiny_tokeni
         assert main(["translate", "--model", str(folder), "--engine", engine, "--stream", "--batch_size", "2",
                      *common[2:]]) == 0
         assert capsys.readouterr().out == expected, engine
-    # ONNX Runtime's decoder logits against the model's (the exported graph, not its PyTorch twin)
+    # ONNX Runtime's logits against the model's (the exported graphs, run through OnnxSeq2SeqLM.forward)
     from transformers import AutoModelForSeq2SeqLM
 
     model = AutoModelForSeq2SeqLM.from_pretrained(tiny_folder)
     engine = load_engine(tmp_path / "onnx", "onnx", intra_threads=1)
     assert isinstance(engine, OnnxEngine)
-    source = tiny_tokenizer(["And God saw the light."])["input_ids"]
-    steps = engine.stepper(np.array(source), np.ones((1, len(source[0])), dtype=np.int64), 1)
-    tokens = [1, 20, 30, 40]
-    logits = np.stack([steps.step(np.array([[token]]), t)[0, 0] for t, token in enumerate(tokens)])
+    source = torch.tensor(tiny_tokenizer(["And God saw the light."])["input_ids"])
+    tokens = torch.tensor([[1, 20, 30, 40]])
     with torch.no_grad():
-        reference = model(input_ids=torch.tensor(source), decoder_input_ids=torch.tensor([tokens])).logits[0]
-    np.testing.assert_allclose(logits, reference.numpy(), atol=1e-4, rtol=0)
+        logits = model(input_ids=source, decoder_input_ids=tokens).logits
+        torch.testing.assert_close(engine.model(input_ids=source, decoder_input_ids=tokens).logits, logits,
+                                   atol=1e-4, rtol=0)
     # marian: a stock MarianMTModel folder that the torch engine runs to the same output
     assert main(["export", str(tiny_folder), str(tmp_path / "marian"), "--format", "marian"]) == 0
     assert json.loads((tmp_path / "marian" / "config.json").read_text())["model_type"] == "marian"
     out = tmp_path / "marian.txt"
     assert main(["translate", "--model", str(tmp_path / "marian"), "--output", str(out), *common]) == 0
     assert out.read_text(encoding="utf-8") == expected
+
+
+def test_deepnmt_export_and_translate_a_dtmt_model_with_onnx(tiny_tokenizer, tmp_path):
+    """meng2019 DTMT, which no other engine serves: `deepnmt export --format onnx` and `translate --engine onnx`
+    give the torch engine's translations."""
+    model = case_model("dtmt", len(tiny_tokenizer))
+    model.save_pretrained(tmp_path / "dtmt")
+    tiny_tokenizer.save_pretrained(tmp_path / "dtmt")
+    (tmp_path / "in.txt").write_text("In the beginning God created the heavens.\nAnd God saw the light.\n",
+                                     encoding="utf-8")
+    common = ["--input", str(tmp_path / "in.txt"), "--num_beams", "4", "--max_new_tokens", "8", "--threads", "1"]
+    assert main(["translate", "--model", str(tmp_path / "dtmt"), "--output", str(tmp_path / "torch.txt"),
+                 *common]) == 0
+    assert main(["export", str(tmp_path / "dtmt"), str(tmp_path / "onnx"), "--format", "onnx"]) == 0
+    assert main(["translate", "--model", str(tmp_path / "onnx"), "--engine", "onnx", "--output",
+                 str(tmp_path / "onnx.txt"), *common]) == 0
+    assert (tmp_path / "onnx.txt").read_text(encoding="utf-8") == (tmp_path / "torch.txt").read_text(encoding="utf-8")
 
 
 # ------------------------------------------------------------------------------------------------ refusals
@@ -254,21 +240,27 @@ def test_refusals_name_the_mechanism(tiny_folder, tmp_path, capsys):
     blockers = export_blockers(config, "ctranslate2")
     assert len(blockers) == 2 and all("dou2018" in reason for reason in blockers)
     assert "layer aggregation" in blockers[0] and "multi-layer attention" in blockers[1]
-    assert "DTMT" in export_blockers(SimpleNamespace(model_type="dtmt"), "onnx")[0]
-    assert "'t5'" in export_blockers(SimpleNamespace(model_type="t5"), "ctranslate2")[0]
+    assert export_blockers(config, "onnx") == []  # ONNX takes every model of the package
+    dtmt = SimpleNamespace(model_type="dtmt")
+    assert export_blockers(dtmt, "onnx") == [] and "DTMT" in export_blockers(dtmt, "ctranslate2")[0]
+    assert "'t5'" in export_blockers(SimpleNamespace(model_type="t5"), "onnx")[0]
     mish = tiny_model(activation_function="mish")
     assert "activation_function='mish'" in export_blockers(mish.config, "ctranslate2")[0]
     assert export_blockers(mish.config, "onnx") == []
     pre = tiny_model(layer_norm_position="pre")
     assert export_blockers(pre.config, "ctranslate2") == [] and "pre" in export_blockers(pre.config, "marian")[0]
-    with pytest.raises(ValueError, match=r"^cannot export to ctranslate2: the model uses dou2018 .*torch engine"):
+    with pytest.raises(ValueError, match=r"^cannot export to ctranslate2: the model uses dou2018 .*--format onnx"):
         export_model(SimpleNamespace(config=config), None, tmp_path / "x", "ctranslate2")
     with pytest.raises(ValueError, match="`quantization` = 'int8' is not allowed for marian"):
         export_model(tiny_model(), None, tmp_path / "y", "marian", "int8")
+    with pytest.raises(ValueError, match="`quantization` = 'bfloat16' is not allowed for onnx; use int8"):
+        export_model(tiny_model(), None, tmp_path / "z", "onnx", "bfloat16")
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "keep.txt").write_text("x")
     assert main(["export", str(tiny_folder), str(tmp_path / "full"), "--format", "onnx"]) == 2
     error = capsys.readouterr().err.strip().splitlines()
     assert len(error) == 1 and "not empty" in error[0]
     assert main(["translate", "--model", str(tiny_folder), "--engine", "ctranslate2"]) == 2
+    assert "is not an hf_deepnmt export" in capsys.readouterr().err
+    assert main(["translate", "--model", str(tiny_folder), "--engine", "onnx"]) == 2
     assert "is not an hf_deepnmt export" in capsys.readouterr().err

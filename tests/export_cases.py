@@ -1,0 +1,83 @@
+"""Models and inputs shared by the export tests (tests/test_export.py, tests/test_export_ctranslate2.py): tiny
+random or briefly trained models of every exported variant, the tiny corpus' sources, teacher-forced scores."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import PARALLEL, tiny_model
+
+# Every variant that is mathematically a standard Transformer (CTranslate2 and Marian export them; ONNX takes all).
+VARIANTS = {
+    "post_ln": {},
+    "pre_ln": {"layer_norm_position": "pre"},
+    "admin_folded": {"residual_scaling": "admin", "admin_init": "closed_form"},
+    "cad_p1_post_ln": {"cross_attention_drop_depth": 1, "cross_attention_drop_ratio": 1.0},
+    "cad_p1_pre_ln": {"cross_attention_drop_depth": 1, "cross_attention_drop_ratio": 1.0, "layer_norm_position": "pre"},
+    "untied_unscaled_gelu": {"tie_word_embeddings": False, "scale_embedding": False, "activation_function": "gelu",
+                             "layer_norm_eps": 1e-6},
+}
+NEW_TOKENS = 16
+
+
+def variant_model(name: str, vocab_size: int, eos_boost: float = 1.0):
+    """A tiny random model of a variant; ADMIN gets random ω (so folding is not the identity). ``eos_boost`` scales
+    the output row of </s>: > 1 makes hypotheses end early, where the beam stopping rule matters."""
+    model = tiny_model(seed=3, vocab_size=vocab_size, init_std=0.5, **VARIANTS[name])
+    with torch.no_grad():
+        for parameter_name, parameter in model.named_parameters():
+            if parameter_name.endswith("_omega"):
+                parameter.copy_(torch.rand_like(parameter) + 0.5)
+        model.get_output_embeddings().weight[model.config.eos_token_id] *= eos_boost
+    return model
+
+
+_TRAINED: dict[str, torch.nn.Module] = {}
+
+
+def train_briefly(model: torch.nn.Module, tokenizer, steps: int = 60) -> torch.nn.Module:
+    """``steps`` Adam steps (lr 1e-2, seed 1) on the tiny corpus, then eval mode: a Transformer then ends hypotheses
+    at varied lengths, so the beam search's stopping rule decides outputs (a random model runs every hypothesis to
+    the length limit)."""
+    torch.manual_seed(1)  # seed 1: every variant then ends some hypotheses early and not all (checked by the tests)
+    model.train()
+    sources, targets = zip(*PARALLEL)
+    batch = tokenizer(list(sources), text_target=list(targets), padding=True, return_tensors="pt")
+    labels = batch["labels"].masked_fill(batch["labels"] == tokenizer.pad_token_id, -100)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(steps):
+        loss = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return model.eval()
+
+
+def trained_variant(name: str, tokenizer) -> torch.nn.Module:
+    """`variant_model` after `train_briefly` (once per variant and test session)."""
+    if name not in _TRAINED:
+        _TRAINED[name] = train_briefly(variant_model(name, len(tokenizer)), tokenizer)
+    return _TRAINED[name]
+
+
+@pytest.fixture(scope="module")
+def sources(tiny_tokenizer) -> list[list[int]]:
+    """The tiny corpus' sentences (both languages) and random id sequences, each ending in </s>."""
+    texts = [text for pair in PARALLEL for text in pair]
+    encoded = tiny_tokenizer(texts)["input_ids"]
+    generator = torch.Generator().manual_seed(0)
+    lengths = torch.randint(2, 14, (6,), generator=generator).tolist()
+    encoded += [torch.randint(4, len(tiny_tokenizer), (n,), generator=generator).tolist() + [2] for n in lengths]
+    return encoded
+
+
+def teacher_forced_log_probs(model, source: list[int], target: list[int]) -> np.ndarray:
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([source]),
+                       decoder_input_ids=torch.tensor([[model.config.decoder_start_token_id, *target[:-1]]])).logits
+    return logits.log_softmax(-1)[0, torch.arange(len(target)), torch.tensor(target)].numpy()
+
+
+def same_fraction(expected: list[list[int]], got: list[list[int]]) -> float:
+    return sum(a == b for a, b in zip(expected, got, strict=True)) / len(expected)
