@@ -14,7 +14,7 @@ from huggingface_hub import ModelCard
 
 from training.cli import main
 from training.errors import CommandLineError
-from training.hub import files_to_upload, push_folder
+from training.hub import files_to_upload, push_folder, subfolders_left_out
 from training.recipes import RECIPES_DIR, load_model_config_dict, load_recipe
 
 RUN_TRANSLATION_ARGS = ("--train_file", "--validation_file", "--test_file", "--source_lang", "--target_lang",
@@ -217,8 +217,9 @@ def test_push_uploads_exactly_the_model_files(trained):
     assert kind == "create_commit" and uploaded == files
     assert uploaded == sorted([
         "README.md", "aggregation.py", "all_results.json", "attention.py", "config.json", "configuration_deep_transformer.py",
-        "deepnmt_card.json", "errors.py", "generation_config.json", "loss_components.png", "losses.py", "metrics.json", "model.safetensors",
-        "modeling_common.py", "modeling_deep_transformer.py", "pipeline_translation.py", "test_translations.txt", "tokenizer.json",
+        "deepnmt_card.json", "errors.py", "generation_config.json", "handler.py", "loss_components.png", "losses.py", "metrics.json",
+        "model.safetensors", "modeling_common.py", "modeling_deep_transformer.py", "ort_generation.py", "pipeline_translation.py",
+        "test_translations.txt", "tokenizer.json",
         "tokenizer_config.json", "train_results.json", "training_args.bin", "validation.png",
     ])
     card = next(op.path_or_fileobj for op in commit["operations"] if op.path_in_repo == "README.md")
@@ -241,6 +242,40 @@ def test_push_leaves_out_subfolders_unless_asked(trained, tmp_path, capsys):
     assert main(["push", str(folder), "--repo_id", "me/x", "--dry_run"]) == 0
     captured = capsys.readouterr()
     assert "averaged-last2" not in captured.out and "not uploading the subfolder(s) averaged-last2/" in captured.err
+
+
+def test_push_uploads_the_onnx_export_the_endpoint_handler_serves(tmp_path):
+    """`onnx/` holding an export (`deepnmt export --format onnx RUN RUN/onnx`) goes up with the model, since the
+    folder's handler.py runs it on Inference Endpoints; other subfolders, and an `onnx/` without a manifest, do not."""
+    import hf_deepnmt.handler
+    from training import hub
+
+    assert (hub.ONNX_SUBFOLDER, hub.EXPORT_MANIFEST) == (hf_deepnmt.handler.ONNX_SUBFOLDER,
+                                                         hf_deepnmt.handler.EXPORT_MANIFEST)
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "README.md",
+                 "modeling_deep_transformer.py", "handler.py", "ort_generation.py"):
+        (tmp_path / name).write_text("x")
+    assert subfolders_left_out(tmp_path) == []
+    (tmp_path / "onnx").mkdir()
+    (tmp_path / "onnx" / "encoder.onnx").write_text("x")
+    assert "onnx/encoder.onnx" not in files_to_upload(tmp_path) and subfolders_left_out(tmp_path) == ["onnx"]
+    for name in ("deepnmt_export.json", "decoder.onnx", "config.json", "tokenizer.json"):
+        (tmp_path / "onnx" / name).write_text("x")
+    for other in ("averaged-last2", "checkpoint-4"):
+        (tmp_path / other).mkdir()
+        (tmp_path / other / "model.safetensors").write_text("x")
+    (tmp_path / "averaged-last2" / "onnx").mkdir()
+    (tmp_path / "averaged-last2" / "onnx" / "deepnmt_export.json").write_text("x")
+    uploaded = files_to_upload(tmp_path)
+    assert [name for name in uploaded if "/" in name] == ["onnx/config.json", "onnx/decoder.onnx",
+                                                         "onnx/deepnmt_export.json", "onnx/encoder.onnx",
+                                                         "onnx/tokenizer.json"]
+    assert {"handler.py", "ort_generation.py"} <= set(uploaded)
+    assert subfolders_left_out(tmp_path) == ["averaged-last2"]
+    assert subfolders_left_out(tmp_path, include_subfolders=True) == []
+    everything = files_to_upload(tmp_path, include_subfolders=True)
+    assert set(everything) - set(uploaded) == {"averaged-last2/model.safetensors",
+                                                "averaged-last2/onnx/deepnmt_export.json"}
 
 
 def test_push_refuses_an_incomplete_folder(tmp_path):

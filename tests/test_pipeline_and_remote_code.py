@@ -426,3 +426,138 @@ def test_remote_code_checks_the_languages_where_hf_deepnmt_is_not_importable(pai
         "TranslationPipeline: `tgt_lang` = 'fr' is not allowed; this model translates en → es (the pair recorded in "
         "its config's task_specific_params)."
     )
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Inference Endpoints: handler.py (and ort_generation.py) in every saved folder; an ONNX export in `onnx/` is used.
+# --------------------------------------------------------------------------------------------------------------
+ENDPOINT_REQUESTS = [
+    {"inputs": SENTENCES[0], "parameters": {"num_beams": 3, "max_new_tokens": 8}},
+    {"inputs": [SENTENCES[0], "", SENTENCES[1]], "parameters": {"num_beams": 3, "max_new_tokens": 8}},
+    {"inputs": SENTENCES[2], "parameters": {"num_beams": 4, "num_return_sequences": 2, "max_new_tokens": 6}},
+    {"inputs": SENTENCES[1]},  # the folder's generation defaults
+]
+ENDPOINT_BAD_REQUESTS = [
+    {"inputs": 3}, {"text": "x"}, {"inputs": "x", "parameters": [4]}, "x", {"inputs": []},
+    {"inputs": "x", "parameters": {"num_beams": 0}}, {"inputs": "x", "parameters": {"tgt_lang": 3}},
+]
+
+ENDPOINT_PROCESS = BLOCK_OUR_PACKAGES + textwrap.dedent(
+    """
+    import json
+
+    try:
+        import hf_deepnmt  # noqa: F401
+        raise SystemExit("hf_deepnmt was importable")
+    except ImportError:
+        pass
+    requests, bad_requests = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+    for folder in sys.argv[3:]:
+        sys.path.insert(0, folder)  # as Inference Endpoints import the repository's handler.py
+        sys.modules.pop("handler", None)
+        from handler import EndpointHandler
+
+        handler = EndpointHandler(folder)
+        errors = []
+        for bad in bad_requests:
+            try:
+                handler(bad)
+            except ValueError as error:
+                errors.append(str(error))
+        print(json.dumps({"engine": handler.engine, "pipeline_module": type(handler.pipeline).__module__,
+                          "model_class": type(handler.pipeline.model).__name__,
+                          "outputs": [handler(request) for request in ENDPOINT_REQUESTS], "errors": errors}))
+        sys.path.remove(folder)
+    """
+).replace("ENDPOINT_REQUESTS", "requests")
+
+
+def _generated(model, tokenizer, text: str, **generate_kwargs) -> list[str]:
+    """Every returned sequence of the torch model's `generate`, decoded."""
+    inputs = tokenizer(text, return_tensors="pt")
+    with torch.no_grad():
+        ids = model.generate(**inputs, **generate_kwargs)
+    return tokenizer.batch_decode(ids, skip_special_tokens=True)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("family", ["deep_transformer", "dtmt"])
+def test_every_saved_folder_is_an_inference_endpoint_without_hf_deepnmt(family, tiny_tokenizer, tmp_path):
+    """handler.py imported from a saved folder in a process without hf_deepnmt, as the endpoint does: torch when the
+    folder has no export, ONNX Runtime when `onnx/` holds one; both answer like the torch model's `generate` and
+    refuse bad requests with the same one-line sentences."""
+    import shutil
+
+    import hf_deepnmt
+    from hf_deepnmt.export import export_model
+    from conftest import tiny_model
+
+    if family == "dtmt":
+        torch.manual_seed(0)
+        model = hf_deepnmt.DTMTForConditionalGeneration(hf_deepnmt.DTMTConfig(
+            vocab_size=len(tiny_tokenizer), d_model=16, attention_heads=2, transition_depth=1)).eval()
+    else:
+        model = tiny_model(vocab_size=len(tiny_tokenizer))
+    torch_folder, onnx_folder = tmp_path / f"{family}_torch", tmp_path / f"{family}_onnx"
+    model.save_pretrained(torch_folder)
+    tiny_tokenizer.save_pretrained(torch_folder)
+    for name in ("handler.py", "ort_generation.py"):
+        assert (torch_folder / name).read_text() == (Path(hf_deepnmt.__file__).parent / name).read_text()
+    expected = []
+    for request in ENDPOINT_REQUESTS:
+        texts = [request["inputs"]] if isinstance(request["inputs"], str) else request["inputs"]
+        parameters = request.get("parameters", {})
+        per_text = [[{"translation_text": translation}
+                     for translation in (_generated(model, tiny_tokenizer, text, **parameters) if text else [""])]
+                    for text in texts]
+        if isinstance(request["inputs"], str):
+            expected.append(per_text[0])
+        else:
+            expected.append([candidates[0] for candidates in per_text])
+    shutil.copytree(torch_folder, onnx_folder)
+    export_model(model, tiny_tokenizer, onnx_folder / "onnx", "onnx")
+
+    script = tmp_path / "endpoint.py"
+    script.write_text(ENDPOINT_PROCESS)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf_home"), "PYTHONPATH": "",
+           "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, "-I", str(script), json.dumps(ENDPOINT_REQUESTS),
+                             json.dumps(ENDPOINT_BAD_REQUESTS), str(torch_folder), str(onnx_folder)],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    noise = [line for line in result.stderr.replace("\r", "\n").splitlines()
+             if line.strip() and not line.lstrip().startswith("Loading weights")]
+    assert noise == [] and "Do you wish to run the custom code" not in result.stdout, noise
+    by_torch, by_onnx = (json.loads(line) for line in result.stdout.strip().splitlines()[-2:])
+    assert (by_torch["engine"], by_onnx["engine"]) == ("torch", "onnx")
+    assert by_onnx["model_class"] == "OnnxSeq2SeqLM" and by_torch["model_class"] != "OnnxSeq2SeqLM"
+    assert all(report["pipeline_module"].startswith("transformers_modules.") for report in (by_torch, by_onnx))
+    assert by_torch["outputs"] == by_onnx["outputs"] == expected
+    assert expected[0][0]["translation_text"] != "" and len(expected[2]) == 2
+    errors = by_torch["errors"]
+    assert by_onnx["errors"] == errors
+    assert len(errors) == len(ENDPOINT_BAD_REQUESTS) and all(len(error.splitlines()) == 1 for error in errors)
+    assert "`inputs` = 3 is not allowed" in errors[0]
+    assert "fields ['text']" in errors[1] and "`parameters` = [4]" in errors[2]
+    assert "request body is str" in errors[3] and "non-empty list" in errors[4]
+    assert errors[5] == "generate: `num_beams` = 0 is not allowed; it must be an integer ≥ 1."
+    assert errors[6] == ("TranslationPipeline: `tgt_lang` = 3 (int) is not allowed; pass a language code such as "
+                         "'en'.")
+
+
+def test_an_onnx_export_without_onnx_runtime_asks_for_a_requirements_file(tmp_path, monkeypatch):
+    import importlib.util
+
+    from hf_deepnmt.handler import EndpointHandler
+
+    (tmp_path / "onnx").mkdir()
+    (tmp_path / "onnx" / "deepnmt_export.json").write_text("{}")
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *args: None if name == "onnxruntime" else find_spec(name, *args))
+    with pytest.raises(ImportError) as error:
+        EndpointHandler(str(tmp_path))
+    assert str(error.value) == (
+        f"{tmp_path / 'onnx'} holds an ONNX export, which needs ONNX Runtime: put a requirements.txt with the line "
+        f"`onnxruntime` next to handler.py (Inference Endpoints install it), or remove {tmp_path / 'onnx'} to serve "
+        "the torch weights.")

@@ -230,7 +230,7 @@ def _export(argv: Sequence[str]) -> int:
 
 
 def _push(argv: Sequence[str]) -> int:
-    from .hub import EXCLUDED_PREFIXES, files_to_upload, push_folder
+    from .hub import files_to_upload, push_folder, subfolders_left_out
 
     parser = CommandParser(prog="deepnmt push", description="Upload a trained model folder (weights, "
                            "config, generation config, tokenizer, remote code, translation pipeline, model "
@@ -249,8 +249,7 @@ def _push(argv: Sequence[str]) -> int:
     if bool(args.folder) == bool(args.model):
         parser.error("give the model folder once, as FOLDER or --model_name_or_path")
     args.folder = args.folder or args.model
-    skipped = sorted({p.name for p in Path(args.folder).iterdir() if p.is_dir() and not p.name.startswith(
-        EXCLUDED_PREFIXES)}) if Path(args.folder).is_dir() and not args.include_subfolders else []
+    skipped = subfolders_left_out(args.folder, args.include_subfolders)
     if skipped:
         print(f"[deepnmt] not uploading the subfolder(s) {', '.join(s + '/' for s in skipped)} (other models; "
               "--include_subfolders uploads them)", file=sys.stderr)

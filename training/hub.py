@@ -1,8 +1,9 @@
 """Pushing a trained model folder to the Hugging Face Hub: model, tokenizer, code, pipeline and card.
 
-`files_to_upload` decides exactly what goes up (weights, configs, tokenizer, the remote-code files, the model card,
-metrics and plots — never checkpoints, optimizer states or unfinished saves), `push_folder` creates the repository
-and uploads them in one commit. The Hub client is a parameter, so tests can record what would be sent.
+`files_to_upload` decides exactly what goes up (weights, configs, tokenizer, the remote-code files with the Inference
+Endpoints ``handler.py``, an ONNX export in ``onnx/`` that handler serves, the model card, metrics and plots — never
+checkpoints, optimizer states or unfinished saves), `push_folder` creates the repository and uploads them in one
+commit. The Hub client is a parameter, so tests can record what would be sent.
 """
 
 from __future__ import annotations
@@ -15,12 +16,33 @@ from .errors import CommandLineError
 REQUIRED = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "README.md")
 EXCLUDED_PREFIXES = ("checkpoint-", ".", "_", "runs")
 EXCLUDED_NAMES = ("optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json")
+# The export `handler.py` serves: hf_deepnmt.handler's ONNX_SUBFOLDER and EXPORT_MANIFEST, repeated here so that this
+# module does not load torch.
+ONNX_SUBFOLDER = "onnx"
+EXPORT_MANIFEST = "deepnmt_export.json"
+
+
+def is_served_export(folder: str | Path, name: str) -> bool:
+    """Whether the subfolder ``name`` of the model folder ``folder`` is the ONNX export its ``handler.py`` serves
+    (``onnx/`` holding a ``deepnmt_export.json``, written by ``deepnmt export --format onnx RUN RUN/onnx``)."""
+    return name == ONNX_SUBFOLDER and (Path(folder) / name / EXPORT_MANIFEST).is_file()
+
+
+def subfolders_left_out(folder: str | Path, include_subfolders: bool = False) -> list[str]:
+    """Names (sorted) of the subfolders of ``folder`` that `files_to_upload` leaves out and that are not always
+    excluded (checkpoints, hidden folders): the other models it holds, none with ``include_subfolders``."""
+    folder = Path(folder)
+    if include_subfolders or not folder.is_dir():
+        return []
+    return sorted(path.name for path in folder.iterdir() if path.is_dir()
+                  and not path.name.startswith(EXCLUDED_PREFIXES) and not is_served_export(folder, path.name))
 
 
 def files_to_upload(folder: str | Path, include_subfolders: bool = False) -> list[str]:
     """Relative paths (sorted) of the files `push_folder` uploads; raise if a required file is missing. A model
     folder is flat: its subfolders (``averaged-lastN/`` of `deepnmt average-checkpoints`, an export, …) are other
-    models and go up only with ``include_subfolders`` (checkpoints never)."""
+    models and go up only with ``include_subfolders`` (checkpoints never), except ``onnx/`` when it holds an export:
+    the folder's ``handler.py`` serves it on Inference Endpoints (`is_served_export`)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise CommandLineError(f"{folder} is not a model folder.")
@@ -34,7 +56,8 @@ def files_to_upload(folder: str | Path, include_subfolders: bool = False) -> lis
         relative = path.relative_to(folder)
         if not path.is_file() or any(part.startswith(EXCLUDED_PREFIXES) for part in relative.parts):
             continue
-        if relative.name in EXCLUDED_NAMES or (len(relative.parts) > 1 and not include_subfolders):
+        in_other_model = len(relative.parts) > 1 and not is_served_export(folder, relative.parts[0])
+        if relative.name in EXCLUDED_NAMES or (in_other_model and not include_subfolders):
             continue
         files.append(relative.as_posix())
     return files
