@@ -15,7 +15,61 @@ import torch
 from transformers.cache_utils import Cache
 
 
-class DTMTCache(Cache):
+class DecoderStateCache(Cache):
+    """A decoder state carried from one decoding step to the next instead of a growing key/value cache: what
+    `generate` needs of it (``get_seq_length``, the reorders of beam search and of the Hub's decoding methods) over
+    ``seen_tokens`` and the subclass's row selection `_select`. A state cannot be rolled back: `crop` refuses, so
+    transformers refuses assisted and speculative decoding. Subclasses: `DTMTCache`; the ONNX runtime's
+    ``OnnxDecoderCache`` (ort_generation.py)."""
+
+    is_compileable = False
+    seen_tokens: int
+
+    def __len__(self) -> int:
+        return 1
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.seen_tokens
+
+    def get_max_length(self, layer_idx: int | None = None) -> int:
+        return -1
+
+    @property
+    def batch_size(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def is_croppable(self) -> bool:
+        return False
+
+    @property
+    def is_initialized(self) -> bool:
+        return True
+
+    def _select(self, index: torch.Tensor) -> None:
+        """Keep rows ``index`` of every tensor, in place."""
+        raise NotImplementedError
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        """Make every row follow ``beam_idx`` (row r takes the old row ``beam_idx[r]``), in place."""
+        self._select(beam_idx)
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._select(torch.arange(self.batch_size).repeat_interleave(repeats))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._select(torch.as_tensor(indices))
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove:
+            raise ValueError(f"{type(self).__name__}: a decoder state cannot be rolled back (no assisted or "
+                             "speculative decoding).")
+
+    def reset(self) -> None:
+        raise ValueError(f"{type(self).__name__}: a decoder state cannot be reset; start a new generate() call.")
+
+
+class DTMTCache(DecoderStateCache):
     """Incremental decoding state of `DTMTForConditionalGeneration`.
 
     Args:
@@ -30,8 +84,6 @@ class DTMTCache(Cache):
     A recurrent state cannot be rolled back, so `crop` refuses (no assisted/speculative decoding).
     """
 
-    is_compileable = False
-
     def __init__(self, state: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask_bias: torch.Tensor,
                  seen_tokens: int = 0) -> None:
         super().__init__(layers=[])
@@ -45,26 +97,9 @@ class DTMTCache(Cache):
         return (f"DTMTCache(batch={self.state.size(0)}, d={self.state.size(-1)}, source_length={self.keys.size(2)}, "
                 f"seen_tokens={self.seen_tokens})")
 
-    def __len__(self) -> int:
-        return 1
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        return self.seen_tokens
-
-    def get_max_length(self, layer_idx: int | None = None) -> int:
-        return -1
-
     @property
     def batch_size(self) -> int:
         return self.state.size(0)
-
-    @property
-    def is_croppable(self) -> bool:
-        return False
-
-    @property
-    def is_initialized(self) -> bool:
-        return True
 
     def _select(self, index: torch.Tensor) -> None:
         self.state = self.state.index_select(0, index.to(self.state.device))
@@ -72,25 +107,7 @@ class DTMTCache(Cache):
         self.values = self.values.index_select(0, index.to(self.values.device))
         self.mask_bias = self.mask_bias.index_select(0, index.to(self.mask_bias.device))
 
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        """Make every row follow ``beam_idx`` (row r takes the old row ``beam_idx[r]``), in place."""
-        self._select(beam_idx)
-
     def reorder_state(self, beam_idx: torch.LongTensor) -> None:
         """Reorder only the decoder state: enough when ``beam_idx`` stays within each sentence's beam group, whose
         rows hold the same keys, values and mask."""
         self.state = self.state.index_select(0, beam_idx.to(self.state.device))
-
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        self._select(torch.arange(self.state.size(0), device=self.state.device).repeat_interleave(repeats))
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self._select(torch.as_tensor(indices, device=self.state.device))
-
-    def crop(self, tokens_to_remove: int) -> None:
-        if tokens_to_remove:
-            raise ValueError("DTMTCache: a recurrent decoder state cannot be rolled back (no assisted or speculative "
-                             "decoding with DTMT).")
-
-    def reset(self) -> None:
-        raise ValueError("DTMTCache: a recurrent decoder state cannot be reset; start a new generate() call.")

@@ -24,27 +24,25 @@ import numpy as np
 import torch
 from torch import nn
 from transformers import GenerationConfig, GenerationMixin, PretrainedConfig, PreTrainedModel
-from transformers.cache_utils import Cache
 from transformers.modeling_outputs import BaseModelOutput
 
+from .cache_dtmt import DecoderStateCache
 from .errors import UserInputError
 from .modeling_common import cache_field, check_generation_arguments, merge_cache_arguments, shift_tokens_right
 
 MANIFEST = "deepnmt_export.json"
 
 
-class OnnxDecoderCache(Cache):
+class OnnxDecoderCache(DecoderStateCache):
     """The decoder's state between ONNX decoding steps: the memory (computed once per source sentence by the
     encoder graph: cross-attention keys/values, or DTMT's keys, values and mask), the past (self-attention
     keys/values per slot, or DTMT's state s_{t-1}) and the number of tokens seen. Every tensor has the
     (beam-expanded) batch first.
 
     `reorder_cache` selects rows of everything; `OnnxSeq2SeqLM._reorder_cache`, which beam search calls, moves
-    only the past (the memory of a sentence's beam group is one expanded copy). A state cannot be rolled back, so
-    `crop` refuses (no assisted decoding).
+    only the past (`reorder_state`: the memory of a sentence's beam group is one expanded copy). A state cannot be
+    rolled back, so `crop` refuses (no assisted decoding).
     """
-
-    is_compileable = False
 
     def __init__(self, memory: dict[str, torch.Tensor], past: dict[str, torch.Tensor], seen_tokens: int = 0) -> None:
         super().__init__(layers=[])
@@ -55,42 +53,17 @@ class OnnxDecoderCache(Cache):
     def __repr__(self) -> str:
         return f"OnnxDecoderCache(batch={self.batch_size}, past={list(self.past)}, seen_tokens={self.seen_tokens})"
 
-    def __len__(self) -> int:
-        return 1
-
     @property
     def batch_size(self) -> int:
         return next(iter(self.past.values())).size(0)
 
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        return self.seen_tokens
+    def _select(self, index: torch.Tensor) -> None:
+        self.reorder_state(index)
+        self.memory = {name: value.index_select(0, index) for name, value in self.memory.items()}
 
-    def get_max_length(self, layer_idx: int | None = None) -> int:
-        return -1
-
-    @property
-    def is_croppable(self) -> bool:
-        return False
-
-    def reorder_past(self, beam_idx: torch.LongTensor) -> None:
+    def reorder_state(self, beam_idx: torch.LongTensor) -> None:
+        """Reorder only the past (see the class docstring)."""
         self.past = {name: value.index_select(0, beam_idx) for name, value in self.past.items()}
-
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        self.reorder_past(beam_idx)
-        self.memory = {name: value.index_select(0, beam_idx) for name, value in self.memory.items()}
-
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        self.reorder_cache(torch.arange(self.batch_size).repeat_interleave(repeats))
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self.reorder_cache(indices)
-
-    def crop(self, tokens_to_remove: int) -> None:
-        raise ValueError("OnnxDecoderCache cannot be cropped: a decoder state cannot be rolled back (no assisted "
-                         "or speculative decoding with an ONNX export).")
-
-    def reset(self) -> None:
-        self.seen_tokens = 0
 
 
 class OnnxEncoder(nn.Module):
@@ -197,7 +170,7 @@ class OnnxSeq2SeqLM(PreTrainedModel, GenerationMixin):
 
     def _reorder_cache(self, past_key_values: OnnxDecoderCache, beam_idx: torch.LongTensor) -> OnnxDecoderCache:
         """Beam search: the past follows the surviving hypotheses; the memory stays (one copy per beam group)."""
-        past_key_values.reorder_past(beam_idx)
+        past_key_values.reorder_state(beam_idx)
         return past_key_values
 
     def start(self, encoder_outputs: BaseModelOutput) -> OnnxDecoderCache:
