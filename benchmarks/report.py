@@ -528,7 +528,7 @@ ENGINE_LABELS = {
 
 
 def _engines(results: dict) -> list[str]:
-    if not {"engines", "engine_quality", "bf16_train", "decode_limit", "ct2_stock"} & set(results):
+    if not {"engines", "engines_deep", "engine_quality", "bf16_train", "decode_limit", "ct2_stock"} & set(results):
         return []
     lines = ["## Fast inference: CTranslate2, ONNX Runtime, bf16 (section `engines`)", "",
              "Every contender decodes the same source batch (synthetic, 20–40 tokens per sentence) with beam 4 and "
@@ -544,44 +544,17 @@ def _engines(results: dict) -> list[str]:
         lines += [f"Physical limit on this CPU at {engines['threads']} threads (best n=2048 matmul): fp32 "
                   f"{_num(peaks.get('fp32_gflops'), 0)} GFLOP/s, bf16 (AVX512-BF16) {_num(peaks.get('bf16_gflops'), 0)} "
                   f"GFLOP/s, int8 (AVX512-VNNI, `torch._int_mm`) {_num(peaks.get('int8_gflops'), 0)} GOP/s.", ""]
-        for label, entry in engines["models"].items():
-            batches = list(entry["batches"])
-            header = ["contender"]
-            for batch in batches:
-                header += [f"batch {batch}: sentences/s", "× Marian", "peak MiB"]
-            rows = []
-            for name in engines["contenders"]:
-                row = [ENGINE_LABELS.get(name, name)]
-                for batch in batches:
-                    data = entry["batches"][batch]
-                    rate = data["sentences_per_s"][name]
-                    memory = data.get("memory", {}).get(name, {}).get("peak_mib")
-                    row += [_num(rate, 2), _ratio(rate, data["sentences_per_s"]["marian"]), _num(memory, 0)]
-                rows.append(row)
-            lines += [f"### {label} ({entry['parameters_m']:.1f} M parameters), beam 4, {engines['new_tokens']} new "
-                      f"tokens", ""] + _table(header, rows) + [""]
+        lines += _engine_tables(engines, "###")
+    lines += _engines_deep(results)
     quality = results.get("engine_quality")
     if quality:
-        reference = quality["engines"]["ours"]
-        lines += ["### Output quality through each engine (a trained model, the embedded test set)", "",
-                  f"`{quality['model_dir']}` on the first {quality['sentences']} sentences of "
-                  "`corpus:web-sparv/test.jsonl.gz` (en→es), beam 4, `deepnmt translate`'s batching "
-                  f"({quality['batch_size']} length-sorted sentences per batch), {quality['threads']} thread(s). "
-                  "Identical = the same output string. Time: the whole test set, one pass (not interleaved: "
-                  "read it as indicative).", ""]
-        rows = []
-        for name, entry in quality["engines"].items():
-            rows.append([ENGINE_LABELS.get(name, name), f"{entry['bleu']:.2f}", f"{entry['bleu'] - reference['bleu']:+.2f}",
-                         f"{entry['chrf']:.2f}", f"{100 * entry['identical_to_ours']:.1f} %",
-                         f"{100 * entry['identical_to_ours_early_stopping']:.1f} %", f"{entry['seconds']:.1f}",
-                         _ratio(reference["seconds"], entry["seconds"])])
-        lines += _table(["engine", "BLEU", "Δ BLEU vs ours fp32", "chrF", "identical to ours",
-                         "identical to ours with early_stopping=True", "seconds", "speed × ours"], rows) + [""]
-        lines += [f"CTranslate2's teacher-forced scores (`score_batch`) vs our log-softmax on {quality['score_pairs']} "
-                  f"test pairs: max |Δ log-probability| = {quality['ct2_fp32_max_abs_logprob_diff']:.1e}; ONNX "
-                  f"Runtime's decoder logits vs ours, teacher-forced, {quality.get('logit_pairs', 0)} pairs: max "
-                  f"|Δ logit| = {quality.get('onnx_fp32_max_abs_logit_diff', float('nan')):.1e}. "
-                  f"BLEU signature: `{reference['signature']}`.", ""]
+        if "models" in quality:  # one entry per trained model (section `engine_quality` with --model-dir A B ...)
+            for name, entry in quality["models"].items():
+                lines += _engine_quality(entry, f"### Output quality through each engine: `{name}` (a trained model, "
+                                                "the embedded test set)")
+        else:  # the one-model layout of the first measurement
+            lines += _engine_quality(quality, "### Output quality through each engine (a trained model, the embedded "
+                                              "test set)")
     bf16 = results.get("bf16_train")
     if bf16:
         median_s = bf16["median_s"]
@@ -593,6 +566,107 @@ def _engines(results: dict) -> list[str]:
                   f"(Δ {bf16['loss_bf16'] - bf16['loss_fp32']:+.4f}).", ""]
     lines += _decode_limit(results.get("decode_limit"))
     lines += _ct2_stock(results.get("ct2_stock"))
+    return lines
+
+
+def _engine_tables(section: dict, level: str, with_median: bool = False) -> list[str]:
+    """One table per model of an ``engines`` / ``engines_deep`` section: sentences/s per contender and batch, the ratio
+    to the section's reference contender (Marian unless it says otherwise), optionally the median seconds per call,
+    and the peak memory of the child probes."""
+    reference = section.get("reference", "marian")
+    reference_label = "Marian" if reference == "marian" else reference
+    lines = []
+    for label, entry in section["models"].items():
+        batches = list(entry["batches"])
+        header = ["contender"]
+        for batch in batches:
+            header += [f"batch {batch}: sentences/s"] + (["median s"] if with_median else []) + [
+                f"× {reference_label}", "peak MiB"]
+        rows = []
+        for name in section["contenders"]:
+            row = [ENGINE_LABELS.get(name, name)]
+            for batch in batches:
+                data = entry["batches"][batch]
+                rate = data["sentences_per_s"][name]
+                memory = data.get("memory", {}).get(name, {}).get("peak_mib")
+                row += [_num(rate, 2)] + ([f"{data['median_s'][name]:.3f}"] if with_median else []) + [
+                    _ratio(rate, data["sentences_per_s"][reference]), _num(memory, 0)]
+            rows.append(row)
+        lines += [f"{level} {label} ({entry['parameters_m']:.1f} M parameters), beam 4, {section['new_tokens']} new "
+                  f"tokens", ""] + _table(header, rows) + [""]
+    return lines
+
+
+def _engines_deep(results: dict) -> list[str]:
+    """Section ``engines_deep``: the models CTranslate2 and Marian cannot express, our torch `generate` vs our ONNX
+    export (fp32 / int8), as ratios to our torch `generate` of the same model."""
+    deep = results.get("engines_deep")
+    if not deep:
+        return []
+    run = results.get("merged", {}).get("engines_deep", {})
+    command, machine = run.get("command", results["command"]), run.get("machine", results["machine"])
+    rounds = sorted({len(values) for entry in deep["models"].values() for data in entry["batches"].values()
+                     for values in data["seconds"].values()})
+    memory = any("memory" in data for entry in deep["models"].values() for data in entry["batches"].values())
+    lines = ["### Deep models through ONNX Runtime: dou2018 and DTMT (section `engines_deep`)", "",
+             "Models that CTranslate2 and Marian cannot express (`hf_deepnmt.export.export_blockers`): dou2018's "
+             "hierarchical layer aggregation of both stacks with multi-layer attention k = 2 (`encoder_layer_"
+             "aggregation = decoder_layer_aggregation = \"hierarchical\"`, `multi_layer_attention_k = 2`), and "
+             "meng2019's DTMT#4 (L-GRU, transition depth 4) at the width of the `dtmt` section. Contenders: our torch "
+             "`generate` (float32) and our ONNX export (`deepnmt export --format onnx`) run by transformers' own "
+             "`generate` on ONNX Runtime (`hf_deepnmt.ort_generation.OnnxSeq2SeqLM`), float32 and int8 (dynamic "
+             "quantization of the MatMul weights). The method of the tables above: one random initialisation per "
+             f"model, the same synthetic source batch, beam 4, exactly {deep['new_tokens']} new tokens, "
+             f"{deep['threads']} thread{'s' if deep['threads'] != 1 else ''} each, {' / '.join(map(str, rounds))} "
+             f"interleaved round{'s' if max(rounds) != 1 else ''} after a warm-up round, medians; **× ours** = speed "
+             "relative to our torch `generate` of the same model. "
+             + ("Peak memory: one child process per contender, as above." if memory else
+                "Peak memory: not measured in this run.")
+             + f" Commit `{machine.get('commit', '?')}`. Measured by:", "", "```bash", command, "```", ""]
+    if run.get("quick"):  # a quick run merged into a full one (a quick run of its own says so at the top)
+        lines += ["**Quick (smoke) run**: small batches and few repeats; do not quote these numbers.", ""]
+    return lines + _engine_tables(deep, "####", with_median=True)
+
+
+def _engine_quality(quality: dict, heading: str) -> list[str]:
+    """One trained model of section ``engine_quality``: BLEU / chrF through every engine that can run it."""
+    reference = quality["engines"]["ours"]
+    early = "ours_early_stopping" in quality["engines"]
+    lines = [heading, "",
+             f"`{quality['model_dir']}` on the first {quality['sentences']} sentences of "
+             "`corpus:web-sparv/test.jsonl.gz` (en→es), beam 4, `deepnmt translate`'s batching "
+             f"({quality['batch_size']} length-sorted sentences per batch), {quality['threads']} thread(s). "
+             "Identical = the same output string. Time: the whole test set, one pass (not interleaved: "
+             "read it as indicative).", ""]
+    not_exported = quality.get("not_exported", {})
+    if not_exported:
+        names = {"ctranslate2": "CTranslate2", "onnx": "ONNX", "marian": "Marian"}
+        lines += ["Not exported (`hf_deepnmt.export.export_blockers`): "
+                  + "; ".join(f"{names.get(fmt, fmt)}, which cannot express {', '.join(reasons)}"
+                              for fmt, reasons in not_exported.items()) + ".", ""]
+    if "command" in quality:
+        lines += [f"Measured by (commit `{quality.get('commit', '?')}`, {quality.get('started', '?')}):", "",
+                  "```bash", quality["command"], "```", ""]
+    if quality.get("quick"):
+        lines += ["**Quick (smoke) run**: a few sentences; do not quote these numbers.", ""]
+    rows = []
+    for name, entry in quality["engines"].items():
+        rows.append([ENGINE_LABELS.get(name, name), f"{entry['bleu']:.2f}", f"{entry['bleu'] - reference['bleu']:+.2f}",
+                     f"{entry['chrf']:.2f}", f"{100 * entry['identical_to_ours']:.1f} %"]
+                    + ([f"{100 * entry['identical_to_ours_early_stopping']:.1f} %"] if early else [])
+                    + [f"{entry['seconds']:.1f}", _ratio(reference["seconds"], entry["seconds"])])
+    lines += _table(["engine", "BLEU", "Δ BLEU vs ours fp32", "chrF", "identical to ours"]
+                    + (["identical to ours with early_stopping=True"] if early else [])
+                    + ["seconds", "speed × ours"], rows) + [""]
+    checks = []
+    if "ct2_fp32_max_abs_logprob_diff" in quality:
+        checks.append(f"CTranslate2's teacher-forced scores (`score_batch`) vs our log-softmax on "
+                      f"{quality['score_pairs']} test pairs: max |Δ log-probability| = "
+                      f"{quality['ct2_fp32_max_abs_logprob_diff']:.1e}")
+    if "onnx_fp32" in quality["engines"]:
+        checks.append(f"ONNX Runtime's decoder logits vs ours, teacher-forced, {quality.get('logit_pairs', 0)} pairs: "
+                      f"max |Δ logit| = {quality.get('onnx_fp32_max_abs_logit_diff', float('nan')):.1e}")
+    lines += ["; ".join(checks) + (". " if checks else "") + f"BLEU signature: `{reference['signature']}`.", ""]
     return lines
 
 

@@ -46,8 +46,8 @@ from .common import (  # noqa: E402
 from .probe_runner import run_probe  # noqa: E402
 
 SECTIONS = ("equivalence", "train", "decode", "flat", "memory", "scaling", "profile", "flops", "compile", "deep_memory",
-            "crt_cost", "dou2018", "dou2018_flops", "dtmt", "engines", "engine_quality", "bf16_train", "decode_limit",
-            "ct2_stock", "gpu")
+            "crt_cost", "dou2018", "dou2018_flops", "dtmt", "engines", "engines_deep", "engine_quality", "bf16_train",
+            "decode_limit", "ct2_stock", "gpu")
 QUICK_SECTIONS = ("equivalence", "train", "decode", "flat", "memory", "scaling", "profile", "flops")
 
 
@@ -61,6 +61,7 @@ def settings(quick: bool) -> dict[str, object]:
                     compile_repeats=2, crt_tokens=256, crt_repeats=1, dou2018_size="d256", dou2018_repeats=1,
                     dtmt_size="d256", dtmt_repeats=2, dtmt_decode_repeats=1, dtmt_compile=False,
                     engine_models=["6-6 d256"], engine_new_tokens=8, engine_repeats={16: 1, 1: 2}, engine_memory=False,
+                    engine_deep_models=["6-6 d256 dou2018 hierarchical + MLA k=2", "DTMT#4 d256"],
                     quality_samples=32, bf16_tokens=512, bf16_repeats=1, decode_limit_model="6-6 d256")
     return dict(sizes=list(SIZES), train_tokens=4096, train_repeats={"d256": 5, "d512": 5}, new_tokens=32,
                 decode_repeats={1: 7, 32: 3}, flat_steps=200, flat_repeats=2, flat_batch=32,
@@ -71,6 +72,8 @@ def settings(quick: bool) -> dict[str, object]:
                 flops_size="d512", compile_repeats=3, crt_tokens=2048, crt_repeats=3, dou2018_size="d256",
                 dou2018_repeats=3, dtmt_size="d256", dtmt_repeats=5, dtmt_decode_repeats=3, dtmt_compile=True,
                 engine_models=["6-6 d256", "6-6 d512", "24-6 d512"], engine_new_tokens=32,
+                # dou2018 at the width of the engines rows it is compared with; DTMT#4 at the `dtmt` section's width
+                engine_deep_models=["6-6 d512 dou2018 hierarchical + MLA k=2", "DTMT#4 d256"],
                 engine_repeats={16: 7, 1: 7}, engine_memory=True, quality_samples=None, bf16_tokens=2048,
                 bf16_repeats=3, decode_limit_model="6-6 d512")
 
@@ -214,7 +217,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
 
         # one GPU: training, attention kernels, deep models, decoding (benchmarks/gpu.py); a CPU dry run without CUDA
         results["gpu"] = gpu.gpu_section(args.quick, log)
-    if {"engines", "engine_quality", "bf16_train", "decode_limit", "ct2_stock"} & set(args.sections):
+    if {"engines", "engines_deep", "engine_quality", "bf16_train", "decode_limit", "ct2_stock"} & set(args.sections):
         from . import engines
 
         # The engine comparison runs at --engine-threads (2: the issue's setting), whatever --threads says.
@@ -223,12 +226,24 @@ def run(args: argparse.Namespace) -> dict[str, object]:
             results["engines"] = engines.engines_section(
                 engine_threads, cfg["engine_new_tokens"], cfg["engine_repeats"], cfg["engine_models"],
                 cfg["engine_memory"], log)
+        if "engines_deep" in args.sections:
+            # the models CTranslate2 and Marian cannot express: our torch generate vs our ONNX export, fp32 / int8
+            results["engines_deep"] = engines.engines_section(
+                engine_threads, cfg["engine_new_tokens"], cfg["engine_repeats"], cfg["engine_deep_models"],
+                cfg["engine_memory"], log, contenders=engines.DEEP_CONTENDERS, reference="ours",
+                section="engines_deep")
         if "engine_quality" in args.sections:
             if not args.model_dir:
-                raise SystemExit("--sections engine_quality needs --model-dir (a trained model folder).")
-            log(f"engine_quality: {args.model_dir} on the embedded test set, every engine")
-            results["engine_quality"] = engines.quality_section(args.model_dir, engine_threads, cfg["quality_samples"],
-                                                                log)
+                raise SystemExit("--sections engine_quality needs --model-dir (one or more trained model folders).")
+            quality: dict[str, object] = {}
+            for model_dir in args.model_dir:
+                log(f"engine_quality: {model_dir} on the embedded test set, every engine that can run it")
+                started_model = dt.datetime.now().isoformat(timespec="seconds")
+                quality[Path(model_dir).name] = {
+                    **engines.quality_section(model_dir, engine_threads, cfg["quality_samples"], log),
+                    "command": args.command_line, "quick": args.quick, "started": started_model,
+                    "commit": results["machine"]["commit"]}
+            results["engine_quality"] = {"models": quality}
         if "bf16_train" in args.sections:
             log("bf16_train: 6-6 d512 training step, fp32 vs bf16 autocast")
             results["bf16_train"] = engines.bf16_training(engine_threads, cfg["bf16_tokens"], cfg["bf16_repeats"])
@@ -276,13 +291,33 @@ def scaling(cfg: dict[str, object], threads: int) -> dict[str, object]:
 
 def merge(existing: dict[str, object], new: dict[str, object], sections: list[str]) -> dict[str, object]:
     """``existing`` with the measured ``sections`` of ``new`` put in; the run that measured them is recorded under
-    ``existing["merged"][section]`` (the top-level command, machine and sections stay those of the full run)."""
+    ``existing["merged"][section]`` (the top-level command, machine and sections stay those of the full run).
+    ``engine_quality`` holds one entry per trained model: the models measured now join (or replace, by folder name)
+    those already there (`merge_quality`)."""
     for section in sections:
         if section in new:
-            existing[section] = new[section]
+            if section == "engine_quality" and section in existing:
+                existing[section] = merge_quality(existing, new[section])
+            else:
+                existing[section] = new[section]
             existing.setdefault("merged", {})[section] = {
                 key: new[key] for key in ("command", "quick", "started", "machine", "settings", "duration_s")}
     return existing
+
+
+def merge_quality(existing: dict[str, object], new: dict[str, object]) -> dict[str, object]:
+    """The ``engine_quality`` section of ``existing`` with the models of ``new`` added (a model folder name measured
+    again replaces its entry). A section of the one-model layout (before `engine_quality` held several: the entry
+    itself, with ``model_dir``) becomes the entry of its folder name, with the command, start and commit of the run
+    that measured it (``existing["merged"]["engine_quality"]``, or the full run)."""
+    old = existing["engine_quality"]
+    if "models" in old:
+        models = dict(old["models"])
+    else:
+        run = existing.get("merged", {}).get("engine_quality", existing)
+        models = {Path(old["model_dir"]).name: {**old, "command": run["command"], "started": run["started"],
+                                                "commit": run["machine"]["commit"]}}
+    return {"models": {**models, **new["models"]}}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -295,10 +330,11 @@ def main(argv: list[str] | None = None) -> None:
                         help="torch intra-op threads (default 1: on a shared machine a second OpenMP thread stalls "
                              "whenever another process holds the other core, which makes timings meaningless)")
     parser.add_argument("--engine-threads", type=int, default=2,
-                        help="threads of every contender in the engines / engine_quality / bf16_train sections "
-                             "(default 2, the issue's setting)")
-    parser.add_argument("--model-dir", default=None,
-                        help="a trained model folder for the engine_quality section (BLEU of every engine)")
+                        help="threads of every contender in the engines / engines_deep / engine_quality / bf16_train "
+                             "sections (default 2, the issue's setting)")
+    parser.add_argument("--model-dir", default=None, nargs="+",
+                        help="trained model folders for the engine_quality section (BLEU through every engine that "
+                             "can run the model), one entry each, keyed by folder name")
     parser.add_argument("--no-before", action="store_true", help="skip the pre-optimisation contender")
     parser.add_argument("--before-ref", default=BEFORE_REF,
                         help=f"git commit whose model is the `before` contender (default {BEFORE_REF}, the code "
