@@ -24,11 +24,11 @@ import numpy as np
 import torch
 from torch import nn
 from transformers import GenerationConfig, GenerationMixin, PretrainedConfig, PreTrainedModel
-from transformers.modeling_outputs import BaseModelOutput
+from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 
 from .cache_dtmt import DecoderStateCache
 from .errors import UserInputError
-from .modeling_common import cache_field, check_generation_arguments, merge_cache_arguments, shift_tokens_right
+from .modeling_common import TranslationGenerationMixin, cache_field, merge_cache_arguments
 
 MANIFEST = "deepnmt_export.json"
 
@@ -94,18 +94,19 @@ class OnnxEncoder(nn.Module):
         return result
 
 
-class OnnxSeq2SeqLM(PreTrainedModel, GenerationMixin):
+class OnnxSeq2SeqLM(TranslationGenerationMixin, PreTrainedModel, GenerationMixin):
     """The ONNX export in ``folder`` as a seq2seq model for transformers' ``generate`` (CPU, ONNX Runtime).
 
     ``OnnxSeq2SeqLM.from_export(folder)`` opens ``encoder.onnx`` and ``decoder.onnx`` with ``intra_threads`` threads;
     ``generate(input_ids=..., attention_mask=..., num_beams=4, ...)`` then behaves as the exported model's
-    ``generate`` (the generation defaults travel in the export's ``generation_config.json``), and
+    ``generate`` (the generation defaults travel in the export's ``generation_config.json``; the argument checks are
+    the torch models', `TranslationGenerationMixin`), and
     ``forward(input_ids, attention_mask, decoder_input_ids)`` returns the logits of every decoder position.
     """
 
     main_input_name = "input_ids"
     _is_stateful = True  # the decoder state cannot be cropped: transformers refuses assisted decoding by this flag
-    _supports_cache_class = True
+    lm_head = None  # the output projection is inside decoder.onnx (TranslationGenerationMixin reads this name)
 
     def __init__(self, config: PretrainedConfig, folder: str | os.PathLike, intra_threads: int | None = None):
         super().__init__(config)
@@ -161,13 +162,6 @@ class OnnxSeq2SeqLM(PreTrainedModel, GenerationMixin):
     def get_encoder(self, modality: str | None = None) -> OnnxEncoder:
         return self.encoder
 
-    def generate(self, *args: Any, **kwargs: Any) -> Any:
-        """`GenerationMixin.generate`, with the argument checks of the torch models."""
-        check_generation_arguments(kwargs)
-        if kwargs.get("max_length") is not None and "max_new_tokens" not in kwargs:
-            kwargs["max_new_tokens"] = None
-        return super().generate(*args, **kwargs)
-
     def _reorder_cache(self, past_key_values: OnnxDecoderCache, beam_idx: torch.LongTensor) -> OnnxDecoderCache:
         """Beam search: the past follows the surviving hypotheses; the memory stays (one copy per beam group)."""
         past_key_values.reorder_state(beam_idx)
@@ -196,8 +190,6 @@ class OnnxSeq2SeqLM(PreTrainedModel, GenerationMixin):
     ) -> Any:
         """Logits ``(N, T, V)`` of the T ``decoder_input_ids``, run one step at a time from the given cache (or from
         the start of the target); the cache after them when ``use_cache``."""
-        from transformers.modeling_outputs import Seq2SeqLMOutput
-
         past_key_values = merge_cache_arguments(cache, past_key_values)
         if decoder_input_ids is None:
             raise UserInputError("an ONNX export needs `decoder_input_ids` (generate passes them).")
@@ -222,9 +214,6 @@ class OnnxSeq2SeqLM(PreTrainedModel, GenerationMixin):
                                  **cache_field(state if use_cache is not False else None),
                                  encoder_last_hidden_state=encoder_outputs.last_hidden_state)
         return output if return_dict is not False else output.to_tuple()
-
-    def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
-        return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
 
 def _array(tensor: torch.Tensor) -> np.ndarray:
