@@ -161,10 +161,10 @@ def _programs(model: nn.Module) -> tuple[nn.Module, nn.Module, dict[str, Any]]:
     return TransformerEncoderProgram(model), TransformerStepProgram(model), _transformer_description(model)
 
 
-def onnx_manifest(model: nn.Module) -> dict[str, Any]:
-    """The ``onnx`` section of the export manifest: the graphs' inputs and outputs and how the runtime starts the
-    past (``initial``: an encoder output, or None for an empty tensor of ``empty_shape`` after the batch)."""
-    description = _programs(model)[2]
+def onnx_manifest(description: dict[str, Any]) -> dict[str, Any]:
+    """The ``onnx`` section of the export manifest from a family's graph description: the graphs' inputs and outputs
+    and how the runtime starts the past (``initial``: an encoder output, or None for an empty tensor of
+    ``empty_shape`` after the batch)."""
     encoder_outputs = ["encoder_hidden_states", *description["memory"],
                        *(entry["initial"] for entry in description["past"] if entry["initial"])]
     decoder_inputs = [*description["decoder_inputs"], *description["memory"],
@@ -194,7 +194,7 @@ def export_onnx(model: nn.Module, output_dir: str | Path, quantization: str | No
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     encoder, step, description = _programs(model)
-    manifest = onnx_manifest(model)
+    manifest = onnx_manifest(description)
     config = model.config
     limit = config.max_position_embeddings
     batch = torch.export.Dim("batch", min=1, max=65536)
