@@ -34,11 +34,14 @@ from typing import Any
 
 import torch
 from torch import nn
+from transformers.utils import logging
 
 from .errors import UserInputError
 from .export_formats import CT2_ACTIVATIONS, MANIFEST, check_exportable, standard_model
 from .modeling_common import sinusoidal_positions
 from .registry import MODEL_TYPES, TRANSFORMER
+
+logger = logging.get_logger(__name__)
 
 
 # The config classes our loader is registered for: every model type that can be written to CTranslate2.
@@ -194,10 +197,12 @@ class CTranslate2Engine:
     default is 1), the ``</s>`` counted
     in the length that the length penalty divides by (``return_end_token=True``), no input truncation beyond the
     model's positions. CTranslate2's beam search stops a sentence once K hypotheses have finished and then ranks
-    them (`generate(early_stopping=True)`, which it reproduces exactly); `generate`'s default (``early_stopping=
-    False``) goes on while a running hypothesis could still beat the worst finished one, which changed 14 % of the
-    embedded test set's outputs of a trained model (BLEU +0.03 for CTranslate2; benchmarks/RESULTS.md, "Output
-    quality through each engine"). An explicit ``early_stopping=False`` is therefore refused here.
+    them (`generate(early_stopping=True)`, which it reproduces exactly, and the package's models' default);
+    transformers' own default (``early_stopping=False``) goes on while a running hypothesis could still beat the
+    worst finished one, which changed 14 % of the embedded test set's outputs of a trained model (BLEU +0.03 for
+    CTranslate2; benchmarks/RESULTS.md, "Output quality through each engine"). An explicit ``early_stopping=False``
+    is therefore refused here, and an export of a model whose generation config says ``early_stopping=False`` (saved
+    before the package made True its default) is loaded with a warning that its beams can differ from `generate`'s.
     """
 
     def __init__(self, folder: str | os.PathLike, intra_threads: int = 2, compute_type: str = "default",
@@ -213,6 +218,12 @@ class CTranslate2Engine:
         self.tokens = json.loads((folder / "shared_vocabulary.json").read_text(encoding="utf-8"))
         self.ids = {token: index for index, token in enumerate(self.tokens)}
         self.patience = patience
+        if self.manifest.get("generation", {}).get("early_stopping") is False:
+            logger.warning_once(
+                f"{folder}: the model's generation config searches with early_stopping=False, which CTranslate2 cannot "
+                "do (it stops a sentence once num_beams hypotheses have finished); its beam outputs can differ from "
+                "the torch and onnx engines' — set \"early_stopping\": true in the model's generation_config.json "
+                "and export again for identical outputs.")
 
     @property
     def max_positions(self) -> int:

@@ -240,6 +240,16 @@ class TranslationGenerationMixin:
     def get_decoder(self) -> nn.Module:
         return self.model.decoder
 
+    def set_translation_generation_defaults(self) -> None:
+        """MT-sized `generate` defaults (call after ``post_init``; a saved generation_config.json overrides them):
+        beam 4, up to 256 new tokens instead of transformers' 20, and a sentence's beam search ends once
+        ``num_beams`` hypotheses have finished (``early_stopping=True``: the rule of fairseq, Marian and CTranslate2,
+        so that `generate`, the ONNX export and the CTranslate2 export give the same beams; docs/fast-inference.md,
+        "Same output from every engine")."""
+        self.generation_config.max_new_tokens = min(256, self.config.max_position_embeddings - 1)
+        self.generation_config.num_beams = 4
+        self.generation_config.early_stopping = True
+
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 

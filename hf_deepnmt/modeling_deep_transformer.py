@@ -806,10 +806,7 @@ class DeepTransformerForConditionalGeneration(TranslationGenerationMixin, DeepTr
         self.model = self.base_model_class(config)  # DeepTransformerModel or a paper subclass
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.post_init()
-        # MT-sized defaults (a saved generation_config.json overrides them): beam 4 and up to 256 new tokens instead
-        # of transformers' 20. `generate` below keeps an explicit `max_length` working without a warning.
-        self.generation_config.max_new_tokens = min(256, config.max_position_embeddings - 1)
-        self.generation_config.num_beams = 4
+        self.set_translation_generation_defaults()
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.model.shared

@@ -663,9 +663,8 @@ class DTMTForConditionalGeneration(TranslationGenerationMixin, DTMTPreTrainedMod
         self.model = DTMTModel(config)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size)
         self.post_init()
-        self.generation_config.max_new_tokens = min(256, config.max_position_embeddings - 1)
-        self.generation_config.num_beams = 4  # §Training Details: beam_size = 4, alpha = 0.6
-        self.generation_config.length_penalty = 0.6
+        self.set_translation_generation_defaults()  # beam 4: §Training Details, beam_size = 4
+        self.generation_config.length_penalty = 0.6  # alpha = 0.6 (a different form from the paper's: docs/meng2019-dtmt.md)
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:

@@ -128,7 +128,10 @@ def _translate(argv: Sequence[str]) -> int:
     add_model_option(parser, "Saved model folder (or Hub id); with --engine ctranslate2 or onnx, a folder written "
                      "by `deepnmt export --format ENGINE`.")
     parser.add_argument("--engine", choices=ENGINES, default="torch", help="What runs the model: torch "
-                        "(`generate`, default), ctranslate2 or onnx (ONNX Runtime); same batching, same output.")
+                        "(`generate`, default), ctranslate2 or onnx (ONNX Runtime); same batching, and the same output "
+                        "up to float32 rounding at exact ties — for ctranslate2, when the model's generation config "
+                        "has early_stopping=true, the default of models trained with this package (CTranslate2 "
+                        "always stops a sentence once num_beams hypotheses have finished; docs/fast-inference.md).")
     parser.add_argument("--input", default="-", help="Input file, one sentence per line (default: stdin).")
     parser.add_argument("--output", default="-", help="Output file (default: stdout).")
     parser.add_argument("--num_beams", type=int, default=4, help="Beam size (default: 4).")
