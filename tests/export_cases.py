@@ -8,6 +8,8 @@ import pytest
 import torch
 from conftest import PARALLEL, tiny_model
 
+from hf_deepnmt.export import pad_batch
+
 # Every variant that is mathematically a standard Transformer (CTranslate2 and Marian export them; ONNX takes all).
 VARIANTS = {
     "post_ln": {},
@@ -79,5 +81,7 @@ def teacher_forced_log_probs(model, source: list[int], target: list[int]) -> np.
     return logits.log_softmax(-1)[0, torch.arange(len(target)), torch.tensor(target)].numpy()
 
 
-def same_fraction(expected: list[list[int]], got: list[list[int]]) -> float:
-    return sum(a == b for a, b in zip(expected, got, strict=True)) / len(expected)
+def source_batch(sources: list[list[int]], pad_token_id: int) -> dict[str, torch.Tensor]:
+    """Token id lists as `generate`'s right-padded ``input_ids`` and ``attention_mask``."""
+    input_ids, attention_mask = pad_batch(sources, pad_token_id)
+    return {"input_ids": torch.from_numpy(input_ids), "attention_mask": torch.from_numpy(attention_mask)}
