@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from transformers.cache_utils import Cache
 from transformers.modeling_outputs import Seq2SeqLMOutput
 
 from .pipeline_translation import TRANSLATION_PIPELINE_SPEC
@@ -252,6 +253,20 @@ class TranslationGenerationMixin:
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+
+    def prepare_inputs_for_generation(self, input_ids: torch.Tensor, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """`GenerationMixin.prepare_inputs_for_generation`, continuing from a returned cache: when `generate` is given
+        the full ``decoder_input_ids`` of an earlier call together with that call's cache (``cache`` /
+        ``past_key_values``), only the tokens the cache has not consumed are fed. transformers slices them itself
+        only for decoder-only models or when a ``decoder_attention_mask`` marks the full length; without this, the
+        decoder would consume the cached tokens a second time (wrong positions, a Transformer cache holding them
+        twice, a DTMT state advanced twice)."""
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        if isinstance(cache, Cache) and kwargs.get("next_sequence_length") is None:
+            seen = cache.get_seq_length()
+            if 0 < seen < input_ids.size(1):
+                input_ids = input_ids[:, seen:]  # (B, T - seen): the tokens not yet in the cache
+        return super().prepare_inputs_for_generation(input_ids, *args, **kwargs)
 
     def generate(self, *args: Any, **kwargs: Any) -> Any:
         """`GenerationMixin.generate`; an explicit ``max_length`` replaces the default ``max_new_tokens`` instead

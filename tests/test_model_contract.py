@@ -9,7 +9,7 @@ import warnings
 import pytest
 import torch
 
-from hf_deepnmt.modeling_common import output_cache
+from hf_deepnmt.modeling_common import CACHE_NAME, output_cache
 from conftest import TINY, tiny_config, tiny_model
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 from transformers.cache_utils import EncoderDecoderCache
@@ -160,6 +160,33 @@ def test_sampling_cached_equals_uncached(batch):
     uncached = _generate(model, batch, do_sample=True, num_beams=1, top_k=20, temperature=0.9, max_new_tokens=10,
                          use_cache=False)
     assert torch.equal(cached, uncached)
+
+
+@pytest.mark.parametrize("family", ["transformer", "dtmt"])
+def test_generation_continues_from_a_returned_cache(batch, family):
+    """transformers' `test_generate_continue_from_past_key_values`, greedy: 4 new tokens, then 3 more from the
+    returned cache with the full ``decoder_input_ids``, give the 7 tokens and scores of one call. Without
+    `TranslationGenerationMixin.prepare_inputs_for_generation` the cached tokens were consumed twice (scores off by
+    ~0.4 for both families)."""
+    from hf_deepnmt import DTMTConfig, DTMTForConditionalGeneration
+
+    if family == "dtmt":
+        torch.manual_seed(0)
+        model = DTMTForConditionalGeneration(DTMTConfig(vocab_size=99, d_model=16, attention_heads=2,
+                                                        max_position_embeddings=64, init_range=0.5)).eval()
+    else:
+        model = tiny_model(init_std=0.5)
+    inputs = {key: batch[key] for key in ("input_ids", "attention_mask")}
+    settings = dict(do_sample=False, num_beams=1, eos_token_id=None, return_dict_in_generate=True, output_scores=True)
+    whole = _generate(model, inputs, max_new_tokens=7, **settings)
+    first = _generate(model, inputs, max_new_tokens=4, **settings)
+    cache = output_cache(first)
+    assert cache.get_seq_length() == 4  # the start token and 3 generated ones; the 4th is not consumed yet
+    rest = _generate(model, inputs, decoder_input_ids=first.sequences, max_new_tokens=3,
+                     **{CACHE_NAME: cache}, **settings)
+    assert rest.sequences.shape[1] == whole.sequences.shape[1] == 8
+    assert torch.equal(rest.sequences, whole.sequences)
+    torch.testing.assert_close(torch.stack(first.scores + rest.scores), torch.stack(whole.scores), atol=1e-5, rtol=0)
 
 
 def test_default_generation_config_is_mt_sized(batch):
