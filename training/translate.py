@@ -22,11 +22,17 @@ from .metrics import TranslationScores, score_translations
 from .recipes import resolve_path
 
 
+BUDGET_STEP = 8  # new-token budgets are multiples of this, so that sentences of similar length share one search
+
+
 def new_token_budget(source_tokens: int, limit: int) -> int:
-    """How many tokens a translation of a ``source_tokens``-token source may have: 1.5 × the source + 10, at most
-    ``limit`` − 1 (the decoder start token takes one position). `deepnmt translate`'s default and, applied to the
-    longest validation source, the NMT default ``generation_max_length`` (= this + 1) of evaluation in training."""
-    return min(limit - 1, int(1.5 * source_tokens) + 10)
+    """How many tokens a translation of a ``source_tokens``-token source may have: 1.5 × the source + 10, rounded up
+    to a multiple of ``BUDGET_STEP``, at most ``limit`` − 1 (the decoder start token takes one position). It
+    depends on the sentence alone, never on the sentences translated with it (docs/training.md, "Translating"):
+    `deepnmt translate`'s and `deepnmt evaluate`'s default and, applied to the longest validation source, the NMT
+    default ``generation_max_length`` (= this + 1) of evaluation in training."""
+    budget = -(-(int(1.5 * source_tokens) + 10) // BUDGET_STEP) * BUDGET_STEP
+    return min(limit - 1, budget)
 
 
 @torch.no_grad()
@@ -43,6 +49,10 @@ def translate_sentences(
 ) -> list[str]:
     """Translate in length-sorted batches (original order restored); an empty line translates to "".
 
+    Each sentence's translation is what it would be alone (up to float32 rounding at exact ties): its new-token
+    budget is its own (`new_token_budget`, unless ``max_new_tokens`` sets one for all), and a batch only holds
+    sentences of one budget, so neither ``batch_size`` nor the other sentences change a result.
+
     ``model`` is a PyTorch model (run with `generate`, under bf16 autocast with ``bf16``) or an engine of
     `hf_deepnmt.export.load_engine` (CTranslate2, ONNX Runtime): the batching and the output are the same.
     """
@@ -52,13 +62,20 @@ def translate_sentences(
 
     engine = TorchEngine(model, bf16=bf16) if isinstance(model, torch.nn.Module) else model
     limit = min(tokenizer.model_max_length, engine.max_positions)
-    order = sorted((i for i, s in enumerate(sentences) if s.strip()), key=lambda i: len(sentences[i]), reverse=True)
+    kept = [i for i, sentence in enumerate(sentences) if sentence.strip()]
+    encoded = dict(zip(kept, tokenizer([sentences[i] for i in kept], truncation=True, max_length=limit)["input_ids"]
+                       if kept else []))
+    budget = {i: max_new_tokens or new_token_budget(len(ids), limit) for i, ids in encoded.items()}
+    order = sorted(kept, key=lambda i: (budget[i], len(encoded[i])), reverse=True)
+    batches: list[list[int]] = []
+    for i in order:  # consecutive runs of one budget, cut every batch_size sentences
+        if batches and len(batches[-1]) < batch_size and budget[batches[-1][0]] == budget[i]:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
     results = [""] * len(sentences)
-    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
     for batch in tqdm(batches, desc=desc, disable=not progress, file=sys.stderr):
-        encoded = tokenizer([sentences[i] for i in batch], truncation=True, max_length=limit)["input_ids"]
-        new_tokens = max_new_tokens or new_token_budget(max(map(len, encoded)), limit)
-        output = engine.generate(encoded, num_beams=num_beams, max_new_tokens=new_tokens)
+        output = engine.generate([encoded[i] for i in batch], num_beams=num_beams, max_new_tokens=budget[batch[0]])
         for i, text in zip(batch, tokenizer.batch_decode(output, skip_special_tokens=True)):
             results[i] = text.strip()
     return results
