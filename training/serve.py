@@ -558,7 +558,9 @@ class Batcher:
 
     async def next_batch(self) -> list[Item] | None:
         """Wait for the next batch: the oldest sentence's key, once it has ``max_batch_size`` sentences waiting or
-        the oldest has waited ``max_wait_ms``; ``None`` when stopping with nothing left."""
+        the oldest has waited ``max_wait_ms``; before that, another key's full batch (ready, and it delays the oldest
+        by one batch at most, since the oldest goes first once its wait is over); ``None`` when stopping with nothing
+        left."""
         while True:
             if not self.pending:
                 if self.stopping:
@@ -571,6 +573,9 @@ class Batcher:
             wait = oldest.arrived + self.max_wait_s - time.monotonic()
             if len(queue) >= self.max_batch_size or wait <= 0 or self.stopping:
                 return self.take(oldest, queue)
+            full = next((queue for queue in self.pending.values() if len(queue) >= self.max_batch_size), None)
+            if full is not None:
+                return self.take(full[0], full)
             self.wakeup.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.wakeup.wait(), wait)
@@ -699,7 +704,7 @@ class ServerState:
 def build_app(state: ServerState) -> Any:
     """The starlette application of ``state``: the routes and a lifespan that starts the batcher and the loading."""
     from starlette.applications import Starlette
-    from starlette.requests import Request
+    from starlette.requests import ClientDisconnect, Request
     from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
 
@@ -734,7 +739,12 @@ def build_app(state: ServerState) -> Any:
         if translator is None or batcher is None or state.check_request is None:
             return error(503, f"the model is still loading; retry in {RETRY_AFTER_S} s (GET /health says when it "
                          "is ready).", "loading", started, retry=True)
-        body = await request.body()
+        try:
+            body = await request.body()
+        except ClientDisconnect:  # gone before its request was read
+            state.metrics.disconnects += 1
+            state.metrics.answered(499, time.perf_counter() - started, "client_disconnected")
+            return Response(status_code=499)
         try:
             data = json.loads(body)
         except ValueError as problem:  # JSONDecodeError, UnicodeDecodeError
