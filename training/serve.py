@@ -16,7 +16,8 @@ How a request is served:
 * its sentences join the queue of their *generation parameters*: requests with different parameters are never
   decoded in one call;
 * `Batcher` hands one batch at a time to one worker thread: the oldest waiting sentence's parameters, as soon as
-  ``--max_batch_size`` sentences of them wait or the oldest has waited ``--max_wait_ms``; when more wait than fit,
+  ``--max_batch_size`` sentences of them wait or the oldest has waited ``--max_wait_ms`` (meanwhile, a full batch of
+  other parameters goes first); when more wait than fit,
   the batch is the ``--max_batch_size`` sentences closest in length that include the oldest (length-sorted batches
   pad least, and no sentence waits behind newer ones forever);
 * the worker pads the batch with the pipeline's collate function, runs the pipeline's ``forward`` (`generate`) and
@@ -615,12 +616,15 @@ class Batcher:
             try:
                 outputs = await loop.run_in_executor(self.executor, self.translate, [item.source for item in batch],
                                                      settings)
+                if len(outputs) != len(batch):
+                    raise RuntimeError(f"the engine gave {len(outputs)} results for a batch of {len(batch)} sentences")
             except Exception as error:  # noqa: BLE001  (the batch's requests get it; the server goes on)
                 failed = True
+                logger.error("batch %d failed", self.batch_number, exc_info=error)
                 self.fail(batch, error)
             else:
                 failed = False
-                for item, candidates in zip(batch, outputs, strict=True):
+                for item, candidates in zip(batch, outputs):
                     item.job.deliver(item.index, candidates)
             seconds = time.perf_counter() - started
             self.metrics.batches += 1
@@ -789,8 +793,7 @@ def build_app(state: ServerState) -> Any:
         problem = job.future.exception()
         if isinstance(problem, state.user_error):
             return error(400, _cut(problem), "bad_request", started)
-        if problem is not None:
-            logger.error("a batch failed", exc_info=problem)
+        if problem is not None:  # the batcher logged its traceback
             return error(500, f"the translation failed: {type(problem).__name__}: {_cut(problem)}",
                          "translation_failed", started)
         blank = [""] * settings.num_return_sequences
