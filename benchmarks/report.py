@@ -762,7 +762,7 @@ def _serve(results: dict) -> list[str]:
         speedup = "–" if verdict["speedup"] is None else f"{verdict['speedup']:.2f}×"
         lines.append(f"- {engine}, 32 clients: dynamic {speedup} the baseline's sentences/s, p99 {verdict['p99_s']:.2f} "
                      f"s, {verdict['errors']} errors in all its runs — goal (≥ 3×, p99 < 2 s, 0 errors) "
-                     f"{'met' if verdict['met'] and verdict['errors'] == 0 else 'not met'}")
+                     f"{'met' if verdict['met'] else 'not met'}")
     exits = {f"{engine} {setting}": cells.get("exit_status") for engine, settings in serve["runs"].items()
              for setting, cells in settings.items()}
     lines += ([""] if serve.get("goal") else []) + [

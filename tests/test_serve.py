@@ -558,3 +558,28 @@ def test_without_the_serve_extra_serve_says_which_extra_to_install(model_folder,
     error = capsys.readouterr().err.strip().splitlines()
     assert error == ["deepnmt serve: the server needs starlette and uvicorn, which the serve extra installs: "
                      "pip install 'hf_deepnmt[serve]'."]
+
+
+def test_the_serve_benchmark_block_shows_each_cell_and_the_goal():
+    """benchmarks/serve_load.py's verdict and benchmarks/report.py's table, on made-up cells (not measurements)."""
+    from benchmarks import report, serve_load
+
+    def cell(rate: float, p99: float, errors: int = 0) -> dict:
+        return {"clients": 32, "requests": 2000, "sentences": 4000, "wall_s": 100.0, "sentences_per_s": rate,
+                "p50_s": 0.5, "p99_s": p99, "mean_s": 0.6, "errors": errors, "time_limited": False, "mean_batch": 30.0}
+
+    section = {"model_dir": "runs/quickstart", "threads": 2, "requests": 2000, "clients": [32], "time_limit_s": 300,
+               "parameters": {}, "max_batch_size": {"dynamic": 32, "baseline": 1}, "sentences_in_workload": 4000,
+               "runs": {"torch": {"dynamic": {"32": cell(40, 1.5), "exit_status": 0},
+                                  "baseline": {"32": cell(10, 9.0), "exit_status": 0}},
+                        "onnx_int8": {"dynamic": {"32": cell(50, 2.5), "exit_status": 0},
+                                      "baseline": {"32": cell(20, 5.0, errors=1), "exit_status": 0}}}}
+    section["goal"] = serve_load.goal(section)
+    assert section["goal"]["torch"] == {"speedup": 4.0, "p99_s": 1.5, "errors": 0, "met": True}
+    assert not section["goal"]["onnx_int8"]["met"] and section["goal"]["onnx_int8"]["errors"] == 1
+    text = "\n".join(report._serve({"command": "python -m benchmarks.run --sections serve", "machine": {"commit": "c"},
+                                    "serve": section}))
+    assert "| torch | dynamic | 32 | 40.0 | 4.00× | 0.500 | 1.500 | 0 | 30.0 | 2000 |" in text
+    assert "- torch, 32 clients: dynamic 4.00× the baseline's sentences/s, p99 1.50 s, 0 errors in all its runs — " \
+           "goal (≥ 3×, p99 < 2 s, 0 errors) met" in text
+    assert "onnx_int8, 32 clients: dynamic 2.50×" in text and text.count("not met") == 1
