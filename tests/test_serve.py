@@ -41,12 +41,13 @@ else:
     pytest.importorskip("starlette")
     pytest.importorskip("uvicorn")
 
-from training.cli import main
-from training.serve import Batcher, Metrics, Settings, Source, choose_engine
+from serve_fault_worker import FAULT_MAX_NEW_TOKENS  # noqa: E402
+
+from training.cli import main  # noqa: E402
+from training.serve import Batcher, Metrics, Settings, Source, choose_engine  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).resolve().parent / "serve_fault_worker.py"
-FAULT_MAX_NEW_TOKENS = 13  # serve_fault_worker.FAULT_MAX_NEW_TOKENS
 SOURCES = [source for source, _ in PARALLEL] + ["Let there be light.", "The earth was void."]
 PARAMETERS = {"num_beams": 3, "max_new_tokens": 12}
 
@@ -198,13 +199,16 @@ def servers(model_folder):
     plain = Server(model_folder, "--max_batch_size", "7", "--max_wait_ms", "1000", "--max_input_tokens", "40")
     faulty = Server(model_folder, "--max_batch_size", "2", "--max_queue", "4", "--max_wait_ms", "0",
                     faults=(1.5, 0.5))
-    faulty.wait_listening()
-    faulty.loading_answer = faulty.request("POST", "/", json.dumps({"inputs": "x"}).encode())
-    faulty.health_seen = faulty.wait_ready()
-    plain.wait_ready()
-    yield {"plain": plain, "faulty": faulty}
-    for process in (plain, faulty):
-        assert process.stop() == 0, process.log()
+    try:
+        faulty.wait_listening()
+        faulty.loading_answer = faulty.request("POST", "/", json.dumps({"inputs": "x"}).encode())
+        faulty.health_seen = faulty.wait_ready()
+        plain.wait_ready()
+        yield {"plain": plain, "faulty": faulty}
+    finally:
+        exits = [(process.stop(), process) for process in (plain, faulty)]
+    for code, process in exits:
+        assert code == 0, process.log()
 
 
 @pytest.fixture(scope="module")
@@ -425,12 +429,14 @@ def engine_servers(model_folder, tmp_path_factory):
     export_model(model, tokenizer, with_onnx / "onnx", "onnx")
     export_model(model, tokenizer, scratch / "ct2", "ctranslate2")
     processes = {"onnx": Server(with_onnx, "--max_wait_ms", "200"), "ctranslate2": Server(scratch / "ct2")}
-    for process in processes.values():
-        process.wait_ready()
-    processes["folders"] = {"onnx": with_onnx, "ctranslate2": scratch / "ct2"}
-    yield processes
-    for engine in ("onnx", "ctranslate2"):
-        assert processes[engine].stop() == 0, processes[engine].log()
+    try:
+        for process in processes.values():
+            process.wait_ready()
+        yield {**processes, "folders": {"onnx": with_onnx, "ctranslate2": scratch / "ct2"}}
+    finally:
+        exits = [(process.stop(), process) for process in processes.values()]
+    for code, process in exits:
+        assert code == 0, process.log()
 
 
 @pytest.mark.integration
