@@ -69,7 +69,7 @@ class ServerProcess:
 
     def __init__(self, folder: Path, max_batch_size: int, threads: int, timeout_s: float = 300) -> None:
         command = [sys.executable, "-m", "training.cli", "serve", str(folder), "--host", "127.0.0.1", "--port", "0",
-                   "--threads", str(threads), "--max_batch_size", str(max_batch_size), "--max_queue", "1024"]
+                   "--threads", str(threads), "--max_batch_size", str(max_batch_size)]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
                "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
         self.process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
