@@ -6,6 +6,7 @@ their command, so that a re-run updates the figures and never erases or contradi
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -719,6 +720,57 @@ def _decode_limit(limit: dict | None) -> list[str]:
     return lines
 
 
+def _serve(results: dict) -> list[str]:
+    """Section ``serve``: `deepnmt serve` under load, dynamic batching vs ``--max_batch_size 1``
+    (benchmarks/serve_load.py)."""
+    serve = results.get("serve")
+    if not serve:
+        return []
+    run = results.get("merged", {}).get("serve", results)
+    machine = run.get("machine", results["machine"])
+    limits = serve["max_batch_size"]
+    lines = ["## `deepnmt serve` under load: dynamic batching vs one sentence per call (section `serve`)", "",
+             f"`{serve['model_dir']}` served by `deepnmt serve` on 127.0.0.1, `--threads {serve['threads']}`; "
+             f"{serve['requests']} requests of 1–3 consecutive verses of the embedded test set "
+             f"({serve['sentences_in_workload']} sentences), "
+             + (f"parameters `{json.dumps(serve['parameters'])}`" if serve["parameters"] else
+                "the model's own generation settings")
+             + f", sent by N concurrent keep-alive clients in the benchmark process (each run stopped after "
+             f"{serve['time_limit_s']:g} s at most). **dynamic** = `--max_batch_size {limits['dynamic']}` (the "
+             f"default), **baseline** = `--max_batch_size {limits['baseline']}`; × baseline = sentences/s over the "
+             "baseline's at the same client count; mean batch = sentences per generate call (the server's /metrics). "
+             f"Commit `{machine.get('commit', '?')}`. Measured by:", "", "```bash", run.get("command", ""), "```", ""]
+    if run.get("quick"):
+        lines += ["**Quick (smoke) run**: few requests; do not quote these numbers.", ""]
+    rows = []
+    for engine, settings in serve["runs"].items():
+        for setting, cells in settings.items():
+            for clients in map(str, serve["clients"]):
+                cell = cells.get(clients)
+                if cell is None:
+                    continue
+                baseline = settings.get("baseline", {}).get(clients, {}).get("sentences_per_s")
+                rows.append([engine, setting, clients, _num(cell["sentences_per_s"], 1),
+                             _ratio(cell["sentences_per_s"], baseline) if setting != "baseline" else "",
+                             f"{cell['p50_s']:.3f}" if cell["p50_s"] is not None else "–",
+                             f"{cell['p99_s']:.3f}" if cell["p99_s"] is not None else "–", str(cell["errors"]),
+                             _num(cell.get("mean_batch"), 1),
+                             f"{cell['requests']}" + (" (time limit)" if cell.get("time_limited") else "")])
+    lines += _table(["engine", "server", "clients", "sentences/s", "× baseline", "p50 s", "p99 s", "errors",
+                     "mean batch", "requests"], rows) + [""]
+    for engine, verdict in serve.get("goal", {}).items():
+        speedup = "–" if verdict["speedup"] is None else f"{verdict['speedup']:.2f}×"
+        lines.append(f"- {engine}, 32 clients: dynamic {speedup} the baseline's sentences/s, p99 {verdict['p99_s']:.2f} "
+                     f"s, {verdict['errors']} errors in all its runs — goal (≥ 3×, p99 < 2 s, 0 errors) "
+                     f"{'met' if verdict['met'] else 'not met'}")
+    exits = {f"{engine} {setting}": cells.get("exit_status") for engine, settings in serve["runs"].items()
+             for setting, cells in settings.items()}
+    lines += ([""] if serve.get("goal") else []) + [
+        "Every server stopped by SIGTERM exited with status " + ("0." if set(exits.values()) == {0} else f"{exits}."),
+        ""]
+    return lines
+
+
 def _run(results: dict) -> list[str]:
     """The command, the merged sections and the machine of a run."""
     m = results["machine"]
@@ -749,7 +801,8 @@ def _run(results: dict) -> list[str]:
 BLOCKS: tuple[tuple[str, object], ...] = (
     ("run", _run), ("headline", _headline), ("equivalence", _equivalence), ("details", _details),
     ("scaling", _scaling), ("flops", _flops), ("compile", _compile), ("deep_memory", _deep_memory),
-    ("crt_cost", _crt_cost), ("dou2018", _dou2018), ("dtmt", _dtmt), ("engines", _engines), ("profile", _profile),
+    ("crt_cost", _crt_cost), ("dou2018", _dou2018), ("dtmt", _dtmt), ("engines", _engines), ("serve", _serve),
+    ("profile", _profile),
     ("gpu", gpu_block),
 )
 TITLE = "# Benchmarks: hf_deepnmt DeepTransformer vs transformers.MarianMTModel"

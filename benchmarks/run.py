@@ -47,7 +47,7 @@ from .probe_runner import run_probe  # noqa: E402
 
 SECTIONS = ("equivalence", "train", "decode", "flat", "memory", "scaling", "profile", "flops", "compile", "deep_memory",
             "crt_cost", "dou2018", "dou2018_flops", "dtmt", "engines", "engines_deep", "engine_quality", "bf16_train",
-            "decode_limit", "ct2_stock", "gpu")
+            "decode_limit", "ct2_stock", "gpu", "serve")
 QUICK_SECTIONS = ("equivalence", "train", "decode", "flat", "memory", "scaling", "profile", "flops")
 
 
@@ -62,7 +62,8 @@ def settings(quick: bool) -> dict[str, object]:
                     dtmt_size="d256", dtmt_repeats=2, dtmt_decode_repeats=1, dtmt_compile=False,
                     engine_models=["6-6 d256"], engine_new_tokens=8, engine_repeats={16: 1, 1: 2}, engine_memory=False,
                     engine_deep_models=["6-6 d256 dou2018 hierarchical + MLA k=2", "DTMT#4 d256"],
-                    quality_samples=32, bf16_tokens=512, bf16_repeats=1, decode_limit_model="6-6 d256")
+                    quality_samples=32, bf16_tokens=512, bf16_repeats=1, decode_limit_model="6-6 d256",
+                    serve_requests=40, serve_clients=[1, 8], serve_time_limit_s=30)
     return dict(sizes=list(SIZES), train_tokens=4096, train_repeats={"d256": 5, "d512": 5}, new_tokens=32,
                 decode_repeats={1: 7, 32: 3}, flat_steps=200, flat_repeats=2, flat_batch=32,
                 memory_workloads=["train", "greedy_b32", "beam4_b32"], depths=[6, 12, 24, 48],
@@ -75,7 +76,10 @@ def settings(quick: bool) -> dict[str, object]:
                 # dou2018 at the width of the engines rows it is compared with; DTMT#4 at the `dtmt` section's width
                 engine_deep_models=["6-6 d512 dou2018 hierarchical + MLA k=2", "DTMT#4 d256"],
                 engine_repeats={16: 7, 1: 7}, engine_memory=True, quality_samples=None, bf16_tokens=2048,
-                bf16_repeats=3, decode_limit_model="6-6 d512")
+                bf16_repeats=3, decode_limit_model="6-6 d512",
+                # issue 38: 2,000 requests of 1-3 test verses at 1, 8 and 32 clients; each of the 12 runs (2 engines
+                # x 2 server settings x 3 client counts) stops sending after 5 min, so the section ends within ~1.2 h
+                serve_requests=2000, serve_clients=[1, 8, 32], serve_time_limit_s=300)
 
 
 def log(message: str) -> None:
@@ -94,6 +98,9 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     cfg = settings(args.quick)
     if args.sizes:
         cfg["sizes"] = args.sizes
+    for name in ("serve_requests", "serve_time_limit_s"):
+        if getattr(args, name) is not None:
+            cfg[name] = getattr(args, name)
     threads = torch.get_num_threads()
     results: dict[str, object] = {
         "command": args.command_line,
@@ -258,6 +265,16 @@ def run(args: argparse.Namespace) -> dict[str, object]:
                                                                  cfg["engine_new_tokens"], cfg["engine_repeats"][16])
         torch.set_num_threads(threads)
 
+    if "serve" in args.sections:
+        from . import serve_load
+
+        # `deepnmt serve` processes under load from this process' clients (benchmarks/serve_load.py)
+        if args.model_dir and len(args.model_dir) > 1:
+            log(f"serve: measuring the first --model-dir only ({args.model_dir[0]})")
+        results["serve"] = serve_load.serve_section(
+            args.model_dir[0] if args.model_dir else None, args.engine_threads, cfg["serve_requests"],
+            cfg["serve_clients"], cfg["serve_time_limit_s"], args.quick, log)
+
     results["duration_s"] = time.perf_counter() - started
     return results
 
@@ -324,17 +341,24 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smoke mode: small batches, few repeats (~2 min)")
     parser.add_argument("--sections", default=None,
-                        help=f"comma-separated subset of {','.join(SECTIONS)} (default: all; quick: all but compile)")
+                        help=f"comma-separated subset of {','.join(SECTIONS)} (default: all but serve; quick: "
+                             "all but compile)")
     parser.add_argument("--sizes", default=None, help=f"comma-separated subset of {','.join(SIZES)}")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch intra-op threads (default 1: on a shared machine a second OpenMP thread stalls "
                              "whenever another process holds the other core, which makes timings meaningless)")
     parser.add_argument("--engine-threads", type=int, default=2,
                         help="threads of every contender in the engines / engines_deep / engine_quality / bf16_train "
-                             "sections (default 2, the issue's setting)")
+                             "sections and of the server in the serve section (default 2, the issue's setting)")
     parser.add_argument("--model-dir", default=None, nargs="+",
                         help="trained model folders for the engine_quality section (BLEU through every engine that "
-                             "can run the model), one entry each, keyed by folder name")
+                             "can run the model), one entry each, keyed by folder name; the serve section serves the "
+                             "first")
+    parser.add_argument("--serve-requests", type=int, default=None,
+                        help="serve section: requests per run (default 2000; quick: 40)")
+    parser.add_argument("--serve-time-limit-s", type=float, default=None,
+                        help="serve section: stop sending a run's requests after this many seconds (default 300; "
+                             "quick: 30)")
     parser.add_argument("--no-before", action="store_true", help="skip the pre-optimisation contender")
     parser.add_argument("--before-ref", default=BEFORE_REF,
                         help=f"git commit whose model is the `before` contender (default {BEFORE_REF}, the code "
@@ -351,7 +375,9 @@ def main(argv: list[str] | None = None) -> None:
                              "quick: runs/benchmarks-quick/)")
     args = parser.parse_args(argv)
     args.command_line = "python -m benchmarks.run" + "".join(f" {shlex.quote(a)}" for a in (argv or sys.argv[1:]))
-    default = QUICK_SECTIONS if args.quick else [s for s in SECTIONS if s != "gpu" or torch.cuda.is_available()]
+    # `serve` (tens of minutes, a trained model) runs only when named
+    default = QUICK_SECTIONS if args.quick else [s for s in SECTIONS if s != "serve" and
+                                                 (s != "gpu" or torch.cuda.is_available())]
     args.sections = args.sections.split(",") if args.sections else list(default)
     unknown = set(args.sections) - set(SECTIONS)
     if unknown:

@@ -6,6 +6,7 @@
     deepnmt diagnose ...          does a saved model use its source? (li2022 collapse monitor, per-layer attention)
     deepnmt translate ...         translate a file or stdin, batched, to stdout (torch, CTranslate2 or ONNX Runtime)
     deepnmt export ...            export a model to CTranslate2, ONNX or a stock MarianMTModel (fast inference)
+    deepnmt serve MODEL_DIR       an HTTP translation server with dynamic batching (POST /, /health, /metrics)
     deepnmt push DIR --repo_id    upload model + tokenizer + code + pipeline + card to the Hub
     deepnmt average-checkpoints   average the weights of a run's last N checkpoints (liu2020: last 10)
 
@@ -42,7 +43,8 @@ from .arguments import (
 )
 from .errors import CommandLineError, NonFiniteLossError, hub_lookup, is_user_mistake
 
-COMMANDS = ("quickstart", "train", "evaluate", "diagnose", "translate", "export", "push", "average-checkpoints")
+COMMANDS = ("quickstart", "train", "evaluate", "diagnose", "translate", "export", "serve", "push",
+            "average-checkpoints")
 
 def _top_level_help() -> str:
     return __doc__.split("\n\n", 1)[1]
@@ -232,6 +234,65 @@ def _export(argv: Sequence[str]) -> int:
     return 0
 
 
+def _serve(argv: Sequence[str]) -> int:
+    parser = CommandParser(prog="deepnmt serve", description="Serve a model over HTTP with dynamic batching: POST / "
+                           "or /predict with {\"inputs\": \"text\" or [\"text\", ...], \"parameters\": {...}} "
+                           "(the Inference Endpoints payload) answers [{\"translation_text\": ...}, ...] as the "
+                           "folder's translation pipeline does; GET /health, GET /metrics (Prometheus). Requests that "
+                           "arrive together are translated together. SIGTERM/SIGINT: stop accepting, answer every "
+                           "request in flight, exit 0. Needs the serve extra (pip install 'hf_deepnmt[serve]'); "
+                           "docs/serving.md.")
+    parser.add_argument("folder", nargs="?", metavar="MODEL_DIR", help="A saved model folder, or a `deepnmt export` "
+                        "folder (or --model_name_or_path).")
+    add_model_option(parser, "The model folder, instead of the positional MODEL_DIR.", required=False)
+    parser.add_argument("--engine", choices=ENGINES, default=None, help="What runs the model (default: the fastest "
+                        "the folder has: an export folder's own engine; for a model folder ONNX Runtime when it holds "
+                        "an ONNX export in onnx/ and no GPU is visible, else torch).")
+    parser.add_argument("--host", default="127.0.0.1", help="Address to listen on (default: 127.0.0.1, this machine "
+                        "only; 0.0.0.0 for every interface).")
+    parser.add_argument("--port", type=int, default=8000, help="Port (default: 8000; 0: a free port, printed at "
+                        "start).")
+    parser.add_argument("--max_batch_size", type=int, default=32, help="Most sentences per generate call (default: "
+                        "32; 1 turns batching off).")
+    parser.add_argument("--max_wait_ms", type=float, default=10.0, help="How long the oldest waiting sentence waits "
+                        "for others to fill its batch (default: 10 ms).")
+    parser.add_argument("--max_queue", type=int, default=256, help="Most sentences waiting for a batch; a request that "
+                        "does not fit gets 503 with Retry-After (default: 256).")
+    parser.add_argument("--max_input_tokens", type=int, default=None, help="Longest text in tokens; a longer one gets "
+                        "413, never truncated (default: the longest the model accepts).")
+    parser.add_argument("--threads", type=int, default=None, help="Intra-op threads of the engine (default: torch's "
+                        "default thread count).")
+    args = parser.parse_args(argv)
+    if bool(args.folder) == bool(args.model):
+        parser.error("give the model folder once, as MODEL_DIR or --model_name_or_path")
+    folder = args.folder or args.model
+    if args.folder:
+        check_reference("MODEL_DIR", folder)
+    if not Path(folder).expanduser().is_dir():
+        raise CommandLineError(f"MODEL_DIR {folder!r} is not a folder here; pass a folder written by `deepnmt train`, "
+                               "`save_pretrained` or `deepnmt export`.")
+    if not 0 <= args.port <= 65535:
+        parser.error(f"--port {args.port} is not allowed; use 0 (a free port) to 65535")
+    for name in ("max_batch_size", "max_queue", "max_input_tokens", "threads"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name} {value} is not allowed; use 1 or more")
+    if not (args.max_wait_ms >= 0 and args.max_wait_ms < float("inf")):
+        parser.error(f"--max_wait_ms {args.max_wait_ms} is not allowed; use 0 or more milliseconds")
+    import importlib.util
+
+    missing = [name for name in ("starlette", "uvicorn") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise CommandLineError(f"the server needs {' and '.join(missing)}, which the serve extra installs: "
+                               "pip install 'hf_deepnmt[serve]'.")
+    from .serve import ServeOptions, serve
+
+    return serve(ServeOptions(model=folder, engine=args.engine, host=args.host, port=args.port,
+                              max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms,
+                              max_queue=args.max_queue, max_input_tokens=args.max_input_tokens,
+                              threads=args.threads))
+
+
 def _push(argv: Sequence[str]) -> int:
     from .hub import files_to_upload, push_folder, subfolders_left_out
 
@@ -311,24 +372,29 @@ def check_references(argv: Sequence[str]) -> None:
         if not has_value:
             value = argv[index + 1] if index + 1 < len(argv) else ""
         if flag in MODEL_REFERENCE_FLAGS and value:
-            path = Path(value).expanduser()
-            if path.is_file():
-                raise CommandLineError(f"`{flag}` = {value!r} is a file; it must be a saved model folder or a Hub id.")
-            if path.is_dir() and not any((path / marker).exists() for marker in SAVED_MARKERS):
-                raise CommandLineError(f"`{flag}` = {value!r} is a folder without a saved model (no "
-                                       f"{', '.join(SAVED_MARKERS)}); pass the folder that `deepnmt train` or "
-                                       "`save_pretrained` wrote.")
-            # "name" or "owner/name" may be a Hub id (looked up when loading, `hub_lookup`); anything else that looks
-            # like a path names a missing folder
-            looks_local = value.startswith(("/", "./", "../", "~", ".")) or value.count("/") > 1
-            if not path.exists() and looks_local:
-                raise CommandLineError(f"`{flag}` = {value!r} does not exist; pass a saved model folder or a Hub id "
-                                       "(owner/name).")
-            exported = (path / "deepnmt_export.json").is_file()  # a `deepnmt export` folder has its engine's config
-            if flag != "--tokenizer_name" and (path / "config.json").is_file() and not exported:
-                check_saved_model(path, flag)
+            check_reference(flag, value)
         if flag == "--output_dir" and value and Path(value).expanduser().is_file():
             raise CommandLineError(f"`--output_dir` = {value!r} is an existing file; pass a folder (it is created).")
+
+
+def check_reference(flag: str, value: str) -> None:
+    """`check_references` for one option (or positional, named ``flag``) that names a model folder or Hub id."""
+    path = Path(value).expanduser()
+    if path.is_file():
+        raise CommandLineError(f"`{flag}` = {value!r} is a file; it must be a saved model folder or a Hub id.")
+    if path.is_dir() and not any((path / marker).exists() for marker in SAVED_MARKERS):
+        raise CommandLineError(f"`{flag}` = {value!r} is a folder without a saved model (no "
+                               f"{', '.join(SAVED_MARKERS)}); pass the folder that `deepnmt train` or "
+                               "`save_pretrained` wrote.")
+    # "name" or "owner/name" may be a Hub id (looked up when loading, `hub_lookup`); anything else that looks
+    # like a path names a missing folder
+    looks_local = value.startswith(("/", "./", "../", "~", ".")) or value.count("/") > 1
+    if not path.exists() and looks_local:
+        raise CommandLineError(f"`{flag}` = {value!r} does not exist; pass a saved model folder or a Hub id "
+                               "(owner/name).")
+    exported = (path / "deepnmt_export.json").is_file()  # a `deepnmt export` folder has its engine's config
+    if flag != "--tokenizer_name" and (path / "config.json").is_file() and not exported:
+        check_saved_model(path, flag)
 
 
 def check_saved_model(folder: Path, flag: str = "--model") -> None:
@@ -411,7 +477,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             code = 0
         else:
             code = {"evaluate": _evaluate, "diagnose": _diagnose, "translate": _translate, "export": _export,
-                    "push": _push, "quickstart": _quickstart, "average-checkpoints": _average}[command](rest)
+                    "serve": _serve, "push": _push, "quickstart": _quickstart,
+                    "average-checkpoints": _average}[command](rest)
     except NonFiniteLossError as error:
         print(f"deepnmt {command}: {error}", file=sys.stderr)
         return 3

@@ -1,0 +1,280 @@
+"""Section ``serve`` of ``python -m benchmarks.run``: `deepnmt serve` under load, dynamic batching vs one sentence
+per `generate` call.
+
+    python -m benchmarks.run --sections serve --model-dir runs/quickstart --merge
+    python -m benchmarks.run --sections serve --quick --out-dir runs/serve-smoke   # smoke run, a random tiny model
+
+For each engine — torch (the model folder) and ONNX Runtime int8 (``deepnmt export --format onnx --quantization
+int8``, into a temporary folder) — and each server setting — dynamic batching (``--max_batch_size 32``, the
+default) and the baseline ``--max_batch_size 1`` — one `deepnmt serve` process on a free loopback port
+(127.0.0.1 only), ``--threads`` = the harness' ``--engine-threads``; against it, 1, 8 and 32 concurrent clients, each
+a keep-alive HTTP/1.1 connection sending its next request as soon as the last is answered, share a bounded list of
+requests: ``serve_requests`` (2,000; quick: 40) of 1–3 consecutive verses of the embedded test set
+(``corpus:web-sparv/test.jsonl.gz``, English), ``{"inputs": [...]}`` with the model's own generation settings
+(beam 4 for a model of `deepnmt train`), stopping early after ``serve_time_limit_s`` (300 s; quick: 30 s) per client
+count. ``--serve-requests`` and ``--serve-time-limit-s`` of the harness change both. Each cell:
+sentences/s (sentences answered / wall time), p50 / p99 request latency, errors (non-200 answers and broken
+connections: must be 0), the mean batch the server ran (its /metrics). Goal (issue 38): at 32 clients dynamic
+batching ≥ 3× the baseline's sentences/s with p99 < 2 s, for the quickstart model.
+
+The clients run in this process (asyncio, one thread) beside the server: on a small machine they take some CPU from
+it, equally in every cell. Without ``--model-dir`` a full run stops with the command that makes the quickstart model;
+a ``--quick`` run builds a random tiny model instead (its translations run to ``max_new_tokens`` = 8: a smoke test of
+the harness, not a measurement).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import os
+import random
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+ENGINES = {"torch": "torch (the model folder)", "onnx_int8": "ONNX Runtime int8"}
+SETTINGS = {"dynamic": 32, "baseline": 1}  # --max_batch_size of each server setting
+GOAL_SPEEDUP, GOAL_P99_S, GOAL_CLIENTS = 3.0, 2.0, 32
+QUICKSTART_COMMAND = "deepnmt quickstart --output_dir runs/quickstart"
+
+
+def test_set_requests(count: int, seed: int = 0) -> list[list[str]]:
+    """``count`` requests of 1–3 consecutive English verses of the embedded test set (seeded, cycling)."""
+    from training.corpus import corpus_dir
+
+    with gzip.open(corpus_dir() / "test.jsonl.gz", "rt", encoding="utf-8") as handle:
+        verses = [json.loads(line)["translation"]["en"] for line in handle]
+    rng = random.Random(seed)
+    requests, position = [], 0
+    for _ in range(count):
+        size = rng.randint(1, 3)
+        requests.append([verses[(position + i) % len(verses)] for i in range(size)])
+        position += size
+    return requests
+
+
+# ------------------------------------------------------------------------------------------------ the server
+class ServerProcess:
+    """`python -m training.cli serve FOLDER --port 0 ...` with its port read from its log."""
+
+    def __init__(self, folder: Path, max_batch_size: int, threads: int, timeout_s: float = 300) -> None:
+        command = [sys.executable, "-m", "training.cli", "serve", str(folder), "--host", "127.0.0.1", "--port", "0",
+                   "--threads", str(threads), "--max_batch_size", str(max_batch_size)]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+               "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
+        self.process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                        text=True)
+        self.lines: list[str] = []
+        self.port = 0
+        listening = threading.Event()
+
+        def read() -> None:
+            for line in self.process.stderr:
+                self.lines.append(line)
+                match = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
+                if match:
+                    self.port = int(match.group(1))
+                    listening.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        deadline = time.monotonic() + timeout_s
+        if not listening.wait(timeout_s):
+            self.kill()
+            raise RuntimeError("the server did not start:\n" + "".join(self.lines[-30:]))
+        while asyncio.run(get(self.port, "/health"))[0] != 200:
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.kill()
+                raise RuntimeError("the server did not load its model:\n" + "".join(self.lines[-30:]))
+            time.sleep(0.1)
+
+    def metrics(self) -> dict[str, float]:
+        status, body = asyncio.run(get(self.port, "/metrics"))
+        samples = {}
+        for line in body.decode().splitlines():
+            if line and not line.startswith("#"):
+                name, value = line.rsplit(" ", 1)
+                samples[name] = float(value)
+        return samples
+
+    def stop(self) -> int:
+        """SIGTERM (graceful: every request in flight answered); the exit status."""
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(120)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return -9
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+# ------------------------------------------------------------------------------------------------ the clients
+async def _send(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, method: str, path: str,
+                body: bytes = b"") -> tuple[int, bytes, bool]:
+    """One HTTP/1.1 request on a keep-alive connection: status, body, whether the server keeps the connection."""
+    writer.write(f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                 f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    await writer.drain()
+    status_line = await reader.readline()
+    if not status_line:
+        raise ConnectionError("the server closed the connection")
+    headers = {}
+    while (line := await reader.readline()) not in (b"\r\n", b""):
+        name, _, value = line.decode("latin-1").partition(":")
+        headers[name.strip().lower()] = value.strip()
+    payload = await reader.readexactly(int(headers.get("content-length", 0)))
+    return int(status_line.split()[1]), payload, headers.get("connection", "").lower() != "close"
+
+
+async def get(port: int, path: str) -> tuple[int, bytes]:
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    except OSError:
+        return 0, b""
+    try:
+        status, body, _ = await _send(reader, writer, "GET", path)
+        return status, body
+    finally:
+        writer.close()
+
+
+async def load(port: int, requests: Sequence[list[str]], clients: int, time_limit_s: float,
+               parameters: dict[str, object]) -> dict[str, object]:
+    """``clients`` connections send ``requests`` (each the next one not yet taken) until none is left or
+    ``time_limit_s`` has passed; what they measured."""
+    latencies: list[float] = []
+    sentences, errors, broken = 0, 0, 0
+    next_index = 0
+    started = time.perf_counter()
+
+    async def client() -> None:
+        nonlocal next_index, sentences, errors, broken
+        connection = None
+        while next_index < len(requests) and time.perf_counter() - started < time_limit_s:
+            texts = requests[next_index]
+            next_index += 1
+            body = json.dumps({"inputs": texts, **({"parameters": parameters} if parameters else {})}).encode()
+            sent = time.perf_counter()
+            try:
+                if connection is None:
+                    connection = await asyncio.open_connection("127.0.0.1", port)
+                status, payload, keep = await _send(*connection, "POST", "/", body)
+            except (OSError, ConnectionError, asyncio.IncompleteReadError, ValueError):
+                broken += 1
+                connection = None
+                continue
+            latencies.append(time.perf_counter() - sent)
+            answer = json.loads(payload) if status == 200 else None
+            if status == 200 and isinstance(answer, list) and len(answer) == len(texts):
+                sentences += len(texts)
+            else:
+                errors += 1
+            if not keep:
+                connection[1].close()
+                connection = None
+        if connection is not None:
+            connection[1].close()
+
+    await asyncio.gather(*(client() for _ in range(clients)))
+    wall = time.perf_counter() - started
+    ordered = sorted(latencies)
+
+    def quantile(q: float) -> float | None:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else None
+
+    return {"clients": clients, "requests": len(latencies) + broken, "sentences": sentences, "wall_s": wall,
+            "sentences_per_s": sentences / wall if wall else 0.0, "p50_s": quantile(0.5), "p99_s": quantile(0.99),
+            "mean_s": statistics.fmean(latencies) if latencies else None, "errors": errors + broken,
+            "time_limited": len(latencies) + broken < len(requests)}
+
+
+# ------------------------------------------------------------------------------------------------ the section
+def random_model(folder: Path) -> None:
+    """The quick run's stand-in: translate_memory's random 2+2-layer d_model 64 model with a joint BPE."""
+    from .translate_memory import build_model
+
+    build_model(folder)
+
+
+def serve_section(model_dir: str | None, threads: int, requests: int, clients: Sequence[int], time_limit_s: float,
+                  quick: bool, log: Callable[[str], None]) -> dict[str, object]:
+    """Every (engine, server setting, client count) cell; see the module docstring."""
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    from hf_deepnmt.export import export_model
+
+    workload = test_set_requests(requests)
+    with tempfile.TemporaryDirectory(prefix="deepnmt_serve_bench_") as scratch:
+        parameters: dict[str, object] = {}
+        if model_dir is None:
+            if not quick:
+                raise SystemExit(f"--sections serve needs --model-dir (a trained model folder; the issue's goal is for "
+                                 f"the quickstart model: `{QUICKSTART_COMMAND}`), or --quick for a smoke run.")
+            model_dir = str(Path(scratch) / "random-model")
+            log("serve: no --model-dir, a random tiny model (smoke run)")
+            random_model(Path(model_dir))
+            parameters = {"max_new_tokens": 8}
+        folders = {"torch": Path(model_dir), "onnx_int8": Path(scratch) / "onnx-int8"}
+        log(f"serve: exporting {model_dir} to ONNX int8")
+        export_model(AutoModelForSeq2SeqLM.from_pretrained(model_dir), AutoTokenizer.from_pretrained(model_dir),
+                     folders["onnx_int8"], "onnx", "int8")
+        result: dict[str, object] = {
+            "model_dir": str(model_dir), "threads": threads, "requests": requests, "clients": list(clients),
+            "time_limit_s": time_limit_s, "parameters": parameters, "max_batch_size": dict(SETTINGS),
+            "sentences_in_workload": sum(map(len, workload)), "runs": {}}
+        for engine, folder in folders.items():
+            for setting, max_batch_size in SETTINGS.items():
+                log(f"serve: {engine}, {setting} (--max_batch_size {max_batch_size}): starting the server")
+                server = ServerProcess(folder, max_batch_size, threads)
+                try:
+                    asyncio.run(load(server.port, workload[:4], 1, 60, parameters))  # warm-up
+                    cells = {}
+                    for count in clients:
+                        before = server.metrics()
+                        log(f"serve: {engine}, {setting}, {count} clients, {requests} requests")
+                        cell = asyncio.run(load(server.port, workload, count, time_limit_s, parameters))
+                        after = server.metrics()
+                        batches = after["deepnmt_batches_total"] - before["deepnmt_batches_total"]
+                        cell["mean_batch"] = ((after["deepnmt_batch_size_sentences_sum"]
+                                               - before["deepnmt_batch_size_sentences_sum"]) / batches
+                                              if batches else None)
+                        cells[str(count)] = cell
+                        log(f"serve: {engine}, {setting}, {count} clients: {cell['sentences_per_s']:.1f} sentences/s, "
+                            f"p50 {cell['p50_s']:.3f} s, p99 {cell['p99_s']:.3f} s, {cell['errors']} errors, "
+                            f"mean batch {cell['mean_batch'] or 0:.1f}")
+                finally:
+                    status = server.stop()
+                cells["exit_status"] = status
+                result["runs"].setdefault(engine, {})[setting] = cells
+        result["goal"] = goal(result)
+    return result
+
+
+def goal(result: dict[str, object]) -> dict[str, dict[str, object]]:
+    """Per engine at `GOAL_CLIENTS` clients: dynamic / baseline sentences/s, dynamic p99 and the errors of all its
+    runs, against the goal (≥ `GOAL_SPEEDUP`×, p99 < `GOAL_P99_S` s, no error)."""
+    verdicts = {}
+    for engine, runs in result["runs"].items():
+        dynamic, baseline = runs["dynamic"].get(str(GOAL_CLIENTS)), runs["baseline"].get(str(GOAL_CLIENTS))
+        if not dynamic or not baseline:
+            continue
+        speedup = dynamic["sentences_per_s"] / baseline["sentences_per_s"] if baseline["sentences_per_s"] else None
+        errors = sum(cell["errors"] for setting in runs.values() for key, cell in setting.items()
+                     if key != "exit_status")
+        verdicts[engine] = {"speedup": speedup, "p99_s": dynamic["p99_s"], "errors": errors,
+                            "met": bool(speedup and speedup >= GOAL_SPEEDUP and dynamic["p99_s"] is not None
+                                        and dynamic["p99_s"] < GOAL_P99_S and errors == 0)}
+    return verdicts

@@ -1,0 +1,902 @@
+"""`deepnmt serve`: a self-hosted HTTP translation server with dynamic batching (docs/serving.md).
+
+    deepnmt serve runs/my-model                      # http://127.0.0.1:8000, the fastest engine the folder has
+    curl -s localhost:8000/ -d '{"inputs": "Let there be light.", "parameters": {"num_beams": 4}}'
+    # [{"translation_text": "Sea la luz."}]
+
+Routes: ``POST /`` and ``POST /predict`` take the Inference Endpoints payload ``{"inputs": str | list[str],
+"parameters": {...}}`` and answer what the folder's translation pipeline (and ``handler.py``) answer;
+``GET /health`` is 200 once the model is loaded and 503 before; ``GET /metrics`` is Prometheus' text format.
+
+How a request is served:
+
+* the event loop checks the request (`hf_deepnmt.handler.check_request`, then the parameters: names, types, values)
+  and tokenizes each text with the pipeline's own ``preprocess``; a text over ``--max_input_tokens`` is refused
+  with 413 (the server never truncates); a request that does not fit in the queue gets 503 with ``Retry-After``;
+* its sentences join the queue of their *generation parameters*: requests with different parameters are never
+  decoded in one call;
+* `Batcher` hands one batch at a time to one worker thread: the oldest waiting sentence's parameters, as soon as
+  ``--max_batch_size`` sentences of them wait or the oldest has waited ``--max_wait_ms`` (meanwhile, a full batch of
+  other parameters goes first); when more wait than fit,
+  the batch is the ``--max_batch_size`` sentences closest in length that include the oldest (length-sorted batches
+  pad least, and no sentence waits behind newer ones forever);
+* the worker pads the batch with the pipeline's collate function, runs the pipeline's ``forward`` (`generate`) and
+  ``postprocess``, and the results go back to their requests; a request whose client has gone is taken out of the
+  queue; an exception fails the requests of that batch only (500; 400 for a user's mistake) and the server goes on.
+
+SIGTERM or SIGINT: uvicorn stops accepting connections, every request in flight is answered, then the process exits
+with status 0. Only the standard library is imported at module level: starlette and uvicorn (the ``serve`` extra),
+torch and the model load when the server starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import importlib.util
+import json
+import logging
+import math
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from .errors import CommandLineError
+
+logger = logging.getLogger("deepnmt.serve")
+
+EXPORT_MANIFEST = "deepnmt_export.json"  # hf_deepnmt.export_formats.MANIFEST, spelt here to stay torch-free
+ONNX_SUBFOLDER = "onnx"  # hf_deepnmt.handler.ONNX_SUBFOLDER: where a model folder keeps its ONNX export
+EXPORT_EXTRA_HINT = "pip install 'hf_deepnmt[export]'"
+RETRY_AFTER_S = 1  # the Retry-After of every 503 (queue full, model loading)
+
+# The parameters a request may give, with their JSON types: the translation pipeline's own (languages, decoding
+# spaces) and `generate`'s arguments that are plain values. Anything else is refused with 400 (an unknown name
+# would otherwise reach `generate`, which refuses it with a transformers message, or silently ignores it).
+PIPELINE_PARAMETERS: dict[str, str] = {"src_lang": "string", "tgt_lang": "string",
+                                       "clean_up_tokenization_spaces": "boolean"}
+GENERATION_PARAMETERS: dict[str, str] = {
+    "num_beams": "integer", "num_return_sequences": "integer", "max_new_tokens": "integer",
+    "min_new_tokens": "integer", "max_length": "integer", "min_length": "integer", "length_penalty": "number",
+    "early_stopping": "boolean or 'never'", "do_sample": "boolean", "temperature": "number", "top_k": "integer",
+    "top_p": "number", "min_p": "number", "typical_p": "number", "repetition_penalty": "number",
+    "encoder_repetition_penalty": "number", "no_repeat_ngram_size": "integer",
+    "encoder_no_repeat_ngram_size": "integer",
+}
+# CTranslate2Engine.generate's settings (a CTranslate2 export has no transformers model to run `generate`)
+CTRANSLATE2_PARAMETERS: tuple[str, ...] = ("num_beams", "max_new_tokens", "min_new_tokens", "length_penalty",
+                                           "early_stopping", "clean_up_tokenization_spaces")
+
+
+# ------------------------------------------------------------------------------------------------ options, engine
+@dataclass
+class ServeOptions:
+    """Everything `deepnmt serve` was told (`training.cli._serve` parses and checks the command line)."""
+
+    model: str
+    engine: str | None = None  # None: the fastest the folder has (`choose_engine`)
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_batch_size: int = 32
+    max_wait_ms: float = 10.0
+    max_queue: int = 256
+    max_input_tokens: int | None = None  # None: the longest source the model accepts
+    threads: int | None = None  # None: torch's default
+
+
+def choose_engine(folder: str | os.PathLike, requested: str | None, cuda: bool = False) -> tuple[str, Path]:
+    """The engine that serves ``folder`` and the folder it loads, without importing torch.
+
+    A `deepnmt export` folder is served by its own format's engine (a Marian export by torch); a model folder by
+    torch, or by ONNX Runtime when it holds an ONNX export in ``onnx/`` (`handler.py`'s convention) and no GPU is
+    used — the same choice as the Inference Endpoints handler, ONNX int8 being the fastest CPU engine measured
+    (benchmarks/RESULTS.md, "Fast inference"). ``requested`` (``--engine``) overrides it where the folder has that
+    engine; otherwise one `CommandLineError` sentence says what to export.
+    """
+    folder = Path(folder)
+    manifest = folder / EXPORT_MANIFEST
+    if manifest.is_file():
+        try:
+            export_format = json.loads(manifest.read_text(encoding="utf-8"))["format"]
+        except (ValueError, KeyError, TypeError) as error:
+            raise CommandLineError(f"MODEL_DIR {folder}: {manifest.name} is not a `deepnmt export` manifest "
+                                   f"({error}); export the model again.") from None
+        own = "torch" if export_format == "marian" else export_format
+        if requested not in (None, own):
+            raise CommandLineError(f"`--engine` = {requested!r} is not allowed for {folder}, a {export_format} "
+                                   f"export; use --engine {own}, or serve the model folder it was exported from.")
+        return own, folder
+    export = folder / ONNX_SUBFOLDER
+    has_onnx = (export / EXPORT_MANIFEST).is_file()
+    if requested == "onnx":
+        if not has_onnx:
+            raise CommandLineError(f"`--engine` = 'onnx' needs an ONNX export, and {folder} has none in "
+                                   f"{ONNX_SUBFOLDER}/; make one with `deepnmt export --format onnx {folder} "
+                                   f"{export}` (add --quantization int8 for the fastest CPU engine).")
+        return "onnx", export
+    if requested == "ctranslate2":
+        raise CommandLineError(f"`--engine` = 'ctranslate2' serves a CTranslate2 export folder, and {folder} is a "
+                               f"model folder; run `deepnmt export --format ctranslate2 {folder} OUT` and serve OUT.")
+    if requested is None and has_onnx and not cuda:
+        return "onnx", export
+    return "torch", folder
+
+
+# ------------------------------------------------------------------------------------------------ translators
+class InputTooLong(ValueError):
+    """A text longer than ``--max_input_tokens``: the request is answered with 413."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """A request's checked parameters. ``key`` is their canonical JSON: requests with equal keys share batches."""
+
+    key: str
+    parameters: dict[str, Any]
+    num_return_sequences: int  # how many translations per text the answer holds (the pipeline's rule)
+    preprocess: dict[str, Any] = field(default_factory=dict)
+    forward: dict[str, Any] = field(default_factory=dict)
+    postprocess: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Source:
+    """One tokenized text: its length in tokens and what the engine's ``translate`` takes."""
+
+    length: int
+    inputs: Any
+
+
+class Translator(Protocol):
+    """What the server needs of an engine. ``prepare`` and ``encode`` run on the event loop (cheap, they raise
+    `UserInputError` / `InputTooLong` sentences); ``translate`` runs on the worker thread."""
+
+    engine: str
+    max_input_tokens: int
+
+    def prepare(self, parameters: dict[str, Any]) -> Settings: ...
+
+    def encode(self, text: str, index: int, settings: Settings) -> Source: ...
+
+    def translate(self, sources: Sequence[Source], settings: Settings) -> list[list[str]]: ...
+
+
+def _type_ok(value: Any, kind: str) -> bool:
+    if kind == "integer":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "number":
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if kind == "boolean":
+        return isinstance(value, bool)
+    if kind == "string":
+        return isinstance(value, str)
+    return isinstance(value, bool) or value == "never"  # early_stopping
+
+
+def check_parameter_types(parameters: dict[str, Any], allowed: dict[str, str], engine: str) -> None:
+    """One `UserInputError` sentence for a parameter the server does not take or a value of the wrong JSON type."""
+    from hf_deepnmt.errors import UserInputError
+
+    for name, value in parameters.items():
+        if name not in allowed:
+            raise UserInputError(f"`parameters.{name}` is not a parameter this server takes (engine {engine}); use "
+                                 f"{', '.join(sorted(allowed))}.")
+        if not _type_ok(value, allowed[name]):
+            raise UserInputError(f"`parameters.{name}` = {json.dumps(value)[:60]} is not allowed; it must be "
+                                 f"{'an' if allowed[name][0] in 'aeiou' else 'a'} {allowed[name]}.")
+
+
+def _settings_key(parameters: dict[str, Any]) -> str:
+    return json.dumps(parameters, sort_keys=True)
+
+
+def _cut(message: str) -> str:
+    """The first line of an error message (transformers' messages may run over several)."""
+    lines = str(message).strip().splitlines()
+    return lines[0] if lines else type(message).__name__
+
+
+def _too_long(index: int, length: int, limit: int, model_limit: int) -> InputTooLong:
+    where = "" if limit == model_limit else f" (--max_input_tokens; the model accepts {model_limit})"
+    return InputTooLong(f"`inputs[{index}]` has {length} tokens, more than the {limit} this server accepts{where}; "
+                        "split it into shorter texts.")
+
+
+class PipelineTranslator:
+    """The torch and ONNX engines: the folder's translation pipeline (`hf_deepnmt.TranslationPipeline`, over the
+    torch model or `OnnxSeq2SeqLM`) with its own ``preprocess``, batching (``pad_collate_fn``), ``forward`` and
+    ``postprocess``; only the grouping of texts into batches is the server's."""
+
+    def __init__(self, pipeline: Any, engine: str, max_input_tokens: int | None = None) -> None:
+        from transformers.pipelines.base import pad_collate_fn
+
+        from hf_deepnmt.errors import UserInputError
+
+        self.pipeline = pipeline
+        self.engine = engine
+        self.model_limit = pipeline._max_source_tokens()
+        if max_input_tokens is not None and max_input_tokens > self.model_limit:
+            raise UserInputError(f"`--max_input_tokens` = {max_input_tokens} is more than the model accepts "
+                                 f"({self.model_limit} tokens); use {self.model_limit} or less.")
+        self.max_input_tokens = max_input_tokens or self.model_limit
+        self.collate = pad_collate_fn(pipeline.tokenizer, None)
+        self.tokenizer_lock = threading.Lock()  # encode (event loop) and decode (worker) share one tokenizer
+        config = pipeline.model.config
+        # the decoder's positions bound the output: the start token takes one (None: the model has no such limit)
+        positions = getattr(config, "max_position_embeddings", None)
+        self.max_output = positions if isinstance(positions, int) and positions > 1 else None
+
+    def prepare(self, parameters: dict[str, Any]) -> Settings:
+        from hf_deepnmt.errors import UserInputError
+        from hf_deepnmt.modeling_common import check_generation_arguments
+
+        check_parameter_types(parameters, {**PIPELINE_PARAMETERS, **GENERATION_PARAMETERS}, self.engine)
+        pipeline = self.pipeline
+        preprocess, forward, postprocess = pipeline._sanitize_parameters(**parameters)  # checks the languages
+        forward = {**pipeline._forward_params, **forward}
+        check_generation_arguments(forward)
+        config = copy.deepcopy(pipeline.model.generation_config)
+        setting = {**config.to_dict(), **forward}
+        beams, returned = setting.get("num_beams") or 1, setting.get("num_return_sequences") or 1
+        if returned > beams and not setting.get("do_sample"):
+            raise UserInputError(f"`parameters.num_return_sequences` = {returned} is more than `num_beams` = {beams}; "
+                                 "beam search returns at most num_beams translations per text.")
+        try:  # what `generate` refuses, refused before the request joins a batch
+            config.update(**forward)
+            config.validate()
+        except ValueError as error:
+            raise UserInputError(f"`parameters`: {_cut(error)}") from None
+        for name, limit in (("max_new_tokens", None if self.max_output is None else self.max_output - 1),
+                            ("max_length", self.max_output)):
+            value = forward.get(name)
+            if limit is not None and value is not None and value > limit:
+                raise UserInputError(f"`parameters.{name}` = {value} is more than this model can generate "
+                                     f"({limit}, its max_position_embeddings); use {limit} or less.")
+        return Settings(key=_settings_key(parameters), parameters=parameters,
+                        num_return_sequences=int(parameters.get("num_return_sequences", 1) or 1),
+                        preprocess={**pipeline._preprocess_params, **preprocess, "truncation": False},
+                        forward=forward, postprocess={**pipeline._postprocess_params, **postprocess})
+
+    def encode(self, text: str, index: int, settings: Settings) -> Source:
+        pipeline = self.pipeline
+        with self.tokenizer_lock:
+            length = len(pipeline.tokenizer((pipeline.prefix or "") + text)["input_ids"])
+            if length > self.max_input_tokens:
+                raise _too_long(index, length, self.max_input_tokens, self.model_limit)
+            return Source(length, pipeline.preprocess(text, **settings.preprocess))
+
+    def translate(self, sources: Sequence[Source], settings: Settings) -> list[list[str]]:
+        pipeline = self.pipeline
+        batch = self.collate([source.inputs for source in sources])
+        output_ids = pipeline.forward(batch, **settings.forward)["output_ids"]  # (batch, sequences per text, length)
+        with self.tokenizer_lock:
+            return [[record["translation_text"] for record in
+                     pipeline.postprocess({"output_ids": output_ids[row:row + 1]}, **settings.postprocess)]
+                    for row in range(len(sources))]
+
+
+class CTranslate2Translator:
+    """A CTranslate2 export (`hf_deepnmt.export_ctranslate2.CTranslate2Engine`): the tokenizer that travels with it,
+    CTranslate2's beam search (``early_stopping=True``, docs/fast-inference.md) and the pipeline's decoding
+    (``skip_special_tokens``). Its parameters are the engine's: `CTRANSLATE2_PARAMETERS`."""
+
+    engine = "ctranslate2"
+
+    def __init__(self, engine: Any, tokenizer: Any, max_input_tokens: int | None = None) -> None:
+        from hf_deepnmt.errors import UserInputError
+
+        self.ct2 = engine
+        self.tokenizer = tokenizer
+        limits = (engine.max_positions, tokenizer.model_max_length)
+        self.model_limit = min(int(limit) for limit in limits if isinstance(limit, int) and 0 < limit < 10**9)
+        if max_input_tokens is not None and max_input_tokens > self.model_limit:
+            raise UserInputError(f"`--max_input_tokens` = {max_input_tokens} is more than the model accepts "
+                                 f"({self.model_limit} tokens); use {self.model_limit} or less.")
+        self.max_input_tokens = max_input_tokens or self.model_limit
+        generation = engine.manifest.get("generation", {})
+        self.defaults = {"num_beams": generation.get("num_beams") or 1,
+                         "max_new_tokens": generation.get("max_new_tokens") or engine.max_positions - 1}
+        self.tokenizer_lock = threading.Lock()
+
+    def prepare(self, parameters: dict[str, Any]) -> Settings:
+        from hf_deepnmt.errors import UserInputError
+
+        allowed = {name: {**PIPELINE_PARAMETERS, **GENERATION_PARAMETERS}[name] for name in CTRANSLATE2_PARAMETERS}
+        check_parameter_types(parameters, allowed, self.engine)
+        forward = {**self.defaults, **{k: v for k, v in parameters.items() if k != "clean_up_tokenization_spaces"}}
+        for name in ("num_beams", "max_new_tokens"):
+            if forward[name] < 1:
+                raise UserInputError(f"`parameters.{name}` = {forward[name]} is not allowed; it must be an integer ≥ 1.")
+        if forward.get("min_new_tokens", 0) < 0:
+            raise UserInputError(f"`parameters.min_new_tokens` = {forward['min_new_tokens']} is not allowed; it must "
+                                 "be an integer ≥ 0.")
+        if forward.get("early_stopping") is not None and forward["early_stopping"] is not True:
+            raise UserInputError(f"`parameters.early_stopping` = {json.dumps(forward['early_stopping'])} is not "
+                                 "available with the ctranslate2 engine, whose beam search stops a text once num_beams "
+                                 "hypotheses have finished (true); serve the model with the torch or onnx engine.")
+        return Settings(key=_settings_key(parameters), parameters=parameters, num_return_sequences=1, forward=forward,
+                        postprocess={"clean_up_tokenization_spaces":
+                                     parameters.get("clean_up_tokenization_spaces", False)})
+
+    def encode(self, text: str, index: int, settings: Settings) -> Source:
+        with self.tokenizer_lock:
+            ids = self.tokenizer(text)["input_ids"]
+        if len(ids) > self.max_input_tokens:
+            raise _too_long(index, len(ids), self.max_input_tokens, self.model_limit)
+        return Source(len(ids), ids)
+
+    def translate(self, sources: Sequence[Source], settings: Settings) -> list[list[str]]:
+        outputs = self.ct2.generate([source.inputs for source in sources], **settings.forward)
+        with self.tokenizer_lock:
+            return [[self.tokenizer.decode(ids, skip_special_tokens=True, **settings.postprocess)] for ids in outputs]
+
+
+def load_translator(engine: str, folder: str | os.PathLike, threads: int | None = None,
+                    max_input_tokens: int | None = None) -> Translator:
+    """Load ``engine`` for ``folder`` (as `choose_engine` returned them) with ``threads`` intra-op threads."""
+    import torch
+    from transformers import AutoTokenizer
+
+    import hf_deepnmt  # noqa: F401  (registers the model types and pipeline("translation"))
+    from hf_deepnmt.pipeline_translation import TranslationPipeline
+
+    if threads:
+        torch.set_num_threads(threads)
+    threads = threads or torch.get_num_threads()
+    if engine == "ctranslate2":
+        from hf_deepnmt.export_ctranslate2 import CTranslate2Engine
+
+        return CTranslate2Translator(CTranslate2Engine(folder, intra_threads=threads),
+                                     AutoTokenizer.from_pretrained(folder), max_input_tokens)
+    if engine == "onnx":
+        from hf_deepnmt.ort_generation import OnnxSeq2SeqLM
+
+        model = OnnxSeq2SeqLM.from_export(folder, threads)
+        pipeline = TranslationPipeline(model=model, tokenizer=AutoTokenizer.from_pretrained(folder),
+                                       task="translation")
+    else:
+        from transformers import pipeline as make_pipeline
+
+        pipeline = make_pipeline("translation", model=str(folder), device=0 if torch.cuda.is_available() else -1)
+    return PipelineTranslator(pipeline, engine, max_input_tokens)
+
+
+def answer(single: bool, candidates: Sequence[Sequence[str]], num_return_sequences: int) -> list[Any]:
+    """The translation pipeline's (and `handler.py`'s) answer: ``[{"translation_text": ...}]`` for a string (its
+    ``num_return_sequences`` dicts), one dict per string for a list (a list of dicts each when that is above 1)."""
+    records = [[{"translation_text": text} for text in texts] for texts in candidates]
+    if single:
+        return records[0]
+    if num_return_sequences == 1:
+        return [texts[0] for texts in records]
+    return records
+
+
+# ------------------------------------------------------------------------------------------------ metrics
+class Histogram:
+    """A Prometheus histogram: cumulative ``_bucket{le=...}`` counts, ``_sum`` and ``_count``."""
+
+    def __init__(self, name: str, help_text: str, buckets: Sequence[float]) -> None:
+        self.name, self.help_text, self.buckets = name, help_text, list(buckets)
+        self.counts = [0] * len(self.buckets)
+        self.sum, self.count = 0.0, 0
+
+    def observe(self, value: float) -> None:
+        for index, bound in enumerate(self.buckets):
+            if value <= bound:
+                self.counts[index] += 1
+        self.sum += value
+        self.count += 1
+
+    def render(self) -> list[str]:
+        lines = [f"# HELP {self.name} {self.help_text}", f"# TYPE {self.name} histogram"]
+        for bound, count in zip(self.buckets, self.counts):
+            lines.append(f'{self.name}_bucket{{le="{_number(bound)}"}} {count}')
+        lines += [f'{self.name}_bucket{{le="+Inf"}} {self.count}', f"{self.name}_sum {_number(self.sum)}",
+                  f"{self.name}_count {self.count}"]
+        return lines
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() and abs(value) < 1e15 else repr(float(value))
+
+
+class Metrics:
+    """The server's counters, gauges and histograms, rendered in Prometheus' text exposition format 0.0.4. Updated
+    and read on the event loop only."""
+
+    def __init__(self) -> None:
+        self.requests: dict[int, int] = {}
+        self.errors: dict[str, int] = {}
+        self.sentences = 0
+        self.batches = 0
+        self.batch_failures = 0
+        self.disconnects = 0
+        self.latency = Histogram("deepnmt_request_duration_seconds", "Time from a translation request's arrival to "
+                                 "its answer.", (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30))
+        self.batch_size = Histogram("deepnmt_batch_size_sentences", "Sentences per generate call.",
+                                    (1, 2, 4, 8, 16, 32, 64, 128, 256))
+        self.batch_duration = Histogram("deepnmt_batch_duration_seconds", "Time of one generate call with its "
+                                        "padding and decoding.", (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10))
+
+    def answered(self, code: int, seconds: float, error: str | None = None) -> None:
+        self.requests[code] = self.requests.get(code, 0) + 1
+        if error is not None:
+            self.errors[error] = self.errors.get(error, 0) + 1
+        self.latency.observe(seconds)
+
+    def render(self, queue_depth: int, in_flight: int, loaded: bool) -> str:
+        lines: list[str] = []
+
+        def family(name: str, kind: str, help_text: str, samples: Sequence[tuple[str, float]]) -> None:
+            lines.extend([f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"])
+            lines.extend(f"{name}{labels} {_number(value)}" for labels, value in samples)
+
+        family("deepnmt_requests_total", "counter", "Translation requests answered, by HTTP status code.",
+               [(f'{{code="{code}"}}', count) for code, count in sorted(self.requests.items())])
+        family("deepnmt_request_errors_total", "counter", "Translation requests answered with an error, by reason.",
+               [(f'{{reason="{reason}"}}', count) for reason, count in sorted(self.errors.items())])
+        family("deepnmt_client_disconnects_total", "counter", "Requests whose client left before the answer (their "
+               "waiting sentences are dropped from the queue).", [("", self.disconnects)])
+        family("deepnmt_sentences_total", "counter", "Sentences translated.", [("", self.sentences)])
+        family("deepnmt_batches_total", "counter", "Generate calls.", [("", self.batches)])
+        family("deepnmt_batch_failures_total", "counter", "Generate calls that raised (their requests got an error).",
+               [("", self.batch_failures)])
+        family("deepnmt_queue_depth_sentences", "gauge", "Sentences waiting for a batch.", [("", queue_depth)])
+        family("deepnmt_requests_in_flight", "gauge", "Translation requests received and not yet answered.",
+               [("", in_flight)])
+        family("deepnmt_model_loaded", "gauge", "1 once the model is loaded.", [("", int(loaded))])
+        for histogram in (self.latency, self.batch_size, self.batch_duration):
+            lines.extend(histogram.render())
+        return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------------------------------ dynamic batching
+class QueueFull(Exception):
+    """The queue cannot take a request's sentences now: 503 with Retry-After."""
+
+
+@dataclass(eq=False)
+class Job:
+    """One request's sentences on their way through the queue; ``future`` gets every text's translations."""
+
+    settings: Settings
+    future: asyncio.Future
+    results: list[list[str] | None]
+    remaining: int
+
+    def deliver(self, index: int, candidates: list[str]) -> None:
+        self.results[index] = candidates
+        self.remaining -= 1
+        if self.remaining == 0 and not self.future.done():
+            self.future.set_result(self.results)
+
+
+@dataclass(eq=False)
+class Item:
+    """One sentence waiting for a batch."""
+
+    job: Job
+    index: int  # its place among the request's texts
+    source: Source
+    sequence: int  # arrival order
+    arrived: float  # time.monotonic()
+
+
+class Batcher:
+    """Dynamic batching (see the module docstring): a queue per generation-parameter key, one batch at a time on a
+    single worker thread (the model is not run on the event loop, so the server answers /health and /metrics and
+    takes requests while it translates)."""
+
+    def __init__(self, translate: Callable[[Sequence[Source], Settings], list[list[str]]], metrics: Metrics,
+                 max_batch_size: int = 32, max_wait_ms: float = 10.0, max_queue: int = 256,
+                 executor: ThreadPoolExecutor | None = None) -> None:
+        self.translate = translate
+        self.metrics = metrics
+        self.max_batch_size = max_batch_size
+        self.max_wait_s = max_wait_ms / 1000
+        self.max_queue = max_queue
+        self.executor = executor or ThreadPoolExecutor(max_workers=1, thread_name_prefix="deepnmt-translate")
+        self.pending: dict[str, list[Item]] = {}  # key -> its sentences in arrival order
+        self.waiting = 0  # sentences in `pending`
+        self.sequence = 0
+        self.batch_number = 0
+        self.wakeup = asyncio.Event()
+        self.stopping = False
+        self.task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self.task = asyncio.get_running_loop().create_task(self.run(), name="deepnmt-batcher")
+
+    async def stop(self) -> None:
+        """Let the batches of every sentence still waiting run, then end the loop (uvicorn calls the lifespan's end
+        after the last request was answered, so nothing waits by then)."""
+        self.stopping = True
+        self.wakeup.set()
+        if self.task is not None:
+            await self.task
+        self.executor.shutdown(wait=True)
+
+    def submit(self, settings: Settings, sources: Sequence[tuple[int, Source]], texts: int) -> Job:
+        """Queue a request's sources (``(index among its texts, source)``); raises `QueueFull`."""
+        if self.waiting + len(sources) > self.max_queue:
+            raise QueueFull(f"the queue holds {self.waiting} sentences and takes at most {self.max_queue} "
+                            f"(--max_queue); retry in {RETRY_AFTER_S} s.")
+        future = asyncio.get_running_loop().create_future()
+        job = Job(settings, future, [None] * texts, len(sources))
+        now = time.monotonic()
+        queue = self.pending.setdefault(settings.key, [])
+        for index, source in sources:
+            self.sequence += 1
+            queue.append(Item(job, index, source, self.sequence, now))
+        self.waiting += len(sources)
+        self.wakeup.set()
+        return job
+
+    def withdraw(self, job: Job) -> int:
+        """Take a job's waiting sentences out of the queue (its client left, or another of its batches failed);
+        returns how many. Its sentences already in the running batch are translated and dropped."""
+        queue = self.pending.get(job.settings.key, [])
+        kept = [item for item in queue if item.job is not job]
+        removed = len(queue) - len(kept)
+        if removed:
+            self.waiting -= removed
+            if kept:
+                self.pending[job.settings.key] = kept
+            else:
+                del self.pending[job.settings.key]
+            self.wakeup.set()
+        return removed
+
+    async def next_batch(self) -> list[Item] | None:
+        """Wait for the next batch: the oldest sentence's key, once it has ``max_batch_size`` sentences waiting or
+        the oldest has waited ``max_wait_ms``; before that, another key's full batch (ready, and it delays the oldest
+        by one batch at most, since the oldest goes first once its wait is over); ``None`` when stopping with nothing
+        left."""
+        while True:
+            if not self.pending:
+                if self.stopping:
+                    return None
+                self.wakeup.clear()
+                await self.wakeup.wait()
+                continue
+            oldest = min((queue[0] for queue in self.pending.values()), key=lambda item: item.sequence)
+            queue = self.pending[oldest.job.settings.key]
+            wait = oldest.arrived + self.max_wait_s - time.monotonic()
+            if len(queue) >= self.max_batch_size or wait <= 0 or self.stopping:
+                return self.take(oldest, queue)
+            full = next((queue for queue in self.pending.values() if len(queue) >= self.max_batch_size), None)
+            if full is not None:
+                return self.take(full[0], full)
+            self.wakeup.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.wakeup.wait(), wait)
+
+    def take(self, oldest: Item, queue: list[Item]) -> list[Item]:
+        """Remove and return the batch: every waiting sentence of the key if they fit, else the ``max_batch_size``
+        consecutive ones in length order that include ``oldest`` with the smallest length spread; sorted by length."""
+        by_length = sorted(queue, key=lambda item: (item.source.length, item.sequence))
+        size = self.max_batch_size
+        if len(by_length) > size:
+            position = by_length.index(oldest)
+            starts = range(max(0, position - size + 1), min(position, len(by_length) - size) + 1)
+            start = min(starts, key=lambda s: (by_length[s + size - 1].source.length - by_length[s].source.length, s))
+            by_length = by_length[start:start + size]
+        chosen = set(map(id, by_length))
+        kept = [item for item in queue if id(item) not in chosen]
+        key = oldest.job.settings.key
+        if kept:
+            self.pending[key] = kept
+        else:
+            del self.pending[key]
+        self.waiting -= len(by_length)
+        return by_length
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = await self.next_batch()
+            if batch is None:
+                return
+            batch = [item for item in batch if not item.job.future.done()]  # a failed or abandoned request's rest
+            if not batch:
+                continue
+            settings = batch[0].job.settings
+            self.batch_number += 1
+            started = time.perf_counter()
+            try:
+                outputs = await loop.run_in_executor(self.executor, self.translate, [item.source for item in batch],
+                                                     settings)
+                if len(outputs) != len(batch):
+                    raise RuntimeError(f"the engine gave {len(outputs)} results for a batch of {len(batch)} sentences")
+            except Exception as error:  # noqa: BLE001  (the batch's requests get it; the server goes on)
+                failed = True
+                logger.error("batch %d failed", self.batch_number, exc_info=error)
+                self.fail(batch, error)
+            else:
+                failed = False
+                for item, candidates in zip(batch, outputs):
+                    item.job.deliver(item.index, candidates)
+            seconds = time.perf_counter() - started
+            self.metrics.batches += 1
+            self.metrics.batch_failures += failed
+            self.metrics.sentences += 0 if failed else len(batch)
+            self.metrics.batch_size.observe(len(batch))
+            self.metrics.batch_duration.observe(seconds)
+            requests = len({id(item.job) for item in batch})
+            lengths = [item.source.length for item in batch]
+            logger.info("batch %d: %d sentences from %d requests, %d-%d source tokens, parameters %s: %s in %.3f s, "
+                        "%d sentences waiting", self.batch_number, len(batch), requests, min(lengths), max(lengths),
+                        settings.key, "FAILED" if failed else "translated", seconds, self.waiting)
+
+    def fail(self, batch: Sequence[Item], error: Exception) -> None:
+        """Every request with a sentence in ``batch`` gets ``error``; their other waiting sentences leave the queue."""
+        for job in {id(item.job): item.job for item in batch}.values():
+            if not job.future.done():
+                job.future.set_exception(error)
+            self.withdraw(job)
+
+
+# ------------------------------------------------------------------------------------------------ the application
+class ServerState:
+    """What the routes share: the translator once loaded, the batcher, the metrics."""
+
+    def __init__(self, options: ServeOptions, engine: str, folder: Path,
+                 loader: Callable[[], Translator] | None = None) -> None:
+        self.options = options
+        self.engine = engine
+        self.folder = folder
+        self.loader = loader or (lambda: load_translator(engine, folder, options.threads, options.max_input_tokens))
+        self.metrics = Metrics()
+        self.translator: Translator | None = None
+        self.batcher: Batcher | None = None
+        self.load_error: BaseException | None = None
+        self.on_load_error: Callable[[], None] = lambda: None
+        self.in_flight = 0
+        self.check_request: Callable[[Any], tuple[Any, dict]] | None = None
+        self.user_error: type[Exception] = ValueError
+
+    async def start(self) -> None:
+        """Start the batcher and load the model on its worker thread (the routes answer 503 until it is loaded)."""
+        self.batcher = Batcher(self.translate, self.metrics, self.options.max_batch_size, self.options.max_wait_ms,
+                               self.options.max_queue)
+        self.batcher.start()
+        loop = asyncio.get_running_loop()
+        started = time.perf_counter()
+        logger.info("loading %s with the %s engine", self.folder, self.engine)
+        future = loop.run_in_executor(self.batcher.executor, self.loader)
+
+        def loaded(done: asyncio.Future) -> None:
+            if done.cancelled():
+                return
+            error = done.exception()
+            if error is not None:
+                self.load_error = error
+                logger.error("the model could not be loaded: %s", _cut(error))
+                self.on_load_error()
+                return
+            from hf_deepnmt.errors import UserInputError
+            from hf_deepnmt.handler import check_request
+
+            self.check_request, self.user_error = check_request, UserInputError
+            self.translator = done.result()
+            logger.info("model loaded in %.1f s: engine %s, at most %d tokens per text, batches of up to %d "
+                        "sentences, %g ms wait, %d sentences queued", time.perf_counter() - started,
+                        self.translator.engine, self.translator.max_input_tokens, self.options.max_batch_size,
+                        self.options.max_wait_ms, self.options.max_queue)
+
+        future.add_done_callback(loaded)
+
+    def translate(self, sources: Sequence[Source], settings: Settings) -> list[list[str]]:
+        assert self.translator is not None  # batches exist only once the model is loaded
+        return self.translator.translate(sources, settings)
+
+    async def stop(self) -> None:
+        if self.batcher is not None:
+            await self.batcher.stop()
+
+
+def build_app(state: ServerState) -> Any:
+    """The starlette application of ``state``: the routes and a lifespan that starts the batcher and the loading."""
+    from starlette.applications import Starlette
+    from starlette.requests import ClientDisconnect, Request
+    from starlette.responses import JSONResponse, Response
+    from starlette.routing import Route
+
+    def error(code: int, sentence: str, reason: str, started: float, retry: bool = False) -> Response:
+        state.metrics.answered(code, time.perf_counter() - started, reason)
+        headers = {"Retry-After": str(RETRY_AFTER_S)} if retry else None
+        return JSONResponse({"error": sentence}, status_code=code, headers=headers)
+
+    async def health(request: Request) -> Response:
+        if state.translator is None:
+            return JSONResponse({"status": "loading", "engine": state.engine}, status_code=503,
+                                headers={"Retry-After": str(RETRY_AFTER_S)})
+        return JSONResponse({"status": "ok", "engine": state.translator.engine, "model": str(state.folder),
+                             "max_input_tokens": state.translator.max_input_tokens,
+                             "max_batch_size": state.options.max_batch_size})
+
+    async def metrics(request: Request) -> Response:
+        waiting = state.batcher.waiting if state.batcher is not None else 0
+        return Response(state.metrics.render(waiting, state.in_flight, state.translator is not None),
+                        media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def predict(request: Request) -> Response:
+        started = time.perf_counter()
+        state.in_flight += 1
+        try:
+            return await translate_request(request, started)
+        finally:
+            state.in_flight -= 1
+
+    async def translate_request(request: Request, started: float) -> Response:
+        translator, batcher = state.translator, state.batcher
+        if translator is None or batcher is None or state.check_request is None:
+            return error(503, f"the model is still loading; retry in {RETRY_AFTER_S} s (GET /health says when it "
+                         "is ready).", "loading", started, retry=True)
+        try:
+            body = await request.body()
+        except ClientDisconnect:  # gone before its request was read
+            state.metrics.disconnects += 1
+            state.metrics.answered(499, time.perf_counter() - started, "client_disconnected")
+            return Response(status_code=499)
+        try:
+            data = json.loads(body)
+        except ValueError as problem:  # JSONDecodeError, UnicodeDecodeError
+            return error(400, f"the request body is not valid JSON ({_cut(problem)}); send "
+                         '{"inputs": "text" or ["text", ...], "parameters": {...}}.', "invalid_json", started)
+        try:
+            inputs, parameters = state.check_request(data)  # hf_deepnmt.handler's: one ValueError sentence
+        except ValueError as problem:
+            return error(400, _cut(problem), "bad_request", started)
+        single = isinstance(inputs, str)
+        texts = [inputs] if single else inputs
+        try:
+            if len(texts) > batcher.max_queue:
+                raise InputTooLong(f"`inputs` holds {len(texts)} texts, more than this server queues "
+                                   f"(--max_queue = {batcher.max_queue}); send at most {batcher.max_queue} per request.")
+            settings = translator.prepare(parameters)
+            sources = [(index, translator.encode(text, index, settings)) for index, text in enumerate(texts)
+                       if text.strip()]
+        except InputTooLong as problem:
+            return error(413, str(problem), "too_large", started)
+        except state.user_error as problem:
+            return error(400, _cut(problem), "bad_request", started)
+        if not sources:  # blank texts translate to "" without the model (the pipeline's rule)
+            state.metrics.answered(200, time.perf_counter() - started)
+            return JSONResponse(answer(single, [[""] * settings.num_return_sequences] * len(texts),
+                                       settings.num_return_sequences))
+        try:
+            job = batcher.submit(settings, sources, len(texts))
+        except QueueFull as problem:
+            return error(503, str(problem), "queue_full", started, retry=True)
+        gone = asyncio.ensure_future(client_disconnected(request))
+        try:
+            await asyncio.wait({job.future, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+        if not job.future.done():  # the client left: its waiting sentences leave the queue
+            job.future.cancel()
+            batcher.withdraw(job)
+            state.metrics.disconnects += 1
+            state.metrics.answered(499, time.perf_counter() - started, "client_disconnected")
+            return Response(status_code=499)  # nobody reads it; uvicorn drops it
+        problem = job.future.exception()
+        if isinstance(problem, state.user_error):
+            return error(400, _cut(problem), "bad_request", started)
+        if problem is not None:  # the batcher logged its traceback
+            return error(500, f"the translation failed: {type(problem).__name__}: {_cut(problem)}",
+                         "translation_failed", started)
+        blank = [""] * settings.num_return_sequences
+        candidates = [result if result is not None else blank for result in job.future.result()]
+        state.metrics.answered(200, time.perf_counter() - started)
+        return JSONResponse(answer(single, candidates, settings.num_return_sequences))
+
+    async def client_disconnected(request: Request) -> None:
+        """Return when the client has closed its connection (the ASGI server's ``http.disconnect``)."""
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    async def crashed(request: Request, problem: Exception) -> Response:
+        """A bug in a route (not in a batch, whose requests get their own 500): JSON like every other error."""
+        return error(500, f"the server failed: {type(problem).__name__}: {_cut(problem)}", "server_error",
+                     time.perf_counter())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Any) -> AsyncIterator[None]:
+        await state.start()
+        try:
+            yield
+        finally:
+            await state.stop()
+
+    routes = [Route("/health", health, methods=["GET"]), Route("/metrics", metrics, methods=["GET"]),
+              Route("/", predict, methods=["POST"]), Route("/predict", predict, methods=["POST"])]
+    return Starlette(routes=routes, lifespan=lifespan, exception_handlers={Exception: crashed})
+
+
+# ------------------------------------------------------------------------------------------------ running it
+def bind(host: str, port: int) -> socket.socket:
+    """A listening-ready socket on ``host:port`` (port 0: a free one), or one `CommandLineError` sentence."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)  # connections queue from now on, before uvicorn's loop accepts them
+    except OSError as error:
+        raise CommandLineError(f"cannot listen on {host}:{port} ({error.strerror or error}); choose another "
+                               "--host/--port (--port 0 takes a free port).") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def configure_logging() -> None:
+    """One line per event of this server on stderr: ``[deepnmt serve] ...``."""
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s [deepnmt serve] %(message)s", "%H:%M:%S"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+
+
+@contextlib.contextmanager
+def exit_quietly_on_signals() -> Iterator[None]:
+    """uvicorn handles SIGINT/SIGTERM itself (graceful shutdown), then re-raises the signal to the handler it found:
+    with no-op handlers in place, the process then ends normally, with status 0."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def serve(options: ServeOptions, loader: Callable[[], Translator] | None = None) -> int:
+    """Run the server until SIGINT/SIGTERM; 0 after a graceful shutdown. A model that cannot load stops it: its
+    error is raised (one sentence for a user's mistake, through the command line)."""
+    import uvicorn
+
+    cuda = False
+    if options.engine in (None, "torch"):
+        import torch  # the default engine depends on a GPU; torch loads with the model anyway
+
+        cuda = torch.cuda.is_available()
+    engine, folder = choose_engine(options.model, options.engine, cuda)
+    needed = {"onnx": "onnxruntime", "ctranslate2": "ctranslate2"}.get(engine)
+    if needed and importlib.util.find_spec(needed) is None:
+        raise CommandLineError(f"the {engine} engine needs {needed}, which the export extra installs: "
+                               f"{EXPORT_EXTRA_HINT}.")
+    configure_logging()
+    sock = bind(options.host, options.port)
+    host, port = sock.getsockname()[:2]
+    state = ServerState(options, engine, folder, loader)
+    config = uvicorn.Config(build_app(state), lifespan="on", access_log=False, log_level="info",
+                            timeout_graceful_shutdown=None)
+    server = uvicorn.Server(config)
+
+    def stop_on_load_error() -> None:
+        server.should_exit = True
+
+    state.on_load_error = stop_on_load_error
+    shown = f"[{host}]" if ":" in host else host
+    logger.info("listening on http://%s:%d (POST / or /predict, GET /health, GET /metrics)", shown, port)
+    with exit_quietly_on_signals():
+        server.run(sockets=[sock])
+    if state.load_error is not None:
+        raise state.load_error
+    logger.info("stopped: %d requests answered", sum(state.metrics.requests.values()))
+    return 0
