@@ -29,6 +29,8 @@ from .configuration_deep_transformer import (
 )
 
 ALLOWED_RNN_CELLS: tuple[str, ...] = ("lgru", "gru")
+# modeling_common.LENGTH_PENALTY_FORMS, spelt here so that this file imports no modeling code (tests check they agree)
+ALLOWED_LENGTH_PENALTY_FORMS: tuple[str, ...] = ("power", "gnmt")
 
 # Fields of the Transformer family (its structure and the other papers' mechanisms). PreTrainedConfig would store
 # any of them silently as an unused attribute; on a DTMT config they are a mistake and are refused by name.
@@ -94,6 +96,12 @@ class DTMTConfig(PreTrainedConfig):
         init_range (`float`, defaults to 0.08):
             Every weight, embedding and bias starts uniform in [-init_range, init_range] (§Training Details);
             LayerNorm gains start at 1 and offsets at 0. Positive.
+        length_penalty_form (`str`, defaults to `"gnmt"`):
+            How beam search normalises a hypothesis' log-probability by its length |Y| (``</s>`` counted) with the
+            generation config's ``length_penalty`` α: `"gnmt"` divides by ((5 + |Y|) / 6) ** α, the form of GNMT (Wu
+            et al. 2016, Eq. (14)) in which meng2019 decodes ("length penalty alpha = 0.6", §Training Details; the
+            authors' decoder); `"power"` by |Y| ** α, transformers' own. `generate(length_penalty_form=...)` overrides
+            it for one call (docs/meng2019-dtmt.md, "Decoding").
         label_smoothing (`float`, defaults to 0.1):
             ε of the label-smoothed NLL the model's own training-mode loss uses when the caller passes none (a stock
             `Seq2SeqTrainer` or a plain loop; `DeepNMTTrainer` passes its ``label_smoothing_factor``, and `deepnmt
@@ -154,6 +162,7 @@ class DTMTConfig(PreTrainedConfig):
         rnn_dropout: float = 0.3,
         readout_dropout: float = 0.5,
         init_range: float = 0.08,
+        length_penalty_form: str = "gnmt",
         label_smoothing: float = 0.1,
         layer_norm_eps: float = 1e-6,
         max_position_embeddings: int = 1024,
@@ -185,6 +194,7 @@ class DTMTConfig(PreTrainedConfig):
         self.rnn_dropout = rnn_dropout
         self.readout_dropout = readout_dropout
         self.init_range = init_range
+        self.length_penalty_form = length_penalty_form
         self.label_smoothing = label_smoothing
         self.layer_norm_eps = layer_norm_eps
         self.max_position_embeddings = max_position_embeddings
@@ -228,6 +238,9 @@ class DTMTConfig(PreTrainedConfig):
                   "it must be an integer ≥ 0 (the number of T-GRUs per transition block, k of DTMT#k)")
         if self.rnn_cell not in ALLOWED_RNN_CELLS:
             _fail(name, "rnn_cell", self.rnn_cell, f"use one of {list(ALLOWED_RNN_CELLS)}")
+        if self.length_penalty_form not in ALLOWED_LENGTH_PENALTY_FORMS:
+            _fail(name, "length_penalty_form", self.length_penalty_form,
+                  f"use one of {list(ALLOWED_LENGTH_PENALTY_FORMS)}")
         for field in ("encoder_transition", "query_transition", "decoder_transition", "positional_encoding",
                       "share_encoder_decoder_embeddings", "tie_word_embeddings", "use_cache", "is_encoder_decoder"):
             value = getattr(self, field)

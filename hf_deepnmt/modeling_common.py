@@ -224,6 +224,24 @@ class HubReadyMixin:
                 del self.config.custom_pipelines
 
 
+LENGTH_PENALTY_FORMS: tuple[str, ...] = ("power", "gnmt")
+
+
+class GNMTLengthPenalty(float):
+    """A length penalty α that normalises a hypothesis' log-probability by GNMT's lp(Y) = ((5 + |Y|) / 6) ** α
+    (Wu et al. 2016, Eq. (14); meng2019 decodes with α = 0.6 in this form) instead of transformers' |Y| ** α.
+
+    transformers' beam search divides by ``length ** length_penalty`` with an int ``length`` (the hypothesis' tokens,
+    ``</s>`` included) wherever it normalises — finished hypotheses and the early-stopping estimate. ``int ** float``
+    leaves the operation to the float's ``__rpow__``, so this float subclass turns every one of those divisions into
+    GNMT's while comparing, printing and saving as α. `TranslationGenerationMixin.generate` puts it in place when the
+    model config (DTMT's default) or the call says ``length_penalty_form="gnmt"``; tests/test_dtmt.py checks the returned scores against the
+    formula, so a transformers release that normalised differently would fail there, not silently."""
+
+    def __rpow__(self, length: float) -> float:  # type: ignore[override]
+        return ((5.0 + length) / 6.0) ** float(self)
+
+
 class TranslationGenerationMixin:
     """What every seq2seq class of the package shares on top of its base model ``self.model`` and ``lm_head``:
     the output embedding accessors, the encoder/decoder, labels → decoder inputs, and `generate` with checked
@@ -274,4 +292,12 @@ class TranslationGenerationMixin:
         check_generation_arguments(kwargs)
         if kwargs.get("max_length") is not None and "max_new_tokens" not in kwargs:
             kwargs["max_new_tokens"] = None
+        settings = kwargs.get("generation_config") or self.generation_config
+        form = kwargs.pop("length_penalty_form", None) or getattr(self.config, "length_penalty_form", None) or "power"
+        if form not in LENGTH_PENALTY_FORMS:
+            raise UserInputError(f"`length_penalty_form` = {form!r} is not allowed; use 'power' (|Y| ** α, "
+                                 "transformers') or 'gnmt' (((5 + |Y|) / 6) ** α).")
+        if form == "gnmt":
+            alpha = kwargs.get("length_penalty", settings.length_penalty)
+            kwargs["length_penalty"] = GNMTLengthPenalty(1.0 if alpha is None else alpha)
         return super().generate(*args, **kwargs)

@@ -664,7 +664,10 @@ class DTMTForConditionalGeneration(TranslationGenerationMixin, DTMTPreTrainedMod
         self.lm_head = nn.Linear(config.d_model, config.vocab_size)
         self.post_init()
         self.set_translation_generation_defaults()  # beam 4: §Training Details, beam_size = 4
-        self.generation_config.length_penalty = 0.6  # alpha = 0.6 (a different form from the paper's: docs/meng2019-dtmt.md)
+        # "length penalty alpha = 0.6" (§Training Details), applied in the form config.length_penalty_form names: GNMT's
+        # ((5 + |Y|) / 6) ** α by default, as the authors' decoder computes it (`GNMTLengthPenalty`;
+        # docs/meng2019-dtmt.md, "Decoding")
+        self.generation_config.length_penalty = 0.6
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:

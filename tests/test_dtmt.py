@@ -224,6 +224,43 @@ def test_default_generation_is_the_papers_beam_4_alpha_0_6(batch):
     assert _generate(model, batch, max_length=6).shape[1] <= 6
 
 
+@pytest.mark.parametrize("form", ["gnmt", "power"])
+def test_beam_scores_use_the_papers_gnmt_length_penalty(batch, form):
+    """meng2019 decodes with "length penalty alpha = 0.6" in GNMT's form: every returned hypothesis scores its
+    summed log-probability (teacher-forced here) / ((5 + |Y|) / 6) ** 0.6, |Y| its tokens with </s>, by default;
+    ``length_penalty_form="power"`` gives transformers' / |Y| ** 0.6. The forms rank hypotheses differently."""
+    from hf_deepnmt.configuration_dtmt import ALLOWED_LENGTH_PENALTY_FORMS
+    from hf_deepnmt.modeling_common import LENGTH_PENALTY_FORMS
+
+    assert ALLOWED_LENGTH_PENALTY_FORMS == LENGTH_PENALTY_FORMS
+    torch.manual_seed(0)
+    config = DTMTConfig(vocab_size=99, d_model=16, attention_heads=2, max_position_embeddings=64, init_range=0.5)
+    model = DTMTForConditionalGeneration(config).eval()
+    assert model.config.length_penalty_form == "gnmt" and model.generation_config.length_penalty == 0.6
+    with torch.no_grad():
+        model.lm_head.bias[config.eos_token_id] += 1.4  # hypotheses end at different lengths
+    inputs = {key: batch[key] for key in ("input_ids", "attention_mask")}
+    options = {} if form == "gnmt" else {"length_penalty_form": "power"}
+    out = _generate(model, inputs, num_beams=4, num_return_sequences=4, max_new_tokens=20,
+                    return_dict_in_generate=True, output_scores=True, **options)
+    sequences = out.sequences
+    repeated = {key: value.repeat_interleave(4, dim=0) for key, value in inputs.items()}
+    with torch.no_grad():
+        log_probs = model(**repeated, decoder_input_ids=sequences[:, :-1]).logits.log_softmax(-1)
+    tokens = log_probs.gather(-1, sequences[:, 1:, None])[..., 0]
+    is_end = sequences[:, 1:] == config.eos_token_id
+    after_end = (is_end.long().cumsum(-1) - is_end.long()) > 0
+    length = (~after_end).sum(-1)  # generated tokens, </s> included
+    total = tokens.masked_fill(after_end, 0.0).sum(-1)
+    normaliser = ((5 + length) / 6) ** 0.6 if form == "gnmt" else length ** 0.6
+    assert len(set(length.tolist())) > 2  # lengths differ: the form matters
+    torch.testing.assert_close(out.sequences_scores, total / normaliser, atol=1e-4, rtol=0)
+    with pytest.raises(ValueError, match="`length_penalty_form` = 'gnm' is not allowed"):
+        _generate(model, inputs, length_penalty_form="gnm")
+    with pytest.raises(ValueError, match="length_penalty_form"):
+        DTMTConfig(vocab_size=99, d_model=16, attention_heads=2, length_penalty_form="wu")
+
+
 def test_incremental_decoding_matches_teacher_forcing(batch):
     """One token at a time through the cache, or a chunk after a cached prefix, gives the teacher-forced logits."""
     model = dtmt_model()
