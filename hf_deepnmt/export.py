@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -41,10 +43,12 @@ from .export_formats import (  # noqa: F401  (the public names of hf_deepnmt.exp
     QUANTIZATIONS,
     STANDARD_MODEL_TYPES,
     check_exportable,
+    check_modules,
     export_blockers,
     standard_model,
 )
 from .modeling_common import unwrap_model
+from .pipeline_translation import recorded_language_pairs
 
 # ------------------------------------------------------------------------------------------------ one entry point
 def export_model(model: nn.Module, tokenizer: Any, output_dir: str | os.PathLike, export_format: str,
@@ -58,9 +62,36 @@ def export_model(model: nn.Module, tokenizer: Any, output_dir: str | os.PathLike
         raise UserInputError(f"`quantization` = {quantization!r} is not allowed for {export_format}; use "
                              f"{' or '.join(QUANTIZATIONS[export_format])}, or leave it unset for float32.")
     check_exportable(model.config, export_format)
+    check_modules("export", export_format)
     model = unwrap_model(model)
     output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
+    # Written in a sibling folder and moved into place at the end: a failed or killed export leaves nothing (no empty
+    # or half-written folder); into an existing folder the files are moved one by one, replacing those of the same
+    # name, as writing them there directly would.
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.partial-", dir=output_dir.parent))
+    try:
+        write_export(model, tokenizer, partial, export_format, quantization)
+        if output_dir.is_dir() and not any(output_dir.iterdir()):
+            output_dir.rmdir()
+        if not output_dir.exists():
+            partial.rename(output_dir)
+        else:
+            for path in partial.iterdir():
+                target = output_dir / path.name
+                if target.is_dir() and not target.is_symlink():
+                    shutil.rmtree(target)
+                path.replace(target)
+            partial.rmdir()
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    return output_dir
+
+
+def write_export(model: nn.Module, tokenizer: Any, output_dir: Path, export_format: str,
+                 quantization: str | None) -> None:
+    """The files of an export (`export_model`) written into the existing folder ``output_dir``."""
     onnx_section = None
     if export_format == "onnx":
         from .export_onnx import export_onnx
@@ -91,6 +122,8 @@ def export_model(model: nn.Module, tokenizer: Any, output_dir: str | os.PathLike
         "pad_token_id": config.pad_token_id,
         "eos_token_id": config.eos_token_id,
         "decoder_start_token_id": config.decoder_start_token_id,
+        # the language pair the model translates, as its config records it (`record_language_pair`)
+        "language_pairs": [f"translation_{source}_to_{target}" for source, target in recorded_language_pairs(config)],
         "generation": {
             "num_beams": generation.num_beams,
             "max_new_tokens": generation.max_new_tokens,
@@ -102,7 +135,6 @@ def export_model(model: nn.Module, tokenizer: Any, output_dir: str | os.PathLike
     if onnx_section is not None:
         manifest["onnx"] = onnx_section
     (output_dir / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-    return output_dir
 
 
 # ------------------------------------------------------------------------------------------------ engines
@@ -183,6 +215,7 @@ def load_engine(folder: str | os.PathLike, engine: str, intra_threads: int = 2, 
         return TorchEngine(AutoModelForSeq2SeqLM.from_pretrained(folder), bf16=bf16)
     if bf16:
         raise UserInputError(f"`--bf16` is not allowed with the {engine} engine; it runs the weights the export stored.")
+    check_modules("engine", engine)
     if not (Path(folder) / MANIFEST).is_file():
         raise UserInputError(f"{folder} is not an hf_deepnmt export (no {MANIFEST}); make one with "
                          f"`deepnmt export --format {engine} MODEL OUT`.")

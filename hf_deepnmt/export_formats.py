@@ -25,6 +25,27 @@ QUANTIZATIONS: dict[str, tuple[str, ...]] = {
 # The Transformer model types of this package (one implementation, `modeling_deep_transformer`).
 STANDARD_MODEL_TYPES: tuple[str, ...] = model_type_names(TRANSFORMER)
 MANIFEST = "deepnmt_export.json"
+# The optional modules (the `export` extra) that writing a format or running an engine imports.
+REQUIRED_MODULES: dict[str, tuple[str, ...]] = {
+    "export onnx": ("onnx", "onnxscript", "onnxruntime"),  # torch.onnx.export's dependencies; int8: ONNX Runtime
+    "export ctranslate2": ("ctranslate2",),
+    "export marian": (),
+    "engine torch": (),
+    "engine onnx": ("onnxruntime",),
+    "engine ctranslate2": ("ctranslate2",),
+}
+
+
+def check_modules(kind: str, name: str) -> None:
+    """One sentence naming the extra when a module that the ``kind`` ("export" or "engine") ``name`` needs is not
+    installed (checked without importing it)."""
+    import importlib.util
+
+    missing = [module for module in REQUIRED_MODULES[f"{kind} {name}"] if importlib.util.find_spec(module) is None]
+    if missing:
+        what = f"the {name} export" if kind == "export" else f"the {name} engine"
+        raise UserInputError(f"{what} needs {' and '.join(missing)}, which the `export` extra installs: "
+                             "pip install 'hf_deepnmt[export]'.")
 # Activations CTranslate2 implements (names of `ctranslate2.specs.common_spec.Activation`); `quick_gelu` is
 # x·σ(1.702x), CTranslate2's GELUSigmoid.
 CT2_ACTIVATIONS: dict[str, str] = {

@@ -25,7 +25,10 @@ The description of both graphs (which memory and past tensors, how the past star
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -175,9 +178,34 @@ def onnx_manifest(description: dict[str, Any]) -> dict[str, Any]:
                         "outputs": ["logits", *(entry["present"] for entry in description["past"])]}}
 
 
+class _Silenced(logging.Filter):
+    """Drops log records no user can act on: torch.onnx's "torchvision is not installed. Skipping torchvision::nms"
+    (four per graph) and ONNX Runtime's "Please consider to run pre-processing before quantization" (per graph)."""
+
+    MESSAGES = ("torchvision is not installed", "consider to run pre-processing before quantization")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(text in record.getMessage() for text in self.MESSAGES)
+
+
+@contextlib.contextmanager
+def _quiet_exporters() -> Iterator[None]:
+    """`_Silenced` on the loggers that emit those records (torch.onnx's registration module, the root logger that
+    onnxruntime.quantization logs to), for the duration of an export."""
+    silenced = _Silenced()
+    loggers = [logging.getLogger("torch.onnx._internal.exporter._registration"), logging.getLogger()]
+    for logger in loggers:
+        logger.addFilter(silenced)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeFilter(silenced)
+
+
 def _export(program: nn.Module, args: tuple, dynamic_shapes: tuple, input_names: list[str],
             output_names: list[str], path: Path) -> None:
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _quiet_exporters():
         warnings.simplefilter("ignore")  # the exporter's own deprecation and tracing chatter
         onnx_program = torch.onnx.export(program, args, dynamo=True, opset_version=ONNX_OPSET,
                                          input_names=input_names, output_names=output_names,
@@ -230,8 +258,9 @@ def export_onnx(model: nn.Module, output_dir: str | Path, quantization: str | No
         for name in ("encoder", "decoder"):
             path = output_dir / f"{name}.onnx"
             quantized = output_dir / f"{name}.int8.onnx"
-            quantize_dynamic(str(path), str(quantized), weight_type=QuantType.QInt8,
-                             op_types_to_quantize=["MatMul", "Gemm"], extra_options={"EnableSubgraph": True})
+            with _quiet_exporters():
+                quantize_dynamic(str(path), str(quantized), weight_type=QuantType.QInt8,
+                                 op_types_to_quantize=["MatMul", "Gemm"], extra_options={"EnableSubgraph": True})
             quantized.replace(path)
     return manifest
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 import copy
 import re
 import warnings
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -127,14 +128,31 @@ class TranslationPipeline(Pipeline):
     _load_processor = False
     _load_image_processor = False
     _load_feature_extractor = False
-    _load_tokenizer = True
+    # None: transformers' `pipeline()` tries to load the tokenizer but hands over None when that fails, so that a
+    # model folder without one gets the sentence below instead of transformers' advice to install sentencepiece.
+    _load_tokenizer = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         """`Pipeline.__init__`, then a ``"translation_<src>_to_<tgt>"`` task is checked against the model's pair."""
         super().__init__(*args, **kwargs)
+        if self.tokenizer is None:
+            self._explain_missing_tokenizer()
         pair = parse_translation_task(self.task)
         if pair is not None:
             self._check_languages("task", self.task, *pair)
+
+    def _explain_missing_tokenizer(self) -> None:
+        """Raise one sentence for a pipeline without a tokenizer; a folder whose tokenizer files exist but do not
+        load gets transformers' own error (loading them again)."""
+        name = getattr(self.model, "name_or_path", "") or ""
+        folder = Path(name).expanduser() if name else None
+        if folder is not None and folder.is_dir() and any(folder.glob("tokenizer*.json")):
+            from transformers import AutoTokenizer
+
+            AutoTokenizer.from_pretrained(name)  # raises what is wrong with those files
+        where = f"the model folder {name!r} holds no tokenizer (no tokenizer.json)" if name else "no tokenizer was given"
+        raise UserInputError(f"TranslationPipeline: {where}; save the tokenizer beside the weights "
+                             "(`tokenizer.save_pretrained(folder)`, as `deepnmt train` does) or pass `tokenizer=`.")
 
     def _check_languages(self, argument: str, value: Any, source: str | None, target: str | None) -> None:
         """Raise one `ValueError` sentence unless ``source`` / ``target`` (``None``: not given) is a pair the model's

@@ -499,7 +499,7 @@ def test_every_command_takes_model_name_or_path_its_alias_and_hyphen_spellings(t
     (["train", "--recipe", "quickstart", "--max_step", "3"], "unknown option `--max_step`; did you mean --max_steps"),
     (["train", "--recipe", "quickstart", "--nm_beams", "2"], "did you mean --num_beams or --eval_num_beams?"),
     (["quickstart", "--max-step", "3"], "unknown option `--max_step`"),
-    (["evaluate", "--test_file", "t"], "the following arguments are required: --model_name_or_path/--model"),
+    (["evaluate", "--test_file", "t"], "give the model once, as MODEL or --model_name_or_path"),
     (["train", "--recipe", "quickstart", "--max_steps", "abc"], "--max_steps/--max-steps: invalid int value: 'abc'"),
     (["export", "only-one-path", "--format", "onnx"], "give one model (MODEL or --model_name_or_path) and one output"),
     (["push", "a", "--model", "b", "--repo_id", "me/x"], "give the model folder once"),

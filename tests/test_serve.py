@@ -562,7 +562,7 @@ def test_without_the_serve_extra_serve_says_which_extra_to_install(model_folder,
                         lambda name, *args: None if name in ("starlette", "uvicorn") else find_spec(name, *args))
     assert main(["serve", str(model_folder)]) == 2
     error = capsys.readouterr().err.strip().splitlines()
-    assert error == ["deepnmt serve: the server needs starlette and uvicorn, which the serve extra installs: "
+    assert error == ["deepnmt serve: the server needs starlette and uvicorn, which the `serve` extra installs: "
                      "pip install 'hf_deepnmt[serve]'."]
 
 

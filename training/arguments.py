@@ -9,7 +9,11 @@ with its closest matches, in one sentence (`CommandLineError`), never as a usage
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import re
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 from .errors import CommandLineError
@@ -96,3 +100,102 @@ def add_model_option(parser: argparse.ArgumentParser, help_text: str, required: 
     """``--model_name_or_path`` (alias ``--model``), the model option of every command."""
     parser.add_argument("--model_name_or_path", "--model", dest="model", required=required, metavar="MODEL",
                         help=help_text)
+
+
+def add_model_argument(parser: argparse.ArgumentParser, help_text: str, metavar: str = "MODEL") -> None:
+    """The model of a command that takes one: a positional ``MODEL`` or ``--model_name_or_path`` (alias
+    ``--model``), exactly one of them (`model_argument` reads it)."""
+    parser.add_argument("positional_model", nargs="?", metavar=metavar, help=f"{help_text} (or --model_name_or_path)")
+    add_model_option(parser, f"{help_text}, instead of the positional {metavar}.", required=False)
+
+
+def model_argument(parser: argparse.ArgumentParser, args: argparse.Namespace, metavar: str = "MODEL") -> str:
+    """The model `add_model_argument` took, given once; sets ``args.model``."""
+    if bool(args.positional_model) == bool(args.model):
+        parser.error(f"give the model once, as {metavar} or --model_name_or_path")
+    args.model = args.model or args.positional_model
+    return args.model
+
+
+# Languages ----------------------------------------------------------------------------------------------------
+# A model records the pair it translates in its config (hf_deepnmt.record_language_pair, docs/training.md): here it is
+# read from the saved files with the standard library, before torch loads, in the form
+# hf_deepnmt.pipeline_translation.parse_translation_task reads (tests/test_cli.py checks that both agree).
+_TRANSLATION_TASK = re.compile(r"translation_(?P<src>.+?)_to_(?P<tgt>.+)")
+
+
+def saved_language_pairs(folder: str | os.PathLike) -> list[tuple[str, str]] | None:
+    """The ``(source, target)`` pairs a saved model folder (its ``config.json``) or a `deepnmt export` folder (its
+    ``deepnmt_export.json``) records; ``None`` when ``folder`` is not a local folder with either file."""
+    folder = Path(folder).expanduser()
+    for name, key in (("deepnmt_export.json", "language_pairs"), ("config.json", "task_specific_params")):
+        path = folder / name
+        if path.is_file():
+            try:
+                saved = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                return None  # an unreadable file is reported when the model loads
+            if not isinstance(saved, dict) or (name == "deepnmt_export.json" and key not in saved):
+                continue  # an export written before it recorded the pair: its config.json may
+            recorded = saved.get(key) or {}
+            names = recorded if isinstance(recorded, (dict, list)) else []
+            pairs = []
+            for entry in names:
+                match = _TRANSLATION_TASK.fullmatch(entry) if isinstance(entry, str) else None
+                if match:
+                    pairs.append((match["src"], match["tgt"]))
+            return pairs
+    return None
+
+
+def resolve_language_pair(model: str, pairs: list[tuple[str, str]] | None, source_lang: str | None,
+                          target_lang: str | None, required: bool) -> tuple[str | None, str | None]:
+    """``--source_lang`` / ``--target_lang`` checked against the pairs the model records (``pairs``; ``None``: not
+    known here) and completed from them: a language the model does not translate is refused, a missing one is the
+    model's. With ``required`` (the command reads a parallel file), a model that records no pair needs both."""
+    if pairs:
+        def same(given: str | None, recorded: str) -> bool:
+            return given is None or given.lower() == recorded.lower()
+
+        matching = [pair for pair in pairs if same(source_lang, pair[0]) and same(target_lang, pair[1])]
+        if not matching:
+            recorded = ", ".join(f"{source} → {target}" for source, target in pairs)
+            given = " → ".join(language or "?" for language in (source_lang, target_lang))
+            raise CommandLineError(f"`--source_lang`/`--target_lang` = {given} is not allowed: {model} translates "
+                                   f"{recorded} (recorded in its config); leave them out to use the model's pair.")
+        if len(matching) == 1:
+            return source_lang or matching[0][0], target_lang or matching[0][1]
+    if required and (source_lang is None or target_lang is None):
+        why = ("records several pairs" if pairs else "records no language pair") if pairs is not None else \
+            "is not a local folder whose config could be read"
+        raise CommandLineError(f"{model} {why}; pass --source_lang and --target_lang (the languages of the test "
+                               "file to read).")
+    return source_lang, target_lang
+
+
+def add_language_options(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--source_lang`` / ``--target_lang`` (aliases ``--src_lang`` / ``--tgt_lang``): default the model's pair."""
+    parser.add_argument("--source_lang", default=None, help=f"Source language code {what} (default: the one the "
+                        "model's config records; a model trained with `deepnmt train` records its pair).")
+    parser.add_argument("--target_lang", default=None, help=f"Target language code {what} (default: the model's).")
+
+
+# Optional extras ----------------------------------------------------------------------------------------------
+def require_modules(extra: str, modules: Sequence[str], what: str) -> None:
+    """One sentence naming the extra to install when one of ``modules`` cannot be imported (checked without
+    importing them)."""
+    import importlib.util
+
+    missing = [name for name in modules if importlib.util.find_spec(name) is None]
+    if missing:
+        raise CommandLineError(f"{what} needs {' and '.join(missing)}, which the `{extra}` extra installs: "
+                               f"pip install 'hf_deepnmt[{extra}]'.")
+
+
+def quiet_libraries() -> None:
+    """No progress bars from transformers itself ("Loading weights", "Writing model shards": a bar a second long on
+    every command, nothing a user can act on); training's own progress bar and the data stages' bars stay. Called by
+    each command once it has parsed its arguments (it imports transformers' logging, ~1 s)."""
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()

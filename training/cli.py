@@ -37,12 +37,20 @@ from .arguments import (
     QUANTIZATIONS,
     TRAIN_ALIASES,
     CommandParser,
+    add_language_options,
+    add_model_argument,
     add_model_option,
     canonical_options,
+    model_argument,
+    quiet_libraries,
+    require_modules,
+    resolve_language_pair,
+    saved_language_pairs,
     underscored,
 )
 from .errors import CommandLineError, NonFiniteLossError, hub_lookup, is_user_mistake
 
+EMBEDDED_TEST = "corpus:web-sparv/test.jsonl.gz"  # the embedded corpus' test books (English → Spanish)
 COMMANDS = ("quickstart", "train", "evaluate", "diagnose", "translate", "export", "serve", "push",
             "average-checkpoints")
 
@@ -53,11 +61,10 @@ def _top_level_help() -> str:
 def _evaluate(argv: Sequence[str]) -> int:
     parser = CommandParser(prog="deepnmt evaluate", description="Score a saved model on a test file "
                            "(BLEU, chrF, TER with sacreBLEU signatures) using beam search.")
-    add_model_option(parser, "Saved model folder (or Hub id).")
+    add_model_argument(parser, "Saved model folder (or Hub id)")
     parser.add_argument("--test_file", required=True, help="Test data: .jsonl/.json/.tsv, a PREFIX of "
                         "PREFIX.<lang> files, or corpus:web-sparv/test.jsonl.gz (the embedded corpus).")
-    parser.add_argument("--source_lang", default="en", help="Source language code (default: en).")
-    parser.add_argument("--target_lang", default="es", help="Target language code (default: es).")
+    add_language_options(parser, "of --test_file")
     parser.add_argument("--num_beams", type=int, default=4, help="Beam size (default: 4).")
     parser.add_argument("--batch_size", type=int, default=32, help="Sentences per generate() call (default: 32).")
     parser.add_argument("--max_samples", type=int, default=None, help="Score only the first N pairs.")
@@ -67,13 +74,16 @@ def _evaluate(argv: Sequence[str]) -> int:
                         "the mean per-token KL between predictions with the real and an all-<unk> source (li2022 "
                         "collapse monitor; default: 64).")
     args = parser.parse_args(argv)
+    model_of(parser, args, needs_tokenizer=True)
     if args.num_beams < 1 or args.batch_size < 1 or args.reliance_pairs < 1:
         parser.error("--num_beams, --batch_size and --reliance_pairs must be ≥ 1.")
+    languages_of(args, required=True)
     from .data import read_parallel_file
     from .recipes import resolve_path
     from .translate import corpus_source_reliance, evaluate_model
 
     model, tokenizer = load_model_and_tokenizer(args.model)
+    languages_of(args, required=True, model=model)
     corpus = read_parallel_file(resolve_path(args.test_file), args.source_lang, args.target_lang, args.max_samples)
     scores, hypotheses = evaluate_model(args.model, args.test_file, args.source_lang, args.target_lang,
                                         num_beams=args.num_beams, batch_size=args.batch_size,
@@ -98,16 +108,19 @@ def _diagnose(argv: Sequence[str]) -> int:
     parser = CommandParser(prog="deepnmt diagnose", description="Tell a collapsed or stalled model from a "
                            "healthy one: source reliance (li2022's collapse monitor), and per decoder layer "
                            "the cross-attention share ‖CrossAttn(h)‖/‖h‖ and its attention entropy.")
-    add_model_option(parser, "Saved model folder (or Hub id).")
-    parser.add_argument("--test_file", default="corpus:web-sparv/test.jsonl.gz", help="Sentence pairs to measure on "
-                        "(default: the embedded corpus' test books; any format `deepnmt evaluate` reads).")
-    parser.add_argument("--source_lang", default="en", help="Source language code (default: en).")
-    parser.add_argument("--target_lang", default="es", help="Target language code (default: es).")
+    add_model_argument(parser, "Saved model folder (or Hub id)")
+    parser.add_argument("--test_file", default=None, help="Sentence pairs to measure on (any format `deepnmt "
+                        f"evaluate` reads; default: the embedded corpus' test books, {EMBEDDED_TEST}, for an "
+                        "English→Spanish model).")
+    add_language_options(parser, "of --test_file")
     parser.add_argument("--pairs", type=int, default=64, help="Sentence pairs to use (default: 64).")
     parser.add_argument("--output_json", default=None, help="Also write the measurements to this file.")
     args = parser.parse_args(argv)
+    model_of(parser, args, needs_tokenizer=True)
     if args.pairs < 1:
         parser.error(f"--pairs {args.pairs} is not allowed; use 1 or more.")
+    embedded_pair = ("en", "es") if args.test_file is None else None  # the embedded corpus' languages
+    languages_of(args, required=args.test_file is not None, default=embedded_pair)
     from .data import read_parallel_file
     from .diagnose import diagnose
     from .recipes import resolve_path
@@ -116,6 +129,13 @@ def _diagnose(argv: Sequence[str]) -> int:
     if not hasattr(model.get_decoder(), "layers"):
         raise CommandLineError(f"deepnmt diagnose: {args.model} is a {model.config.model_type} model; the "
                                "per-layer cross-attention measurements need a Transformer of this package.")
+    languages_of(args, required=args.test_file is not None, model=model, default=embedded_pair)
+    if args.test_file is None:
+        if (args.source_lang, args.target_lang) != embedded_pair:
+            raise CommandLineError(f"{args.model} translates {args.source_lang} → {args.target_lang}, and the "
+                                   f"default --test_file, the embedded corpus, is English → Spanish; pass --test_file "
+                                   "with sentence pairs in the model's languages.")
+        args.test_file = EMBEDDED_TEST
     corpus = read_parallel_file(resolve_path(args.test_file), args.source_lang, args.target_lang, args.pairs)
     result = diagnose(model, tokenizer, corpus.sources, corpus.targets, args.pairs)
     print(result.report())
@@ -127,8 +147,10 @@ def _diagnose(argv: Sequence[str]) -> int:
 def _translate(argv: Sequence[str]) -> int:
     parser = CommandParser(prog="deepnmt translate", description="Translate one sentence per line "
                            "from a file or stdin to stdout (batched, beam search).")
-    add_model_option(parser, "Saved model folder (or Hub id); with --engine ctranslate2 or onnx, a folder written "
-                     "by `deepnmt export --format ENGINE`.")
+    add_model_argument(parser, "Saved model folder (or Hub id); with --engine ctranslate2 or onnx, a folder "
+                       "written by `deepnmt export --format ENGINE`")
+    add_language_options(parser, "of the input (checked against the model's pair; the model has one direction, so "
+                         "they never change the translation)")
     parser.add_argument("--engine", choices=ENGINES, default="torch", help="What runs the model: torch "
                         "(`generate`, default), ctranslate2 or onnx (ONNX Runtime); same batching, and the same output "
                         "up to float32 rounding at exact ties — for ctranslate2, when the model's generation config "
@@ -152,6 +174,7 @@ def _translate(argv: Sequence[str]) -> int:
     parser.add_argument("--threads", type=int, default=None, help="Intra-op threads of the engine (default: "
                         "torch's default thread count).")
     args = parser.parse_args(argv)
+    model_of(parser, args, needs_tokenizer=True)
     for name in ("num_beams", "batch_size", "window", "threads", "max_new_tokens"):
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -160,6 +183,7 @@ def _translate(argv: Sequence[str]) -> int:
         parser.error(f"--input {args.input} does not exist")
     if args.resume and args.output == "-":
         parser.error("--resume needs --output FILE (the lines already translated are read from it)")
+    languages_of(args, required=False)
     import torch
     from tqdm.auto import tqdm
     from transformers import AutoTokenizer
@@ -170,10 +194,13 @@ def _translate(argv: Sequence[str]) -> int:
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    quiet_libraries()
     with hub_lookup(args.model):
         engine = load_engine(args.model, args.engine, intra_threads=args.threads or torch.get_num_threads(),
                              bf16=args.bf16)
         tokenizer = AutoTokenizer.from_pretrained(args.model)
+    if hasattr(engine, "model"):  # torch: a Hub id's pair is known once its config is loaded
+        languages_of(args, required=False, model=engine.model)
     window = args.batch_size if args.stream else args.window
     done = completed_lines(args.output) if args.resume else 0
     total = None
@@ -190,12 +217,18 @@ def _translate(argv: Sequence[str]) -> int:
                   file=sys.stderr)
         bar = files.enter_context(tqdm(total=total, initial=done, unit="line", desc="translating", file=sys.stderr,
                                        disable=args.input == "-" or args.stream))
+        translated = 0
         for translation in translate_windows(engine, tokenizer, lines, window=window, batch_size=args.batch_size,
                                              progress=bar, num_beams=args.num_beams,
                                              max_new_tokens=args.max_new_tokens):
             output.write(translation + "\n")
+            translated += 1
             if args.stream:
                 output.flush()
+    if not translated:
+        source = "stdin" if args.input == "-" else args.input
+        print(f"[deepnmt] translate: {source} has no {'more ' if done else ''}lines to translate; nothing was "
+              "written.", file=sys.stderr)
     return 0
 
 
@@ -225,11 +258,15 @@ def _export(argv: Sequence[str]) -> int:
     output = Path(args.output)
     if output.exists() and any(output.iterdir()) and not args.force:
         raise CommandLineError(f"the output folder {output} is not empty; choose a new one or pass --force.")
-    from hf_deepnmt.export import export_model
+    check_reference("MODEL", args.model)
+    check_tokenizer("MODEL", args.model)
+    from hf_deepnmt.export import check_modules, export_model
+
+    check_modules("export", args.format)  # before the model loads
 
     model, tokenizer = load_model_and_tokenizer(args.model)
     export_model(model, tokenizer, output, args.format, args.quantization)
-    print(f"wrote a {args.format} export ({args.quantization or 'float32'}) of {args.model} to {output}; try: "
+    print(f"wrote {'an' if args.format == 'onnx' else 'a'} {args.format} export ({args.quantization or 'float32'}) of {args.model} to {output}; try: "
           f"deepnmt translate --engine {'torch' if args.format == 'marian' else args.format} --model {output}")
     return 0
 
@@ -279,12 +316,8 @@ def _serve(argv: Sequence[str]) -> int:
             parser.error(f"--{name} {value} is not allowed; use 1 or more")
     if not (args.max_wait_ms >= 0 and args.max_wait_ms < float("inf")):
         parser.error(f"--max_wait_ms {args.max_wait_ms} is not allowed; use 0 or more milliseconds")
-    import importlib.util
-
-    missing = [name for name in ("starlette", "uvicorn") if importlib.util.find_spec(name) is None]
-    if missing:
-        raise CommandLineError(f"the server needs {' and '.join(missing)}, which the serve extra installs: "
-                               "pip install 'hf_deepnmt[serve]'.")
+    require_modules("serve", ("starlette", "uvicorn"), "the server")
+    quiet_libraries()
     from .serve import ServeOptions, serve
 
     return serve(ServeOptions(model=folder, engine=args.engine, host=args.host, port=args.port,
@@ -363,6 +396,52 @@ MODEL_REFERENCE_FLAGS = ("--model", "--model_name_or_path", "--warm_start_from",
 SAVED_MARKERS = ("config.json", "tokenizer.json", "deepnmt_export.json")
 
 
+def model_of(parser: CommandParser, args: Any, needs_tokenizer: bool = False) -> str:
+    """The model of a command taking `add_model_argument`'s MODEL: given once; a positional one checked as
+    `check_references` checks the options; with ``needs_tokenizer`` a local model folder must hold its tokenizer."""
+    model = model_argument(parser, args)
+    if args.positional_model:
+        check_reference("MODEL", model)
+    if needs_tokenizer:
+        check_tokenizer("MODEL" if args.positional_model else "--model", model)
+    return model
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "spiece.model", "sentencepiece.bpe.model",
+                   "source.spm", "vocab.txt")
+
+
+def check_tokenizer(flag: str, value: str) -> None:
+    """One sentence when a local model folder holds no tokenizer (transformers' own error speaks of sentencepiece or
+    tiktoken): `deepnmt train` saves it beside the weights, a model saved by hand needs
+    ``tokenizer.save_pretrained(folder)``."""
+    folder = Path(value).expanduser()
+    if (folder / "config.json").is_file() and not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise CommandLineError(f"`{flag}` = {value!r} holds a model but no tokenizer (no tokenizer.json); save it "
+                               "beside the weights with `tokenizer.save_pretrained(folder)` (`deepnmt train` does).")
+
+
+def languages_of(args: Any, required: bool, model: Any = None, default: tuple[str, str] | None = None) -> None:
+    """Set ``args.source_lang`` / ``args.target_lang`` from the pair the model records
+    (`training.arguments.resolve_language_pair`): from a local folder's saved files before anything loads, or — for a
+    Hub id, once loaded — from ``model``'s config. ``default``: the pair to use when the model records none and none
+    was given."""
+    pairs = saved_language_pairs(args.model)
+    if model is None and pairs is None:
+        return  # a Hub id: checked once it is loaded
+    if model is not None:
+        if pairs is not None:
+            return  # done from the saved files
+        from hf_deepnmt import recorded_language_pairs
+
+        pairs = recorded_language_pairs(model.config)
+    if not pairs and default is not None and args.source_lang is None and args.target_lang is None:
+        args.source_lang, args.target_lang = default
+        return
+    args.source_lang, args.target_lang = resolve_language_pair(args.model, pairs, args.source_lang, args.target_lang,
+                                                               required)
+
+
 def check_references(argv: Sequence[str]) -> None:
     """Refuse, before anything loads, a model/tokenizer option that names a local path that does not exist, a file,
     or a folder holding no saved model — which the Hub client would otherwise report as an invalid repository id or a
@@ -410,6 +489,7 @@ def check_saved_model(folder: Path, flag: str = "--model") -> None:
 
 def load_model_and_tokenizer(value: str) -> tuple[Any, Any]:
     """The model and tokenizer of a saved folder or Hub id (`hub_lookup` names a missing one)."""
+    quiet_libraries()
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     import hf_deepnmt  # noqa: F401  (registers this package's model types with the Auto classes)
@@ -468,6 +548,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if command == "train" and rest in (["--help"], ["-h"]):
             print(train_help(), end="")
             return 0
+        if command in ("train", "quickstart"):
+            from .train_options import precheck
+
+            precheck(rest)  # a mistake in well under a second, before torch loads
         if command == "train":
             from .report import print_train_summary
             from .train import train

@@ -26,7 +26,7 @@ from transformers import (
 
 from hf_deepnmt.errors import UserInputError
 
-from .arguments import TRAIN_ALIASES, canonical_options
+from .arguments import TRAIN_ALIASES, canonical_options, quiet_libraries
 from .build import build_model, load_or_train_tokenizer, lr_scheduler_factory, model_fields, optimizer_setting
 from .checkpoints import resume_target
 from .data import DataArguments, DataError, length_column
@@ -80,10 +80,36 @@ class TimeBudget(TrainerCallback):
         return control
 
 
+# A run with --max_train_minutes and no --max_steps runs until its budget: transformers needs a step count, so it
+# gets one no budget reaches (docs/defaults.md, "A time budget is a run length").
+UNBOUNDED_STEPS = 1_000_000_000
+# Schedules whose learning rate at a step does not depend on the run's length (the others decay over --max_steps).
+LENGTH_FREE_SCHEDULES = ("inverse_sqrt", "constant", "constant_with_warmup", "rnnplus_warmup_decay")
+
+
+def run_until_budget(model_args: ModelArguments, training_args: Seq2SeqTrainingArguments) -> None:
+    """``--max_train_minutes`` without ``--max_steps`` (nor a recipe's): train until the budget, as fairseq's
+    ``--stop-time-hours`` does, instead of stopping after ``--num_train_epochs``. The learning-rate schedule must not
+    depend on the run length, since the length is unknown."""
+    if model_args.max_train_minutes is None or training_args.max_steps > 0:
+        return
+    schedule = model_args.lr_schedule or getattr(training_args.lr_scheduler_type, "value",
+                                                 training_args.lr_scheduler_type)
+    if schedule not in LENGTH_FREE_SCHEDULES:
+        raise UserInputError(f"`--lr_scheduler_type` = {schedule!r} decays over --max_steps, which a run of "
+                             f"--max_train_minutes {model_args.max_train_minutes:g} without --max_steps does not know; "
+                             f"give --max_steps too, or use one of {', '.join(LENGTH_FREE_SCHEDULES[:3])}.")
+    training_args.max_steps = UNBOUNDED_STEPS
+    if training_args.process_index == 0:
+        print(f"[deepnmt] --max_train_minutes {model_args.max_train_minutes:g} without --max_steps: training until "
+              "the budget is spent", file=sys.stderr)
+
+
 def train(argv: Sequence[str]) -> TrainOutcome:
     """`deepnmt train`: data -> tokenizer -> model -> DeepNMTTrainer -> saved model, card, plots, metrics."""
     started = time.time()
     model_args, data_args, training_args, recipe = parse_train_args(argv)
+    quiet_libraries()
     schedule = lr_scheduler_factory(model_args, training_args)
     if not model_args.model_name_or_path:  # a bad model config fails now, not after the tokenizer is trained
         model_type, fields = model_fields(model_args, recipe["model"])
@@ -102,8 +128,11 @@ def train(argv: Sequence[str]) -> TrainOutcome:
     tokenizer = load_or_train_tokenizer(model_args, data_args, training_args, corpora["train"])
     model = build_model(model_args, data_args, recipe["model"], tokenizer, training_args.label_smoothing_factor)
     model.generation_config.num_beams = model_args.eval_num_beams
+    if model_args.eval_num_beams == 1:  # greedy: transformers refuses to save a beam-only setting beside it
+        model.generation_config.early_stopping = False
     prepared = tokenize_corpora(corpora, tokenizer, model_args, data_args, training_args)
     datasets = {split: entry.dataset for split, entry in prepared.items()}
+    run_until_budget(model_args, training_args)
     trainer = build_trainer(model, tokenizer, datasets, model_args, data_args, training_args, schedule)
     # Seq2SeqTrainer's evaluation writes transformers' global defaults (max_length=20, …) into the model's
     # generation config; save the model with the one it was built with.

@@ -6,7 +6,6 @@ the parsed arguments (`training.defaults`); ``--help``'s description.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import textwrap
@@ -26,6 +25,7 @@ from .data import DataArguments
 from .defaults import PARSE_TIME_DEFAULTS, given_options, resolve as resolve_defaults
 from .errors import CommandLineError, is_user_mistake
 from .recipes import load_recipe, parse_overrides, recipe_to_argv, resolve_path
+from .train_options import check_option_values, store_option_table
 
 
 @dataclass
@@ -53,7 +53,7 @@ class ModelArguments:
     lr_replicas: int | None = field(default=None, metadata={"help": "rnnplus_warmup_decay: n, the number of concurrent model replicas (peak lr = n · lr0); default: processes × gradient accumulation steps."})
     license: str = field(default="apache-2.0", metadata={"help": "License written into the model card."})
     dataset_label: str | None = field(default=None, metadata={"help": "Dataset name for the model card (default: the file or Hub name)."})
-    max_train_minutes: float | None = field(default=None, metadata={"help": "Stop training after this many minutes of training (evaluations included; the run then saves, tests and writes its card as after --max_steps): a wall-clock budget, e.g. to compare setups at equal time."})
+    max_train_minutes: float | None = field(default=None, metadata={"help": "Stop training after this many minutes of training (evaluations included; the run then saves, tests and writes its card as after --max_steps): a wall-clock budget, e.g. to compare setups at equal time. Without --max_steps (on the command line or in the recipe) the run trains until the budget is spent, whatever --num_train_epochs says (fairseq's --stop-time-hours); the learning-rate schedule must then not depend on the run length (inverse_sqrt, the NMT default, constant, constant_with_warmup, rnnplus_warmup_decay)."})
     nmt_defaults: bool = field(default=True, metadata={"help": "A model trained from scratch without --recipe gets NMT defaults for every option the command line leaves unset: model size, learning rate, warm-up, token batch and vocabulary from the data size and device, inverse-sqrt schedule, Adam β2 0.98, validation BLEU four times per run (docs/defaults.md); the resolved values are printed at start. false: transformers' fine-tuning defaults."})
 
 
@@ -151,6 +151,7 @@ def parse_train_args(argv: Sequence[str]) -> tuple[ModelArguments, DataArguments
         if not {"validation_file", "dataset_name"} & given:
             scratch_defaults.pop("eval_strategy", None)  # nothing to evaluate on
     parser = train_argument_parser(scratch_defaults)
+    store_option_table(parser)  # for the next command line's check before torch loads (training.train_options)
     model_args, data_args, training_args, unknown = _parse(parser, recipe_to_argv(recipe) + argv, remaining=True)
     if unknown:
         raise CommandLineError(unknown_arguments_message(unknown, list(parser._option_string_actions))
@@ -206,29 +207,7 @@ def check_train_args(model_args: ModelArguments, training_args: Seq2SeqTrainingA
                                f"process group of {training_args.world_size}; each would train alone and write the "
                                "same --output_dir. Launch with torchrun/accelerate on matching devices, or run one "
                                "process.")
-    for name in ("eval_num_beams", "vocab_size", "bpe_min_frequency", "bpe_sample_pairs", "admin_profile_tokens"):
-        value = getattr(model_args, name)
-        if not (isinstance(value, int) and value >= 1):
-            raise CommandLineError(f"`--{name}` = {value!r} is not allowed; use a positive integer.")
-    if training_args.max_steps < 1 and training_args.max_steps != -1:
-        # transformers reads every non-positive value as "train for --num_train_epochs"; -1 is its documented default
-        raise CommandLineError(f"`--max_steps` = {training_args.max_steps} is not allowed; use a positive number of "
-                               "optimizer steps, or -1 (the default) to train for --num_train_epochs.")
-    minutes = model_args.max_train_minutes
-    if minutes is not None and not (math.isfinite(minutes) and minutes > 0):
-        raise CommandLineError(f"`--max_train_minutes` = {minutes!r} is not allowed; use a positive number of "
-                               "minutes.")
-    treated = model_args.warm_start_new_lr_scale != 1.0 or model_args.warm_start_freeze_steps != 0
-    if treated and not model_args.warm_start_from:
-        raise CommandLineError("`--warm_start_new_lr_scale` / `--warm_start_freeze_steps` apply to the parameters a "
-                               "warm start adds; give --warm_start_from too, or leave them at 1.0 / 0.")
-    scale, hold = model_args.warm_start_new_lr_scale, model_args.warm_start_freeze_steps
-    if not (math.isfinite(scale) and scale > 0):
-        raise CommandLineError(f"`--warm_start_new_lr_scale` = {scale!r} is not allowed; use a number > 0 (1.0: the "
-                               "same learning rate as the trained parameters; --warm_start_freeze_steps holds them).")
-    if hold < 0:
-        raise CommandLineError(f"`--warm_start_freeze_steps` = {hold!r} is not allowed; use 0 (no hold) or a positive "
-                               "number of optimizer steps.")
+    check_option_values(model_args, training_args)
 
 
 def apply_scratch_defaults(model_args: ModelArguments, data_args: DataArguments,
