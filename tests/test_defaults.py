@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 from conftest import train_argv
 
 from training.cli import main
+from training.train import UNBOUNDED_STEPS
 from training.defaults import CPU_SIZES, GPU_SIZES, PARSE_TIME_DEFAULTS, given_options, resolve, size_class
 from training.train_arguments import apply_scratch_defaults, parse_train_args
 
@@ -148,3 +150,33 @@ def test_train_help_names_the_defaults_the_paper_switches_recipes_and_presets(ca
     assert "meng2019: rnn_cell=lgru, transition_depth=4" in text
     assert "quickstart" in text.split("Recipes (--recipe NAME):")[1].split("Presets")[0]
     assert "transformer-base" in text.split("Presets (--config_name NAME):")[1]
+
+
+@pytest.mark.integration
+def test_a_budget_run_validates_by_the_clock_and_keeps_its_best_checkpoint(small_corpus, tmp_path, capsys):
+    """--max_train_minutes without --max_steps: validation every quarter of the budget (not every 1000 steps, which a
+    short budget never reaches), the best checkpoint by validation BLEU is the saved and tested model, and the run
+    says which one it kept."""
+    from safetensors.torch import load_file
+
+    out = tmp_path / "run"
+    code = main(["train", "--train_file", str(small_corpus / "train.jsonl"),
+                 "--validation_file", str(small_corpus / "valid.jsonl"), "--output_dir", str(out),
+                 "--max_train_minutes", "0.3", "--vocab_size", "200", "--bpe_min_frequency", "1",
+                 "--max_eval_samples", "8", "--max_source_length", "48", "--max_target_length", "48",
+                 "--report_to", "none", "--disable_tqdm", "true", "--save_total_limit", "10",
+                 "--config_overrides", "d_model=16,encoder_ffn_dim=32,decoder_ffn_dim=32,max_position_embeddings=64"])
+    assert code == 0
+    printed = capsys.readouterr().err
+    args = torch.load(out / "training_args.bin", weights_only=False)
+    assert args.load_best_model_at_end and args.metric_for_best_model == "bleu" and args.greater_is_better
+    state = json.loads((out / "trainer_state.json").read_text())
+    evaluations = [entry for entry in state["log_history"] if "eval_bleu" in entry]
+    assert 3 <= len(evaluations) <= 6, evaluations  # a quarter of the budget apart, and one at its end
+    assert state["max_steps"] == UNBOUNDED_STEPS  # the budget, not --num_train_epochs, ends the run
+    best = max(evaluations, key=lambda entry: entry["eval_bleu"])
+    assert state["best_model_checkpoint"].endswith(f"checkpoint-{best['step']}")
+    assert f"kept the best of {len(evaluations)} validations: checkpoint-{best['step']}" in printed
+    saved, kept = load_file(out / "model.safetensors"), load_file(Path(state["best_model_checkpoint"]) /
+                                                                  "model.safetensors")
+    assert all(torch.equal(saved[name], kept[name]) for name in kept)

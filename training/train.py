@@ -19,6 +19,7 @@ from transformers import (
     AutoConfig,
     AutoModelForSeq2SeqLM,
     DataCollatorForSeq2Seq,
+    EarlyStoppingCallback,
     Seq2SeqTrainingArguments,
     TrainerCallback,
     set_seed,
@@ -67,13 +68,8 @@ class TimeBudget(TrainerCallback):
             self.started = time.time()
 
     def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN201
-        over = self.started is not None and time.time() - self.started >= self.seconds
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            # every process must stop at the same step: stop when any one is past the budget
-            flag = torch.tensor([float(over)], device=args.device)
-            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-            over = bool(flag.item())
-        if over:
+        # every process must stop at the same step: stop when any one is past the budget
+        if any_process(self.started is not None and time.time() - self.started >= self.seconds, args.device):
             control.should_training_stop = True
             control.should_evaluate = args.eval_strategy != "no"
             control.should_save = args.save_strategy != "no"
@@ -85,6 +81,80 @@ class TimeBudget(TrainerCallback):
 UNBOUNDED_STEPS = 1_000_000_000
 # Schedules whose learning rate at a step does not depend on the run's length (the others decay over --max_steps).
 LENGTH_FREE_SCHEDULES = ("inverse_sqrt", "constant", "constant_with_warmup", "rnnplus_warmup_decay")
+
+
+EVALUATIONS_PER_BUDGET = 4  # a budget run validates at a quarter, half, three quarters and the end of its minutes
+
+
+def any_process(flag: bool, device: Any) -> bool:
+    """``flag`` on any process of a distributed run (every process must then act at the same step); as is alone."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        value = torch.tensor([float(flag)], device=device)
+        torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX)
+        return bool(value.item())
+    return flag
+
+
+class TimedEvaluation(TrainerCallback):
+    """Validate and save a checkpoint every ``minutes`` of a budget run (`plan_evaluations`), the clock starting at
+    the first step; `TimeBudget` adds the last evaluation when the budget ends."""
+
+    def __init__(self, minutes: float) -> None:
+        self.seconds = minutes * 60.0
+        self.last: float | None = None
+
+    def on_step_begin(self, args, state, control, **kwargs):  # noqa: ANN001, ANN201 (transformers' signature)
+        if self.last is None:
+            self.last = time.time()
+
+    def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN201
+        if any_process(self.last is not None and time.time() - self.last >= self.seconds, args.device):
+            control.should_evaluate = control.should_save = True
+            self.last = time.time()
+        return control
+
+
+def plan_evaluations(model_args: ModelArguments, training_args: Seq2SeqTrainingArguments, evaluates: bool,
+                     given: set[str]) -> list[TrainerCallback]:
+    """How a from-scratch run with NMT defaults spends its validations (docs/defaults.md, "A time budget is a run
+    length"): a budget run validates every 1/`EVALUATIONS_PER_BUDGET` of its minutes instead of every --eval_steps;
+    every such run keeps the best checkpoint by validation BLEU (validation loss without --predict_with_generate) and
+    saves and tests that one at the end (transformers' ``load_best_model_at_end``); ``--early_stopping_patience N``
+    stops after N validations without improvement. Options the command line gives are kept. Returns the callbacks."""
+    callbacks: list[TrainerCallback] = []
+    patience = model_args.early_stopping_patience
+    if patience is not None and (patience < 1 or not evaluates):
+        raise UserInputError(f"`--early_stopping_patience` = {patience} is not allowed here; use a positive number of "
+                             "validations, in a run that validates (--validation_file and --eval_strategy steps).")
+    if not (model_args.nmt_defaults and evaluates and training_args.eval_strategy == "steps"):
+        if patience is not None:
+            callbacks.append(EarlyStoppingCallback(early_stopping_patience=patience))
+        return callbacks
+    budget_run = model_args.max_train_minutes is not None and training_args.max_steps == UNBOUNDED_STEPS
+    if budget_run and not {"eval_steps", "save_steps", "save_strategy"} & given:
+        training_args.eval_steps = training_args.save_steps = UNBOUNDED_STEPS  # only the clock triggers them
+        callbacks.append(TimedEvaluation(model_args.max_train_minutes / EVALUATIONS_PER_BUDGET))
+    same_schedule = training_args.save_strategy == "steps" and training_args.save_steps % training_args.eval_steps == 0
+    if same_schedule and not {"load_best_model_at_end", "metric_for_best_model"} & given:
+        training_args.load_best_model_at_end = True
+        training_args.metric_for_best_model = "bleu" if training_args.predict_with_generate else "loss"
+        training_args.greater_is_better = training_args.predict_with_generate
+    if patience is not None:
+        if not training_args.load_best_model_at_end:
+            raise UserInputError("`--early_stopping_patience` needs the best checkpoint to be kept: leave "
+                                 "--load_best_model_at_end and --save_strategy to the defaults, or set them so.")
+        callbacks.append(EarlyStoppingCallback(early_stopping_patience=patience))
+    return callbacks
+
+
+def best_checkpoint_line(state: Any, metric: str | None) -> str | None:
+    """Which checkpoint the run kept and why, for the summary; None when it kept the last weights."""
+    if not state.best_model_checkpoint or not metric:
+        return None
+    evaluations = [entry for entry in state.log_history if f"eval_{metric}" in entry]
+    return (f"[deepnmt] kept the best of {len(evaluations)} validations: {Path(state.best_model_checkpoint).name} "
+            f"(validation {metric} {state.best_metric:.4g}, {'higher' if metric != 'loss' else 'lower'} is better); "
+            "the saved model and the test scores are that checkpoint's")
 
 
 def run_until_budget(model_args: ModelArguments, training_args: Seq2SeqTrainingArguments) -> None:
@@ -133,7 +203,11 @@ def train(argv: Sequence[str]) -> TrainOutcome:
     prepared = tokenize_corpora(corpora, tokenizer, model_args, data_args, training_args)
     datasets = {split: entry.dataset for split, entry in prepared.items()}
     run_until_budget(model_args, training_args)
+    callbacks = plan_evaluations(model_args, training_args, "validation" in datasets,
+                                 given_options(canonical_options(argv, TRAIN_ALIASES)))
     trainer = build_trainer(model, tokenizer, datasets, model_args, data_args, training_args, schedule)
+    for callback in callbacks:
+        trainer.add_callback(callback)
     # Seq2SeqTrainer's evaluation writes transformers' global defaults (max_length=20, …) into the model's
     # generation config; save the model with the one it was built with.
     generation_config = copy.deepcopy(model.generation_config)
@@ -141,6 +215,10 @@ def train(argv: Sequence[str]) -> TrainOutcome:
     result = trainer.train(resume_from_checkpoint=resume)
     trained = time.time() - trained
     trainer.model.generation_config = generation_config
+    kept = best_checkpoint_line(trainer.state, training_args.metric_for_best_model
+                                if training_args.load_best_model_at_end else None)
+    if kept and trainer.is_world_process_zero():
+        print(kept, file=sys.stderr)
     trainer.save_model(str(output_dir))
     trainer.save_metrics("train", result.metrics)
     trainer.save_state()
