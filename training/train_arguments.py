@@ -33,7 +33,7 @@ class ModelArguments:
     """Model, tokenizer and card options of `deepnmt train` (run_translation names where they exist)."""
 
     recipe: str | None = field(default=None, metadata={"help": "A recipe YAML (path or shipped name, e.g. quickstart); its values are defaults that the command line overrides."})
-    model_name_or_path: str | None = field(default=None, metadata={"help": "Fine-tune a saved model (folder or Hub id) instead of training from scratch."})
+    model_name_or_path: str | None = field(default=None, metadata={"help": "Fine-tune a saved model (folder or Hub id) instead of training from scratch (alias: --model)."})
     model_type: str | None = field(default=None, metadata={"help": "Model type of a model trained from scratch (default deep_transformer): " + "; ".join(f"{entry.model_type}, {entry.summary}" for entry in MODEL_TYPES.values()) + ". Overrides the model_type of --config_name / the recipe."})
     config_name: str | None = field(default=None, metadata={"help": "Model config: a preset name (training/presets, e.g. transformer-base), a config.json or a model folder."})
     config_overrides: str | None = field(default=None, metadata={"help": "Override config fields: 'd_model=256,encoder_layers=12'."})
@@ -44,7 +44,7 @@ class ModelArguments:
     vocab_size: int = field(default=8000, metadata={"help": "Joint BPE vocabulary size when a tokenizer is trained."})
     bpe_min_frequency: int = field(default=2, metadata={"help": "Minimum merge frequency when a tokenizer is trained."})
     bpe_sample_pairs: int = field(default=1_000_000, metadata={"help": "Train the joint BPE on at most this many pairs: every pair of a smaller corpus, a seeded random sample of a larger one (docs/data.md: merge statistics settle long before WMT size, and BPE time grows with the sample, not the corpus). The trained tokenizer is cached and reused by a later run on the same data and options."})
-    eval_num_beams: int = field(default=4, metadata={"help": "Beam size of the final test evaluation and of the saved generation config."})
+    eval_num_beams: int = field(default=4, metadata={"help": "Beam size of the final test evaluation and of the saved generation config (alias: --num_beams)."})
     optimizer: str | None = field(default=None, metadata={"help": "'radam' trains with torch.optim.RAdam (liu2020's optimizer, not among transformers' --optim choices) using --learning_rate, --adam_beta1/2, --adam_epsilon, --weight_decay; default: --optim."})
     admin_profile_tokens: int = field(default=4096, metadata={"help": "ADMIN profiling batch size in target tokens (liu2020, docs/liu2020.md: ≥ 4k); used once, before the first step, when the model has residual_scaling=admin and is not profiled yet."})
     lr_schedule: str | None = field(default=None, metadata={"help": "'rnnplus_warmup_decay': meng2019's eq. (17) schedule (training/schedules.py) with lr0 = --learning_rate, warm-up --warmup_steps, decay from --lr_decay_start to --lr_decay_end; replaces --lr_scheduler_type. Default: --lr_scheduler_type."})
