@@ -19,6 +19,7 @@ import torch
 from transformers import HfArgumentParser, Seq2SeqTrainingArguments
 
 from hf_deepnmt.registry import MODEL_TYPES
+from model_cards.licenses import license_problem, normalise_license
 
 from .arguments import TRAIN_ALIASES, canonical_options, unknown_arguments_message
 from .build import model_fields
@@ -51,7 +52,7 @@ class ModelArguments:
     lr_decay_start: int = field(default=8000, metadata={"help": "rnnplus_warmup_decay: s, the step where the exponential decay starts (meng2019 Zh-En: 8000)."})
     lr_decay_end: int = field(default=64000, metadata={"help": "rnnplus_warmup_decay: e, the step where the learning rate has halved from lr0 (meng2019 Zh-En: 64000)."})
     lr_replicas: int | None = field(default=None, metadata={"help": "rnnplus_warmup_decay: n, the number of concurrent model replicas (peak lr = n · lr0); default: processes × gradient accumulation steps."})
-    license: str = field(default="apache-2.0", metadata={"help": "License written into the model card."})
+    license: str | None = field(default=None, metadata={"help": "The model's license, written into the model card's `license` field: a Hub license id (https://huggingface.co/docs/hub/repositories-licenses, e.g. apache-2.0, mit, cc-by-4.0). Default: none; the card then has no license field and says the license is unknown. Choose one the training data's license allows; `deepnmt push --license` can set it later."})
     dataset_label: str | None = field(default=None, metadata={"help": "Dataset name for the model card (default: the file or Hub name)."})
     max_train_minutes: float | None = field(default=None, metadata={"help": "Stop training after this many minutes of training (evaluations included; the run then saves, tests and writes its card as after --max_steps): a wall-clock budget, e.g. to compare setups at equal time."})
     nmt_defaults: bool = field(default=True, metadata={"help": "A model trained from scratch without --recipe gets NMT defaults for every option the command line leaves unset: model size, learning rate, warm-up, token batch and vocabulary from the data size and device, inverse-sqrt schedule, Adam β2 0.98, validation BLEU four times per run (docs/defaults.md); the resolved values are printed at start. false: transformers' fine-tuning defaults."})
@@ -214,6 +215,9 @@ def check_train_args(model_args: ModelArguments, training_args: Seq2SeqTrainingA
         # transformers reads every non-positive value as "train for --num_train_epochs"; -1 is its documented default
         raise CommandLineError(f"`--max_steps` = {training_args.max_steps} is not allowed; use a positive number of "
                                "optimizer steps, or -1 (the default) to train for --num_train_epochs.")
+    if license_problem(model_args.license):
+        raise CommandLineError(license_problem(model_args.license))
+    model_args.license = normalise_license(model_args.license)
     minutes = model_args.max_train_minutes
     if minutes is not None and not (math.isfinite(minutes) and minutes > 0):
         raise CommandLineError(f"`--max_train_minutes` = {minutes!r} is not allowed; use a positive number of "
