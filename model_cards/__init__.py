@@ -1,24 +1,31 @@
 """Model cards for hf_deepnmt models: one Jinja template per model type, rendered with `huggingface_hub`.
 
 `render_model_card(folder, ...)` reads ``config.json`` (architecture, switched-on methods) and the evaluation
-results, and returns a `huggingface_hub.ModelCard` whose YAML front matter carries language, license, tags,
-datasets, metrics and a ``model-index`` with the test scores; the text carries the sacreBLEU signatures, the
-training details and the BibTeX of every paper whose method the model uses. `write_model_card` saves it as the
-folder's ``README.md``.
+results, and returns a `huggingface_hub.ModelCard` whose YAML front matter carries language, tags, metrics and only
+what is known to be true: the license the user gave (none by default, `model_cards.licenses`), the training data's
+Hub dataset id (none for local files), and a ``model-index`` with the test scores only when they were scored on a
+Hub dataset, whose id is its ``dataset.type``. The text carries the results with their sacreBLEU signatures, the
+training details with the run time the command printed, links to the run's plots, the license (or that it is
+unknown) and the BibTeX of every paper whose method the model uses. `write_model_card` saves it as the folder's
+``README.md``. docs/training.md ("The model card") gives the reasons.
+
+Only the standard library is imported with the package (huggingface_hub and hf_deepnmt when a card is rendered), so
+that `model_cards.licenses` is light.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-from huggingface_hub import EvalResult, ModelCard, ModelCardData
-
-from hf_deepnmt.errors import UserInputError
+from typing import TYPE_CHECKING, Any
 
 from .bibtex import BIBTEX, papers_for_config
+from .licenses import license_problem, normalise_license
+
+if TYPE_CHECKING:
+    from huggingface_hub import ModelCard
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -45,6 +52,33 @@ class EvalRow:
     ter: float
     decoding: str
     signatures: dict[str, str] = field(default_factory=dict)
+
+
+# The plots `training.plots.plot_history` writes into a run folder, with what each shows; the card links those present.
+PLOTS: dict[str, str] = {
+    "loss_components.png": "training loss components and learning rate per optimizer step",
+    "validation.png": "validation BLEU, chrF, TER, loss and source reliance at each evaluation",
+}
+
+
+# Names of data files, never Hub dataset ids (a run folder written before 2026-11-25 stored its test file's name as one).
+DATA_FILE_SUFFIXES = (".json", ".jsonl", ".tsv", ".csv", ".txt", ".gz", ".parquet", ".arrow")
+
+
+def hub_dataset_id(name: str | None) -> str | None:
+    """``name`` when it can be a Hub dataset id (``name`` or ``owner/name``, the Hub's characters) and is neither a
+    file or folder here nor a data file's name, else None: a card's ``datasets`` and model-index ``dataset.type`` hold
+    Hub ids, never local paths. (Whether the id exists on the Hub is not checked offline: callers pass only names that
+    came from the Hub.)"""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if not name or Path(name).expanduser().exists() or name.lower().endswith(DATA_FILE_SUFFIXES):
+        return None
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return None
+    return name
 
 
 def template_for(model_type: str) -> Path:
@@ -144,15 +178,36 @@ def render_model_card(
     dataset_description: str = "",
     eval_dataset_name: str | None = None,
     eval_dataset_id: str | None = None,
-    license: str = "apache-2.0",
+    license: str | None = None,
     repo_id: str | None = None,
     model_name: str | None = None,
     example_source: str = "Hello, world!",
     limitations: str = "",
+    plots: Sequence[str] = tuple(PLOTS),
+    data_license: str = "",
 ) -> ModelCard:
-    """Render the card of a saved model folder (see the module docstring). ``dataset_*`` describe the training
-    data; ``eval_dataset_name`` / ``eval_dataset_id`` the data the ``results`` were scored on (default: the same);
-    ``repo_id`` is written into the usage snippet (`training.hub.push_folder` renders the card again with it)."""
+    """Render the card of a saved model folder (see the module docstring).
+
+    Args:
+        dataset_name / dataset_description: the training data, as the card's text names it.
+        dataset_id: the training data's Hub dataset id, or None (local files): the ``datasets`` field.
+        eval_dataset_name / eval_dataset_id: what the ``results`` were scored on (default: the training data); only
+            with a Hub dataset id do they go into a ``model-index`` (its ``dataset.type`` must be one, and
+            huggingface_hub cannot read a model-index without it); otherwise they are in the text only.
+        license: a Hub license id given by the user (`model_cards.licenses`), or None: no ``license`` field, and the
+            text says the license is unknown.
+        repo_id: written into the usage snippet (`training.hub.push_folder` renders the card again with it).
+        plots: file names of plots in ``folder`` to link from the card (relative links; those absent are skipped).
+        data_license: a sentence on the training data's license, for the card's license section.
+    """
+    from huggingface_hub import EvalResult, ModelCard, ModelCardData
+
+    from hf_deepnmt.errors import UserInputError
+
+    problem = license_problem(license, "license")
+    if problem:
+        raise UserInputError(problem)
+    license = normalise_license(license)
     folder = Path(folder)
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     model_type = config.get("model_type", "deep_transformer")
@@ -161,14 +216,16 @@ def render_model_card(
     generation = {}
     if (folder / "generation_config.json").exists():
         generation = json.loads((folder / "generation_config.json").read_text(encoding="utf-8"))
+    trained_on = hub_dataset_id(dataset_id)
+    scored_id = hub_dataset_id(eval_dataset_id if eval_dataset_name or eval_dataset_id else dataset_id)
     eval_results = []
-    for row in results:
+    for row in results if scored_id else []:
         for metric, value, name in (("bleu", row.bleu, "BLEU"), ("chrf", row.chrf, "chrF"), ("ter", row.ter, "TER")):
             eval_results.append(
                 EvalResult(
                     task_type="translation",
                     task_name=f"Translation {source_lang}-{target_lang}",
-                    dataset_type=eval_dataset_id or eval_dataset_name or dataset_id or dataset_name,
+                    dataset_type=scored_id,
                     dataset_name=eval_dataset_name or dataset_name,
                     dataset_split=row.split,
                     metric_type=metric,
@@ -184,9 +241,9 @@ def render_model_card(
         library_name="transformers",
         pipeline_tag="translation",
         tags=["translation", "hf_deepnmt", model_type, "custom_code", *papers],
-        datasets=[dataset_id] if dataset_id else None,
+        datasets=[trained_on] if trained_on else None,
         metrics=["bleu", "chrf", "ter"],
-        model_name=name,
+        model_name=name if eval_results else None,  # the model-index's name; no index, no name
         eval_results=eval_results or None,
     )
     fields = DTMT_FIELDS if model_type == "dtmt" else ARCHITECTURE_FIELDS
@@ -216,6 +273,10 @@ def render_model_card(
         training=training or {},
         dataset_description=dataset_description or dataset_name,
         limitations=limitations or "Trained on a single domain; expect degraded output on other text.",
+        plots=[{"file": name, "title": PLOTS.get(name, name)} for name in plots if (folder / name).is_file()],
+        license=license,
+        data_license=data_license or "The license of the training data is not recorded here; it may restrict how "
+                                     "this model can be used.",
         bibtex="\n\n".join(BIBTEX[key] for key in papers),
     )
 
@@ -223,6 +284,8 @@ def render_model_card(
 def write_model_card(folder: str | Path, trainer: Any | None = None, **kwargs: Any) -> Path:
     """Render and save ``README.md`` in ``folder``. With a ``trainer`` only (its ``create_model_card`` hook), the
     languages and results come from ``<folder>/deepnmt_card.json`` written by ``deepnmt train``."""
+    from hf_deepnmt.errors import UserInputError
+
     folder = Path(folder)
     if trainer is not None and not kwargs:
         stored = folder / "deepnmt_card.json"

@@ -1,8 +1,13 @@
-"""README.md stays true: its API tour runs as written, and its two commands exist."""
+"""README.md stays true: every Python block runs on its own as written, the command-line vocabulary it states is what
+each command's `--help` offers, and its two set-up commands exist."""
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,35 +16,139 @@ ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 
 
-def test_api_tour_runs_as_written(tmp_path, monkeypatch, capsys):
-    tour = README.split("## API tour", 1)[1].split("\n## ", 1)[0]
-    code, languages = re.findall(r"```python\n(.*?)```", tour, re.S)
-    assert len(code.strip().splitlines()) == 10
+def python_blocks(text: str = README) -> list[tuple[str, str]]:
+    """Every ```python block of ``text`` as (name, code); the name is the slug of the section heading the block is
+    under, numbered when a section holds several."""
+    blocks: list[tuple[str, str]] = []
+    heading = "top"
+    for match in re.finditer(r"^(#{2,4}) (.+?)$|^```python\n(.*?)^```", text, re.S | re.M):
+        if match.group(1):
+            heading = "-".join(re.findall(r"[a-z0-9]+", match.group(2).lower())[:4])
+        else:
+            blocks.append((heading, match.group(3)))
+    names = [name for name, _ in blocks]
+    return [(f"{name}-{names[:i].count(name) + 1}" if names.count(name) > 1 else name, code)
+            for i, (name, code) in enumerate(blocks)]
+
+
+BLOCKS = python_blocks()
+EXPORT_EXTRA = ("onnx", "onnxruntime", "onnxscript")  # what the blocks that export to ONNX need (the export extra)
+
+# Run a block as a script, then check that it ran this checkout's code (not another installed copy).
+LAUNCHER = """\
+import runpy, sys
+runpy.run_path(sys.argv[1], run_name="__main__")
+for name in ("hf_deepnmt", "training", "model_cards"):
+    module = sys.modules.get(name)
+    if module is not None and not module.__file__.startswith(sys.argv[2]):
+        sys.exit(f"the block imported {name} from {module.__file__}, not from the checkout {sys.argv[2]}")
+"""
+
+
+def test_the_readme_has_the_python_blocks_this_file_runs():
+    """A renamed section or a lost fence shows here rather than as a block that silently stopped being run."""
+    names = [name for name, _ in BLOCKS]
+    assert names[:2] == ["api-tour-1", "api-tour-2"], names
+    for section in ("liu2020-admin", "li2022-deep-decoder-cad", "dou2018-deep-representations", "meng2019-dtmt-deep",
+                    "fast-inference-onnx-runtime"):
+        assert any(name.startswith(section) for name in names), (section, names)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("name, code", BLOCKS, ids=[name for name, _ in BLOCKS])
+def test_every_python_block_runs_on_its_own(name, code, tmp_path):
+    """Each ```python block of README.md, alone, in a fresh interpreter and an empty working directory, offline (a
+    Hub download fails), with an empty Hugging Face cache and one thread."""
+    if "onnx" in code.lower():
+        missing = [module for module in EXPORT_EXTRA if importlib.util.find_spec(module) is None]
+        if missing:
+            pytest.skip(f"needs the export extra (pip install 'hf_deepnmt[export]'): {', '.join(missing)} missing")
+    script = tmp_path / "readme_block.py"
+    script.write_text(code, encoding="utf-8")
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HOME": str(tmp_path / "hf_home"),
+           "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    result = subprocess.run([sys.executable, "-c", LAUNCHER, str(script), str(ROOT)], cwd=work, env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, f"README block {name!r} failed:\n{code}\n--- stderr ---\n{result.stderr[-4000:]}"
+
+
+def test_the_language_block_does_what_its_prose_says(tmp_path, monkeypatch, capsys):
+    """The language-pair block of the API tour, run alone, prints what its comments say, and the prose after it holds:
+    another language raises, naming the argument, the value and the model's pair."""
+    code = next(code for _, code in BLOCKS if "recorded_language_pairs" in code)
     monkeypatch.chdir(tmp_path)
     namespace = {"__name__": "__readme__"}
-    exec(compile(code, "README.md (API tour)", "exec"), namespace)
-    printed = capsys.readouterr().out
-    assert "translation_text" in printed
-    assert (tmp_path / "my-deep-nmt" / "model.safetensors").exists()
-
-    # "Continuing the tour": the language pair, src_lang/tgt_lang, translation_en_to_es and pipeline_class=.
-    exec(compile(languages, "README.md (API tour, languages)", "exec"), namespace)
+    exec(compile(code, "README.md (API tour, languages)", "exec"), namespace)
     printed = capsys.readouterr().out.splitlines()
     assert printed[0] == "[]" and all("translation_text" in line for line in printed[1:3])
     assert type(namespace["explicit"]) is type(namespace["translate"]) is namespace["hf_deepnmt"].TranslationPipeline
-    # The prose after the block: another language raises, naming the argument, the value and the model's pair.
     pipeline = namespace["pipeline"]
     with pytest.raises(ValueError, match="`tgt_lang` = 'fr' is not allowed; this model translates en → es"):
         namespace["translate"]("In the beginning.", tgt_lang="fr")
     with pytest.raises(ValueError, match="`task` = 'translation_en_to_fr' is not allowed; this model translates en"):
-        pipeline("translation_en_to_fr", model="my-deep-nmt")
+        pipeline("translation_en_to_fr", model="en-es")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The command-line vocabulary: README's table "| option | commands that take it |", checked against `--help`.
+# ----------------------------------------------------------------------------------------------------------------
+def option_claims(text: str = README) -> list[tuple[str, str]]:
+    """(command, option) for every command and option of README's table of shared options; ``option`` is a flag
+    such as ``--model`` or ``POSITIONAL`` for "the model folder as a positional argument". A parenthesis in the
+    commands column is a note, not a command."""
+    table = text.split("| option | commands that take it |", 1)[1].split("\n\n", 1)[0]
+    claims = []
+    for row in table.strip().splitlines()[1:]:
+        option_cell, command_cell = [cell.strip() for cell in row.strip().strip("|").split("|")]
+        options = re.findall(r"`(--[a-z_]+)`", option_cell) or (["POSITIONAL"] if "positional" in option_cell
+                                                                 else [])
+        assert options, f"README's option table: no option in {option_cell!r}"
+        commands = re.findall(r"`([a-z-]+)`", re.sub(r"\([^)]*\)", "", command_cell))
+        assert commands, f"README's option table: no command in {command_cell!r}"
+        claims += [(command, option) for option in options for command in commands]
+    return claims
+
+
+CLAIMS = option_claims()
+
+
+def help_text(command: str, capsys) -> str:
+    """What `deepnmt COMMAND --help` prints."""
+    from training.cli import main
+
+    try:
+        code = main([command, "--help"])
+    except SystemExit as stop:  # argparse prints the help and exits
+        code = stop.code
+    assert code == 0, command
+    return capsys.readouterr().out
+
+
+def test_the_option_table_is_read():
+    commands = {command for command, _ in CLAIMS}
+    assert {"train", "evaluate", "diagnose", "translate", "export", "serve", "push"} <= commands
+    assert {option for _, option in CLAIMS} == {"--model_name_or_path", "--model", "POSITIONAL", "--num_beams",
+                                                "--source_lang", "--target_lang"}
+
+
+@pytest.mark.parametrize("command, option", CLAIMS, ids=[f"{command}:{option}" for command, option in CLAIMS])
+def test_each_command_offers_the_options_the_readme_says(command, option, capsys):
+    text = help_text(command, capsys)
+    if option == "POSITIONAL":
+        section = re.search(r"^positional arguments:\n(.*?)(?:\n\S|\Z)", text, re.S | re.M)
+        assert section and "model" in section.group(1).lower(), f"`deepnmt {command} --help` has no positional " \
+                                                                 f"model argument:\n{text}"
+    else:
+        assert re.search(rf"(?<![\w-]){re.escape(option)}(?![\w-])", text), \
+            f"`deepnmt {command} --help` does not offer {option}:\n{text}"
 
 
 def test_the_two_setup_commands_are_what_run_sh_and_ci_run():
     """README's two commands are run.sh's only two, and CI runs exactly the README's test command, nothing weaker
     (no marker filter, no test selection)."""
-    import subprocess
-
     setup = README.split("## Set-up: two commands", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
     commands = [line.split("#")[0].strip() for line in setup.strip().splitlines()]
     assert commands == ["bash run.sh quickstart", "bash run.sh test"]

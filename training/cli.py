@@ -21,7 +21,6 @@ import itertools
 import json
 import os
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -48,6 +47,7 @@ from .arguments import (
     saved_language_pairs,
     underscored,
 )
+from .clock import RunClock
 from .errors import CommandLineError, NonFiniteLossError, hub_lookup, is_user_mistake
 
 EMBEDDED_TEST = "corpus:web-sparv/test.jsonl.gz"  # the embedded corpus' test books (English → Spanish)
@@ -327,7 +327,7 @@ def _serve(argv: Sequence[str]) -> int:
 
 
 def _push(argv: Sequence[str]) -> int:
-    from .hub import files_to_upload, push_folder, subfolders_left_out
+    from .hub import card_license, files_to_upload, push_folder, subfolders_left_out
 
     parser = CommandParser(prog="deepnmt push", description="Upload a trained model folder (weights, "
                            "config, generation config, tokenizer, remote code, translation pipeline, model "
@@ -342,19 +342,31 @@ def _push(argv: Sequence[str]) -> int:
     parser.add_argument("--dry_run", action="store_true", help="Only list the files that would be uploaded.")
     parser.add_argument("--include_subfolders", action="store_true", help="Also upload the folder's subfolders "
                         "(e.g. averaged-lastN/ of `deepnmt average-checkpoints`); default: the model's own files only.")
+    parser.add_argument("--license", default=None, help="The model's license for the uploaded card's `license` "
+                        "field: a Hub license id (https://huggingface.co/docs/hub/repositories-licenses, e.g. "
+                        "apache-2.0, mit, cc-by-4.0); default: the one given to `deepnmt train --license`, if any "
+                        "(without one the card says the license is unknown). Choose one the training data allows.")
     args = parser.parse_args(argv)
     if bool(args.folder) == bool(args.model):
         parser.error("give the model folder once, as FOLDER or --model_name_or_path")
+    from model_cards.licenses import license_problem
+
+    if license_problem(args.license):
+        raise CommandLineError(license_problem(args.license))
     args.folder = args.folder or args.model
     skipped = subfolders_left_out(args.folder, args.include_subfolders)
     if skipped:
         print(f"[deepnmt] not uploading the subfolder(s) {', '.join(s + '/' for s in skipped)} (other models; "
               "--include_subfolders uploads them)", file=sys.stderr)
+    if (args.license or card_license(args.folder)) is None:
+        print("[deepnmt] the card states no license (unknown to users of the model); --license ID sets one",
+              file=sys.stderr)
     if args.dry_run:
         print("\n".join(files_to_upload(args.folder, args.include_subfolders)))
         return 0
     files = push_folder(args.folder, args.repo_id, private=args.private, token=args.token,
-                        commit_message=args.commit_message, include_subfolders=args.include_subfolders)
+                        commit_message=args.commit_message, include_subfolders=args.include_subfolders,
+                        license=args.license)
     print(f"uploaded {len(files)} files to https://huggingface.co/{args.repo_id}")
     return 0
 
@@ -374,7 +386,7 @@ def _average(argv: Sequence[str]) -> int:
     return 0
 
 
-def _quickstart(argv: Sequence[str]) -> int:
+def _quickstart(argv: Sequence[str], clock: RunClock | None = None) -> int:
     from .quickstart import run_quickstart
 
     parser = CommandParser(
@@ -388,7 +400,7 @@ def _quickstart(argv: Sequence[str]) -> int:
     parser.add_argument("--output_dir", default=None, help="Where to write everything (default: "
                         "runs/quickstart-<date>-<time>, never an existing run).")
     args, rest = parser.parse_known_args(argv)
-    return run_quickstart(args.output_dir, rest)
+    return run_quickstart(args.output_dir, rest, clock)
 
 
 # Options that name a saved model or tokenizer: a local folder, or a Hub id ("owner/name").
@@ -540,7 +552,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"deepnmt: unknown command {command!r}; use one of {', '.join(COMMANDS)} (deepnmt --help).",
               file=sys.stderr)
         return 2
-    started = time.time()
+    clock = RunClock(command)  # the run time that train/quickstart write into the card and print at the end
     try:
         rest = underscored(rest)
         check_references(rest)  # names the option as the user spelt it (`--model` or `--model_name_or_path`)
@@ -556,12 +568,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .report import print_train_summary
             from .train import train
 
-            print_train_summary(train(rest), time.time() - started)
+            print_train_summary(train(rest, clock=clock))
             _close_process_group()
             code = 0
         else:
             code = {"evaluate": _evaluate, "diagnose": _diagnose, "translate": _translate, "export": _export,
-                    "serve": _serve, "push": _push, "quickstart": _quickstart,
+                    "serve": _serve, "push": _push, "quickstart": lambda rest: _quickstart(rest, clock),
                     "average-checkpoints": _average}[command](rest)
     except NonFiniteLossError as error:
         print(f"deepnmt {command}: {error}", file=sys.stderr)
@@ -581,7 +593,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"deepnmt {command}: interrupted.{hint}", file=sys.stderr)
         return 130
     if command in ("train", "quickstart"):
-        print(f"[deepnmt] {command} finished in {(time.time() - started) / 60:.1f} min", file=sys.stderr)
+        print(f"[deepnmt] {command} finished in {clock.minutes()}", file=sys.stderr)
     return code
 
 

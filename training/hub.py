@@ -63,19 +63,53 @@ def files_to_upload(folder: str | Path, include_subfolders: bool = False) -> lis
     return files
 
 
-def card_for_repo(folder: str | Path, repo_id: str) -> bytes:
-    """The model card as uploaded to ``repo_id``: rendered again from ``deepnmt_card.json`` with the repository id
-    in its usage snippet (the folder's own ``README.md`` names the folder); a folder without that file (a card the
-    user wrote) is uploaded unchanged."""
+def card_license(folder: str | Path) -> str | None:
+    """The license the folder's card states: ``deepnmt_card.json``'s (what `deepnmt train --license` gave), else the
+    ``license`` field of a ``README.md`` the user wrote; None when there is none."""
     import json
-
-    from model_cards import EvalRow, render_model_card
 
     folder = Path(folder)
     stored = folder / "deepnmt_card.json"
-    if not stored.exists():
-        return (folder / "README.md").read_bytes()
+    if stored.is_file():
+        return json.loads(stored.read_text(encoding="utf-8")).get("license")
+    if (folder / "README.md").is_file():
+        from huggingface_hub.repocard import metadata_load
+
+        return (metadata_load(folder / "README.md") or {}).get("license")
+    return None
+
+
+def stored_card(folder: str | Path, license: str | None = None) -> dict[str, Any] | None:
+    """``deepnmt_card.json`` of ``folder`` (None for a card the user wrote), its license replaced by ``license``
+    when one is given."""
+    import json
+
+    stored = Path(folder) / "deepnmt_card.json"
+    if not stored.is_file():
+        return None
     kwargs = json.loads(stored.read_text(encoding="utf-8"))
+    if license is not None:
+        kwargs["license"] = license
+    return kwargs
+
+
+def card_for_repo(folder: str | Path, repo_id: str, license: str | None = None) -> bytes:
+    """The model card as uploaded to ``repo_id``: rendered again from ``deepnmt_card.json`` with the repository id
+    in its usage snippet (the folder's own ``README.md`` names the folder) and ``license`` (`deepnmt push --license`)
+    in place of the stored one, when given; a card the user wrote (no ``deepnmt_card.json``) is uploaded unchanged
+    but for that license."""
+    from model_cards import EvalRow, render_model_card
+
+    folder = Path(folder)
+    kwargs = stored_card(folder, license)
+    if kwargs is None:
+        if license is None:
+            return (folder / "README.md").read_bytes()
+        from huggingface_hub import ModelCard
+
+        card = ModelCard.load(folder / "README.md")
+        card.data.license = license
+        return str(card).encode("utf-8")
     kwargs["results"] = [EvalRow(**row) for row in kwargs.get("results", [])]
     kwargs["repo_id"] = repo_id
     return str(render_model_card(folder, **kwargs)).encode("utf-8")
@@ -112,17 +146,31 @@ def push_folder(
     token: str | None = None,
     commit_message: str = "Upload hf_deepnmt model",
     include_subfolders: bool = False,
+    license: str | None = None,
 ) -> list[str]:
     """Create ``repo_id`` (if needed) and upload `files_to_upload(folder)` in one commit, the model card rendered
-    for ``repo_id`` (`card_for_repo`); return the file list."""
+    for ``repo_id`` (`card_for_repo`) with ``license`` (a Hub license id, `deepnmt push --license`) when given, and
+    ``deepnmt_card.json`` stating the same license; return the file list."""
+    import json
+
     from huggingface_hub import CommitOperationAdd, HfApi
 
+    from model_cards.licenses import license_problem, normalise_license
+
+    if license_problem(license, "license"):
+        raise CommandLineError(license_problem(license, "license"))
+    license = normalise_license(license)
     folder = Path(folder)
     files = files_to_upload(folder, include_subfolders)
     api = api if api is not None else HfApi(token=token)
+    rewritten = {"README.md": card_for_repo(folder, repo_id, license)}
+    if license is not None and stored_card(folder) is not None:
+        rewritten["deepnmt_card.json"] = (json.dumps(stored_card(folder, license), indent=2, ensure_ascii=False)
+                                          + "\n").encode("utf-8")
     operations = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(folder / name)) for name in files
-                  if name != "README.md"]
-    operations.append(CommitOperationAdd(path_in_repo="README.md", path_or_fileobj=card_for_repo(folder, repo_id)))
+                  if name not in rewritten]
+    operations += [CommitOperationAdd(path_in_repo=name, path_or_fileobj=content)
+                   for name, content in rewritten.items()]
     try:
         api.create_repo(repo_id=repo_id, private=private, exist_ok=True, repo_type="model")
         api.create_commit(repo_id=repo_id, operations=operations, commit_message=commit_message, repo_type="model")

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers import Seq2SeqTrainingArguments
 
-from model_cards import EvalRow, write_model_card
+from model_cards import EvalRow, hub_dataset_id, write_model_card
 
 from .metrics import TranslationMetrics
 from .plots import plot_history
@@ -27,12 +27,18 @@ if TYPE_CHECKING:
     from .train_arguments import ModelArguments
 
 
+# The embedded corpus is no Hub dataset: no dataset id (the card's `datasets` field and model-index stay empty).
 EMBEDDED_DATASET = {
     "dataset_name": "World English Bible ↔ Reina-Valera 1909 (hf_deepnmt embedded corpus)",
-    "dataset_id": "hf_deepnmt/bible-web-rv1909",
+    "dataset_id": None,
     "dataset_description": (
         "the embedded Bible corpus of hf_deepnmt: World English Bible ↔ Reina-Valera 1909 (both public domain, "
         "exported from Debian's sword-text-web / sword-text-sparv), verse-aligned, split by held-out books"
+    ),
+    "data_license": (
+        "The training data, the World English Bible and the Reina-Valera 1909 (hf_deepnmt's embedded corpus), is in "
+        "the public domain (`DistributionLicense=Public Domain` in the SWORD modules it was exported from); that says "
+        "nothing about the model's own license."
     ),
 }
 
@@ -50,15 +56,16 @@ def environment_summary() -> dict[str, str]:
     }
 
 
-def print_train_summary(outcome: "TrainOutcome", elapsed: float) -> None:
-    """What `deepnmt train` prints at the end (rank 0): the folder, the scores and how to use the model."""
+def print_train_summary(outcome: "TrainOutcome") -> None:
+    """What `deepnmt train` prints at the end (rank 0): the folder, the run time the card states (the stopped
+    `training.clock.RunClock`), the scores and how to use the model."""
     if not outcome.trainer.is_world_process_zero():
         return
     folder, scores = outcome.output_dir, outcome.test_scores
     beams = outcome.model_args.eval_num_beams
     print("\n".join([
         "",
-        f"deepnmt train finished in {elapsed / 60:.1f} min ({outcome.timings.get('train_seconds', 0) / 60:.1f} min "
+        f"deepnmt train finished in {outcome.clock.minutes()} ({outcome.timings.get('train_seconds', 0) / 60:.1f} min "
         f"training, {outcome.trainer.state.global_step} steps) -> {folder}",
         "data: " + "  ".join(f"{stage} {outcome.timings[f'{stage}_seconds']:.1f} s"
                              for stage in ("read", "bpe", "tokenize", "batching")
@@ -132,6 +139,7 @@ def finish_run(outcome: TrainOutcome, metrics: TranslationMetrics | None) -> Non
     data_args, model_args, args = outcome.data_args, outcome.model_args, outcome.training_args
     history = trainer.state.log_history
     plots = plot_history(history, output_dir)
+    outcome.timings["total_seconds"] = outcome.clock.stop()  # the run time the card states and the command prints
     last_eval = next((entry for entry in reversed(history) if "eval_bleu" in entry), {})
     report = {
         "source_lang": data_args.source_lang,
@@ -151,7 +159,7 @@ def finish_run(outcome: TrainOutcome, metrics: TranslationMetrics | None) -> Non
 
     dataset = EMBEDDED_DATASET if str(data_args.train_file or "").startswith(str(resolve_path("corpus:"))) else {
         "dataset_name": model_args.dataset_label or data_args.dataset_name or Path(data_args.train_file or "data").name,
-        "dataset_id": data_args.dataset_name,
+        "dataset_id": hub_dataset_id(data_args.dataset_name),  # a Hub id, never a local path or file name
         "dataset_description": model_args.dataset_label or data_args.dataset_name or str(data_args.train_file),
     }
     unwrapped = trainer.accelerator.unwrap_model(trainer.model)
@@ -165,12 +173,12 @@ def finish_run(outcome: TrainOutcome, metrics: TranslationMetrics | None) -> Non
         rows.append(EvalRow(split, scores.num_sentences, scores.bleu, scores.chrf, scores.ter,
                             f"beam {model_args.eval_num_beams}", scores.signatures))
         test_file = Path(str(data_args.test_file))
+        # The scored data is a local file (no Hub id): the results go into the card's text, not into a model-index.
         if dataset is EMBEDDED_DATASET and str(test_file).startswith(str(resolve_path("corpus:"))):
             evaluated = {"eval_dataset_name": f"{EMBEDDED_DATASET['dataset_name']}, held-out test books "
-                                              f"({test_file.parent.name}/{test_file.name})",
-                         "eval_dataset_id": EMBEDDED_DATASET["dataset_id"]}
+                                              f"({test_file.parent.name}/{test_file.name})", "eval_dataset_id": None}
         else:  # the file actually scored, whatever the training data was
-            evaluated = {"eval_dataset_name": test_file.name, "eval_dataset_id": test_file.name}
+            evaluated = {"eval_dataset_name": test_file.name, "eval_dataset_id": None}
     training = {
         "optimizer steps": trainer.state.global_step,
         "epochs": report["epochs"],
@@ -181,8 +189,7 @@ def finish_run(outcome: TrainOutcome, metrics: TranslationMetrics | None) -> Non
         "learning-rate schedule": schedule_description(model_args, args),
         "objective": objective_description(unwrapped.config, trainer.auxiliary_losses),
         "parameters": f"{parameters:,} ({parameters / 1e6:.1f} M)",
-        "wall time": f"{outcome.timings.get('train_seconds', 0) / 60:.1f} min training, "
-                     f"{outcome.timings.get('total_seconds', 0) / 60:.1f} min in all",
+        "wall time": wall_time(outcome),
         "hardware": report["environment"]["device"],
         "libraries": f"torch {report['environment']['torch']}, transformers {report['environment']['transformers']}",
     }
@@ -191,7 +198,8 @@ def finish_run(outcome: TrainOutcome, metrics: TranslationMetrics | None) -> Non
         "target_lang": data_args.target_lang,
         "results": [asdict(row) for row in rows],
         "training": training,
-        "license": model_args.license,
+        "license": model_args.license,  # the user's --license (checked), or None: no license field
+        "plots": [path.name for path in plots],
         "example_source": "In the beginning God created the heavens and the earth." if dataset is EMBEDDED_DATASET
         else "Hello, world!",
         **dataset,
@@ -200,3 +208,25 @@ def finish_run(outcome: TrainOutcome, metrics: TranslationMetrics | None) -> Non
     (output_dir / "deepnmt_card.json").write_text(json.dumps(card, indent=2, ensure_ascii=False) + "\n",
                                                  encoding="utf-8")
     write_model_card(output_dir, trainer=trainer)
+
+
+def wall_time(outcome: TrainOutcome) -> str:
+    """The card's run time: the training loop's minutes, and the stopped command clock's, which the command prints
+    (``[deepnmt] train finished in X min``)."""
+    return (f"{outcome.timings.get('train_seconds', 0) / 60:.1f} min training, {outcome.clock.minutes()} in all "
+            f"(from the start of `deepnmt {outcome.clock.command}` to the finished model folder, as it printed)")
+
+
+def restate_run_time(outcome: TrainOutcome) -> None:
+    """Stop the run's clock again after more work in the same command (the quickstart's sample translations) and
+    write the new figure into ``metrics.json`` and the card, so that they state what the command prints."""
+    seconds = outcome.clock.stop()
+    folder = outcome.output_dir
+    metrics = json.loads((folder / "metrics.json").read_text(encoding="utf-8"))
+    metrics["timings_seconds"][f"{outcome.clock.command}_seconds"] = seconds
+    (folder / "metrics.json").write_text(json.dumps(metrics, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    stored = folder / "deepnmt_card.json"
+    card = json.loads(stored.read_text(encoding="utf-8"))
+    card["training"]["wall time"] = wall_time(outcome)
+    stored.write_text(json.dumps(card, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    write_model_card(folder, trainer=outcome.trainer)

@@ -30,6 +30,7 @@ from hf_deepnmt.errors import UserInputError
 from .arguments import TRAIN_ALIASES, canonical_options, quiet_libraries
 from .build import build_model, load_or_train_tokenizer, lr_scheduler_factory, model_fields, optimizer_setting
 from .checkpoints import resume_target
+from .clock import RunClock
 from .data import DataArguments, DataError, length_column
 from .defaults import given_options
 from .hub import push_folder
@@ -53,6 +54,7 @@ class TrainOutcome:
     training_args: Seq2SeqTrainingArguments
     test_scores: TranslationScores | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    clock: RunClock = field(default_factory=RunClock)
 
 
 class TimeBudget(TrainerCallback):
@@ -175,9 +177,12 @@ def run_until_budget(model_args: ModelArguments, training_args: Seq2SeqTrainingA
               "the budget is spent", file=sys.stderr)
 
 
-def train(argv: Sequence[str]) -> TrainOutcome:
-    """`deepnmt train`: data -> tokenizer -> model -> DeepNMTTrainer -> saved model, card, plots, metrics."""
-    started = time.time()
+def train(argv: Sequence[str], clock: RunClock | None = None) -> TrainOutcome:
+    """`deepnmt train`: data -> tokenizer -> model -> DeepNMTTrainer -> saved model, card, plots, metrics.
+
+    ``clock`` is the command's (`training.clock`): the run time the card states runs from its start to the complete
+    model folder, and is the figure the command prints; without one, the clock starts here."""
+    clock = clock if clock is not None else RunClock()
     model_args, data_args, training_args, recipe = parse_train_args(argv)
     quiet_libraries()
     schedule = lr_scheduler_factory(model_args, training_args)
@@ -223,12 +228,12 @@ def train(argv: Sequence[str]) -> TrainOutcome:
     trainer.save_metrics("train", result.metrics)
     trainer.save_state()
     outcome = TrainOutcome(output_dir, trainer, tokenizer, data_args, model_args, training_args,
-                           timings={**data_timings(prepared, trainer), "train_seconds": round(trained, 1)})
+                           timings={**data_timings(prepared, trainer), "train_seconds": round(trained, 1)},
+                           clock=clock)
     if trainer.is_world_process_zero():
         if data_args.test_file:
             score_test_set(outcome)
-        outcome.timings["total_seconds"] = round(time.time() - started, 1)
-        finish_run(outcome, trainer.compute_metrics)
+        finish_run(outcome, trainer.compute_metrics)  # stops the clock: its figure is the card's and the command's
         if push_repo:
             files = push_folder(output_dir, push_repo, private=bool(training_args.hub_private_repo),
                                 token=training_args.hub_token)

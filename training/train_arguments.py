@@ -18,6 +18,7 @@ import torch
 from transformers import HfArgumentParser, Seq2SeqTrainingArguments
 
 from hf_deepnmt.registry import MODEL_TYPES
+from model_cards.licenses import normalise_license
 
 from .arguments import TRAIN_ALIASES, canonical_options, unknown_arguments_message
 from .build import model_fields
@@ -33,7 +34,7 @@ class ModelArguments:
     """Model, tokenizer and card options of `deepnmt train` (run_translation names where they exist)."""
 
     recipe: str | None = field(default=None, metadata={"help": "A recipe YAML (path or shipped name, e.g. quickstart); its values are defaults that the command line overrides."})
-    model_name_or_path: str | None = field(default=None, metadata={"help": "Fine-tune a saved model (folder or Hub id) instead of training from scratch."})
+    model_name_or_path: str | None = field(default=None, metadata={"help": "Fine-tune a saved model (folder or Hub id) instead of training from scratch (alias: --model)."})
     model_type: str | None = field(default=None, metadata={"help": "Model type of a model trained from scratch (default deep_transformer): " + "; ".join(f"{entry.model_type}, {entry.summary}" for entry in MODEL_TYPES.values()) + ". Overrides the model_type of --config_name / the recipe."})
     config_name: str | None = field(default=None, metadata={"help": "Model config: a preset name (training/presets, e.g. transformer-base), a config.json or a model folder."})
     config_overrides: str | None = field(default=None, metadata={"help": "Override config fields: 'd_model=256,encoder_layers=12'."})
@@ -44,14 +45,14 @@ class ModelArguments:
     vocab_size: int = field(default=8000, metadata={"help": "Joint BPE vocabulary size when a tokenizer is trained."})
     bpe_min_frequency: int = field(default=2, metadata={"help": "Minimum merge frequency when a tokenizer is trained."})
     bpe_sample_pairs: int = field(default=1_000_000, metadata={"help": "Train the joint BPE on at most this many pairs: every pair of a smaller corpus, a seeded random sample of a larger one (docs/data.md: merge statistics settle long before WMT size, and BPE time grows with the sample, not the corpus). The trained tokenizer is cached and reused by a later run on the same data and options."})
-    eval_num_beams: int = field(default=4, metadata={"help": "Beam size of the final test evaluation and of the saved generation config."})
+    eval_num_beams: int = field(default=4, metadata={"help": "Beam size of the final test evaluation and of the saved generation config (alias: --num_beams)."})
     optimizer: str | None = field(default=None, metadata={"help": "'radam' trains with torch.optim.RAdam (liu2020's optimizer, not among transformers' --optim choices) using --learning_rate, --adam_beta1/2, --adam_epsilon, --weight_decay; default: --optim."})
     admin_profile_tokens: int = field(default=4096, metadata={"help": "ADMIN profiling batch size in target tokens (liu2020, docs/liu2020.md: ≥ 4k); used once, before the first step, when the model has residual_scaling=admin and is not profiled yet."})
     lr_schedule: str | None = field(default=None, metadata={"help": "'rnnplus_warmup_decay': meng2019's eq. (17) schedule (training/schedules.py) with lr0 = --learning_rate, warm-up --warmup_steps, decay from --lr_decay_start to --lr_decay_end; replaces --lr_scheduler_type. Default: --lr_scheduler_type."})
     lr_decay_start: int = field(default=8000, metadata={"help": "rnnplus_warmup_decay: s, the step where the exponential decay starts (meng2019 Zh-En: 8000)."})
     lr_decay_end: int = field(default=64000, metadata={"help": "rnnplus_warmup_decay: e, the step where the learning rate has halved from lr0 (meng2019 Zh-En: 64000)."})
     lr_replicas: int | None = field(default=None, metadata={"help": "rnnplus_warmup_decay: n, the number of concurrent model replicas (peak lr = n · lr0); default: processes × gradient accumulation steps."})
-    license: str = field(default="apache-2.0", metadata={"help": "License written into the model card."})
+    license: str | None = field(default=None, metadata={"help": "The model's license, written into the model card's `license` field: a Hub license id (https://huggingface.co/docs/hub/repositories-licenses, e.g. apache-2.0, mit, cc-by-4.0). Default: none; the card then has no license field and says the license is unknown. Choose one the training data's license allows; `deepnmt push --license` can set it later."})
     dataset_label: str | None = field(default=None, metadata={"help": "Dataset name for the model card (default: the file or Hub name)."})
     max_train_minutes: float | None = field(default=None, metadata={"help": "Stop training after this many minutes of training (evaluations included; the run then saves, tests and writes its card as after --max_steps): a wall-clock budget, e.g. to compare setups at equal time. Without --max_steps (on the command line or in the recipe) the run trains until the budget is spent, whatever --num_train_epochs says (fairseq's --stop-time-hours); the learning-rate schedule must then not depend on the run length (inverse_sqrt, the NMT default, constant, constant_with_warmup, rnnplus_warmup_decay)."})
     early_stopping_patience: int | None = field(default=None, metadata={"help": "Stop after this many validations without a better score (validation BLEU, or loss without --predict_with_generate), Marian's --early-stopping; the best checkpoint is the one kept. Default: train to --max_steps or --max_train_minutes."})
@@ -209,6 +210,7 @@ def check_train_args(model_args: ModelArguments, training_args: Seq2SeqTrainingA
                                "same --output_dir. Launch with torchrun/accelerate on matching devices, or run one "
                                "process.")
     check_option_values(model_args, training_args)
+    model_args.license = normalise_license(model_args.license)  # checked by check_option_values
 
 
 def apply_scratch_defaults(model_args: ModelArguments, data_args: DataArguments,

@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from model_cards.licenses import license_problem
+
 from .arguments import TRAIN_ALIASES, canonical_options, unknown_arguments_message
 from .errors import CommandLineError
 from .help_cache import cached_help, store_help
@@ -114,6 +116,8 @@ def check_option_values(*sources: Any) -> None:
     """The values transformers would take without complaint but that cannot be what the user meant (values not
     given are their defaults, which pass)."""
     values = _Values(*sources)
+    if values.license is not None and license_problem(values.license):
+        raise CommandLineError(license_problem(values.license))
     for name in POSITIVE_INTEGERS:
         value = getattr(values, name)
         if value is not None and not (isinstance(value, int) and value >= 1):
