@@ -399,7 +399,7 @@ def test_quickstart_end_to_end_in_miniature(tmp_path, capsys, jumping_clock):  #
     assert "The training data, the World English Bible and the Reina-Valera 1909" in card.text  # in the public domain
     printed = re.findall(r"quickstart finished in ([\d.]+) min", out + captured.err)
     in_all = re.search(r"- wall time: [\d.]+ min training, ([\d.]+) min in all", card.text).group(1)
-    assert printed and set(printed) == {in_all}  # the card states the run time the quickstart printed
+    assert printed == [in_all]  # said once; the card states the run time the quickstart printed
     assert f"{metrics['timings_seconds']['quickstart_seconds'] / 60:.1f}" == in_all
     assert len((folder / "sample_translations.md").read_text().splitlines()) == 2 + 5
 

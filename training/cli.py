@@ -592,9 +592,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "lines are kept)."}.get("train" if command == "quickstart" else command, "")
         print(f"deepnmt {command}: interrupted.{hint}", file=sys.stderr)
         return 130
-    if command in ("train", "quickstart"):
-        print(f"[deepnmt] {command} finished in {clock.minutes()}", file=sys.stderr)
-    return code
+    return code  # train and quickstart said "finished in X min" once, in their summaries
 
 
 if __name__ == "__main__":

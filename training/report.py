@@ -212,7 +212,7 @@ def finish_run(outcome: TrainOutcome, metrics: TranslationMetrics | None) -> Non
 
 def wall_time(outcome: TrainOutcome) -> str:
     """The card's run time: the training loop's minutes, and the stopped command clock's, which the command prints
-    (``[deepnmt] train finished in X min``)."""
+    (``deepnmt train finished in X min``)."""
     return (f"{outcome.timings.get('train_seconds', 0) / 60:.1f} min training, {outcome.clock.minutes()} in all "
             f"(from the start of `deepnmt {outcome.clock.command}` to the finished model folder, as it printed)")
 
