@@ -266,7 +266,8 @@ def _export(argv: Sequence[str]) -> int:
 
     model, tokenizer = load_model_and_tokenizer(args.model)
     export_model(model, tokenizer, output, args.format, args.quantization)
-    print(f"wrote {'an' if args.format == 'onnx' else 'a'} {args.format} export ({args.quantization or 'float32'}) of {args.model} to {output}; try: "
+    article = "an" if args.format == "onnx" else "a"
+    print(f"wrote {article} {args.format} export ({args.quantization or 'float32'}) of {args.model} to {output}; try: "
           f"deepnmt translate --engine {'torch' if args.format == 'marian' else args.format} --model {output}")
     return 0
 

@@ -57,25 +57,37 @@ class TrainOutcome:
     clock: RunClock = field(default_factory=RunClock)
 
 
-class TimeBudget(TrainerCallback):
-    """``--max_train_minutes``: stop after the step that ends past the budget (the clock starts at the first step),
-    with a final evaluation and save if the run evaluates/saves by steps."""
+class _Interval(TrainerCallback):
+    """A callback whose ``on_interval`` runs after the step that ends ``minutes`` past the first step's start (or
+    past the last interval), at the same step on every process."""
 
     def __init__(self, minutes: float) -> None:
         self.seconds = minutes * 60.0
-        self.started: float | None = None
+        self.since: float | None = None
 
     def on_step_begin(self, args, state, control, **kwargs):  # noqa: ANN001, ANN201 (transformers' signature)
-        if self.started is None:
-            self.started = time.time()
+        if self.since is None:
+            self.since = time.time()
 
     def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN201
-        # every process must stop at the same step: stop when any one is past the budget
-        if any_process(self.started is not None and time.time() - self.started >= self.seconds, args.device):
-            control.should_training_stop = True
-            control.should_evaluate = args.eval_strategy != "no"
-            control.should_save = args.save_strategy != "no"
+        # every process must act at the same step: when any one is past the interval
+        if any_process(self.since is not None and time.time() - self.since >= self.seconds, args.device):
+            self.on_interval(args, control)
+            self.since = time.time()
         return control
+
+    def on_interval(self, args: Any, control: Any) -> None:
+        raise NotImplementedError
+
+
+class TimeBudget(_Interval):
+    """``--max_train_minutes``: stop after the step that ends past the budget (the clock starts at the first step),
+    with a final evaluation and save if the run evaluates/saves by steps."""
+
+    def on_interval(self, args: Any, control: Any) -> None:
+        control.should_training_stop = True
+        control.should_evaluate = args.eval_strategy != "no"
+        control.should_save = args.save_strategy != "no"
 
 
 # A run with --max_train_minutes and no --max_steps runs until its budget: transformers needs a step count, so it
@@ -97,23 +109,12 @@ def any_process(flag: bool, device: Any) -> bool:
     return flag
 
 
-class TimedEvaluation(TrainerCallback):
+class TimedEvaluation(_Interval):
     """Validate and save a checkpoint every ``minutes`` of a budget run (`plan_evaluations`), the clock starting at
     the first step; `TimeBudget` adds the last evaluation when the budget ends."""
 
-    def __init__(self, minutes: float) -> None:
-        self.seconds = minutes * 60.0
-        self.last: float | None = None
-
-    def on_step_begin(self, args, state, control, **kwargs):  # noqa: ANN001, ANN201 (transformers' signature)
-        if self.last is None:
-            self.last = time.time()
-
-    def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN201
-        if any_process(self.last is not None and time.time() - self.last >= self.seconds, args.device):
-            control.should_evaluate = control.should_save = True
-            self.last = time.time()
-        return control
+    def on_interval(self, args: Any, control: Any) -> None:
+        control.should_evaluate = control.should_save = True
 
 
 def plan_evaluations(model_args: ModelArguments, training_args: Seq2SeqTrainingArguments, evaluates: bool,
