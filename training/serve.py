@@ -67,7 +67,8 @@ PIPELINE_PARAMETERS: dict[str, str] = {"src_lang": "string", "tgt_lang": "string
 GENERATION_PARAMETERS: dict[str, str] = {
     "num_beams": "integer", "num_return_sequences": "integer", "max_new_tokens": "integer",
     "min_new_tokens": "integer", "max_length": "integer", "min_length": "integer", "length_penalty": "number",
-    "early_stopping": "boolean or 'never'", "do_sample": "boolean", "temperature": "number", "top_k": "integer",
+    "early_stopping": "boolean or 'never'", "length_penalty_form": "string", "do_sample": "boolean",
+    "temperature": "number", "top_k": "integer",
     "top_p": "number", "min_p": "number", "typical_p": "number", "repetition_penalty": "number",
     "encoder_repetition_penalty": "number", "no_repeat_ngram_size": "integer",
     "encoder_no_repeat_ngram_size": "integer",
