@@ -18,7 +18,7 @@ It measures, by sampling every process of the run every 0.2 s (psutil):
 * **to first step**: wall time from the command's start to the first logged training loss (the data stages, the
   model, one step); and the whole command.
 
-``--before DIR`` runs the same rows with the checkout in DIR (the code before `training.preprocess`: Python lists
+``--before DIR`` runs the same rows with the checkout in DIR (the code before `hf_deepnmt_training.preprocess`: Python lists
 tokenized in every process, no cache) with this machine's virtual environment; rows that would not fit this machine's
 memory are skipped with the reason (``--before_max_pairs``).
 """
@@ -52,8 +52,8 @@ def write_corpus(path: Path, pairs: int) -> Path:
     if path.exists():
         return path
     sys.path.insert(0, str(ROOT))
-    from training.data import read_parallel_file
-    from training.recipes import resolve_path
+    from hf_deepnmt_training.data import read_parallel_file
+    from hf_deepnmt_training.recipes import resolve_path
 
     corpus = read_parallel_file(resolve_path("corpus:web-sparv/train.jsonl.gz"), "en", "es")
     lines = [json.dumps({"translation": {"en": s, "es": t}}, ensure_ascii=False) + "\n"
@@ -125,7 +125,7 @@ def run_command(command: list[str], env: dict[str, str], cwd: Path, log: Path, t
 
 
 def train_command(code: Path, corpus: Path, output_dir: Path, procs: int, after: bool) -> list[str]:
-    argv = ["-m", "training.cli", "train", "--train_file", str(corpus), "--source_lang", "en", "--target_lang", "es",
+    argv = ["-m", "hf_deepnmt_training.cli", "train", "--train_file", str(corpus), "--source_lang", "en", "--target_lang", "es",
             "--output_dir", str(output_dir), "--max_steps", "1", "--logging_steps", "1", "--use_cpu",
             "--model_type", "deep_transformer", "--config_overrides", TINY, "--vocab_size", "8000",
             "--max_tokens", "4096", "--eval_strategy", "no", "--save_strategy", "no", "--report_to", "none",
@@ -189,7 +189,7 @@ def render(results: dict[str, Any]) -> str:
         "`--max_steps 1`, on the embedded training set repeated to N pairs of JSON lines. Each cell: **peak RSS of "
         "one process** (its anonymous part, RssAnon, in brackets; the rest are pages of memory-mapped files), "
         "**wall seconds to the first logged training loss**. *first*: empty cache; *cached*: the same command again "
-        "with another `--output_dir`. *before*: the code before `training.preprocess` (commit "
+        "with another `--output_dir`. *before*: the code before `hf_deepnmt_training.preprocess` (commit "
         f"{results.get('before_commit') or '?'}: the corpus in Python lists in every process, nothing cached); "
         "*after*: this code.",
         "",
@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="corpus sizes in pairs, comma-separated")
     parser.add_argument("--procs", default="1,2", help="process counts, comma-separated")
-    parser.add_argument("--before", default=None, help="a checkout of the code before training.preprocess")
+    parser.add_argument("--before", default=None, help="a checkout of the code before hf_deepnmt_training.preprocess")
     parser.add_argument("--before_max_pairs", type=int, default=1_000_000,
                         help="largest corpus the before code is run on (1M pairs peaked at 10.6 GB per process)")
     parser.add_argument("--before_max_pairs_two_procs", type=int, default=300_000,

@@ -273,10 +273,10 @@ def quality_section(model_dir: str, threads: int, samples: int | None, log: Call
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     from hf_deepnmt.export import TorchEngine, export_blockers, export_model, load_engine
-    from training.data import read_parallel_file
-    from training.metrics import score_translations
-    from training.recipes import resolve_path
-    from training.translate import translate_sentences
+    from hf_deepnmt_training.data import read_parallel_file
+    from hf_deepnmt_training.metrics import score_translations
+    from hf_deepnmt_training.recipes import resolve_path
+    from hf_deepnmt_training.translate import translate_sentences
 
     torch.set_num_threads(threads)
     model = AutoModelForSeq2SeqLM.from_pretrained(model_dir).eval()

@@ -1,9 +1,9 @@
-"""Step times of the quickstart probes' models (`training.experiments.quickstart_probes`), with this harness.
+"""Step times of the quickstart probes' models (`hf_deepnmt_training.experiments.quickstart_probes`), with this harness.
 
 Median seconds of one training step (forward, backward, AdamW) of each probe's model, its steps interleaved with the
 others' (so load affects all alike), on the synthetic 2048-source-token batch and 8000-token vocabulary, 1 thread.
 Written into ``training/experiments/results/quickstart_probes.json`` (``step_seconds``), which the experiment's table
-reads (``python -m training.experiments.quickstart_probes --collect``)::
+reads (``python -m hf_deepnmt_training.experiments.quickstart_probes --collect``)::
 
     python -m benchmarks.quickstart_probe_steps [--repeats 8]
 
@@ -17,8 +17,8 @@ import argparse
 import json
 from pathlib import Path
 
-from training.experiments.common import RESULTS
-from training.experiments.quickstart_probes import PROBES
+from hf_deepnmt_training.experiments.common import RESULTS
+from hf_deepnmt_training.experiments.quickstart_probes import PROBES
 
 from .common import build_ours, synthetic_batch
 from .measure import training_throughput
@@ -28,7 +28,7 @@ def step_times(repeats: int = 8) -> dict[str, float]:
     """Median seconds of one training step of each probe's model (see the module docstring)."""
     import torch
 
-    from training.recipes import load_recipe, parse_overrides
+    from hf_deepnmt_training.recipes import load_recipe, parse_overrides
 
     torch.set_num_threads(1)
     recipe = load_recipe("miniature")["model"]

@@ -50,7 +50,7 @@ QUICKSTART_COMMAND = "deepnmt quickstart --output_dir runs/quickstart"
 
 def test_set_requests(count: int, seed: int = 0) -> list[list[str]]:
     """``count`` requests of 1–3 consecutive English verses of the embedded test set (seeded, cycling)."""
-    from training.corpus import corpus_dir
+    from hf_deepnmt_training.corpus import corpus_dir
 
     with gzip.open(corpus_dir() / "test.jsonl.gz", "rt", encoding="utf-8") as handle:
         verses = [json.loads(line)["translation"]["en"] for line in handle]
@@ -65,10 +65,10 @@ def test_set_requests(count: int, seed: int = 0) -> list[list[str]]:
 
 # ------------------------------------------------------------------------------------------------ the server
 class ServerProcess:
-    """`python -m training.cli serve FOLDER --port 0 ...` with its port read from its log."""
+    """`python -m hf_deepnmt_training.cli serve FOLDER --port 0 ...` with its port read from its log."""
 
     def __init__(self, folder: Path, max_batch_size: int, threads: int, timeout_s: float = 300) -> None:
-        command = [sys.executable, "-m", "training.cli", "serve", str(folder), "--host", "127.0.0.1", "--port", "0",
+        command = [sys.executable, "-m", "hf_deepnmt_training.cli", "serve", str(folder), "--host", "127.0.0.1", "--port", "0",
                    "--threads", str(threads), "--max_batch_size", str(max_batch_size)]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
                "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}

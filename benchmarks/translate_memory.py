@@ -29,9 +29,9 @@ def build_model(folder: Path) -> None:
     import torch
 
     import hf_deepnmt
-    from training.corpus import corpus_dir
-    from training.data import read_parallel_file
-    from training.tokenizer import train_joint_bpe
+    from hf_deepnmt_training.corpus import corpus_dir
+    from hf_deepnmt_training.data import read_parallel_file
+    from hf_deepnmt_training.tokenizer import train_joint_bpe
 
     pairs = read_parallel_file(corpus_dir() / "valid.jsonl.gz", "en", "es")
     tokenizer = train_joint_bpe(pairs.sources, pairs.targets, vocab_size=1000)
@@ -46,7 +46,7 @@ def build_model(folder: Path) -> None:
 
 
 def write_input(path: Path, lines: int) -> None:
-    from training.corpus import corpus_dir
+    from hf_deepnmt_training.corpus import corpus_dir
 
     with gzip.open(corpus_dir() / "test.jsonl.gz", "rt", encoding="utf-8") as handle:
         verses = [json.loads(line)["translation"]["en"] for line in handle]
@@ -57,7 +57,7 @@ def write_input(path: Path, lines: int) -> None:
 
 def measure(model: Path, source: Path, window: int, output: Path) -> dict:
     """One `deepnmt translate` child: its wall time and peak RSS (MiB)."""
-    command = [sys.executable, "-m", "training.cli", "translate", "--model", str(model), "--input", str(source),
+    command = [sys.executable, "-m", "hf_deepnmt_training.cli", "translate", "--model", str(model), "--input", str(source),
                "--output", str(output), "--num_beams", "1", "--max_new_tokens", "4", "--batch_size", "64",
                "--window", str(window), "--threads", "1"]
     started = time.time()

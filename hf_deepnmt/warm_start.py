@@ -8,7 +8,7 @@ A linear-aggregation model warm-started this way computes exactly what the train
 (docs/dou2018.md, which also gives every mechanism's measured change of function at the warm start).
 
 The returned model lists the parameters that did not come from the trained model in ``warm_start_new_parameters``:
-`training.trainer.DeepNMTTrainer` can train them with a scaled learning rate or hold them for the first steps
+`hf_deepnmt_training.trainer.DeepNMTTrainer` can train them with a scaled learning rate or hold them for the first steps
 (``deepnmt train --warm_start_new_lr_scale / --warm_start_freeze_steps``; why, in docs/dou2018.md "Warm start").
 """
 

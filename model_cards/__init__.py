@@ -2,7 +2,7 @@
 
 `render_model_card(folder, ...)` reads ``config.json`` (architecture, switched-on methods) and the evaluation
 results, and returns a `huggingface_hub.ModelCard` whose YAML front matter carries language, tags, metrics and only
-what is known to be true: the license the user gave (none by default, `model_cards.licenses`), the training data's
+what is known to be true: the license the user gave (none by default, `hf_deepnmt_model_cards.licenses`), the training data's
 Hub dataset id (none for local files), and a ``model-index`` with the test scores only when they were scored on a
 Hub dataset, whose id is its ``dataset.type``. The text carries the results with their sacreBLEU signatures, the
 training details with the run time the command printed, links to the run's plots, the license (or that it is
@@ -10,7 +10,7 @@ unknown) and the BibTeX of every paper whose method the model uses. `write_model
 ``README.md``. docs/training.md ("The model card") gives the reasons.
 
 Only the standard library is imported with the package (huggingface_hub and hf_deepnmt when a card is rendered), so
-that `model_cards.licenses` is light.
+that `hf_deepnmt_model_cards.licenses` is light.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class EvalRow:
     signatures: dict[str, str] = field(default_factory=dict)
 
 
-# The plots `training.plots.plot_history` writes into a run folder, with what each shows; the card links those present.
+# The plots `hf_deepnmt_training.plots.plot_history` writes into a run folder, with what each shows; the card links those present.
 PLOTS: dict[str, str] = {
     "loss_components.png": "training loss components and learning rate per optimizer step",
     "validation.png": "validation BLEU, chrF, TER, loss and source reliance at each evaluation",
@@ -194,9 +194,9 @@ def render_model_card(
         eval_dataset_name / eval_dataset_id: what the ``results`` were scored on (default: the training data); only
             with a Hub dataset id do they go into a ``model-index`` (its ``dataset.type`` must be one, and
             huggingface_hub cannot read a model-index without it); otherwise they are in the text only.
-        license: a Hub license id given by the user (`model_cards.licenses`), or None: no ``license`` field, and the
+        license: a Hub license id given by the user (`hf_deepnmt_model_cards.licenses`), or None: no ``license`` field, and the
             text says the license is unknown.
-        repo_id: written into the usage snippet (`training.hub.push_folder` renders the card again with it).
+        repo_id: written into the usage snippet (`hf_deepnmt_training.hub.push_folder` renders the card again with it).
         plots: file names of plots in ``folder`` to link from the card (relative links; those absent are skipped).
         data_license: a sentence on the training data's license, for the card's license section.
     """

@@ -17,7 +17,9 @@ import torch  # noqa: E402
 import hf_deepnmt  # noqa: E402,F401  (registers Auto classes and the translation pipeline)
 from hf_deepnmt import DeepTransformerConfig, DeepTransformerForConditionalGeneration  # noqa: E402
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# Two threads at most (the project's machines have 2 cores); fewer when OMP_NUM_THREADS says so, e.g. beside other
+# work on the same cores, where two spinning threads per process slow small operations down many times.
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1, int(os.environ.get("OMP_NUM_THREADS") or 2))))
 
 TINY = dict(
     vocab_size=99,
@@ -96,7 +98,7 @@ PARALLEL = [
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer():
-    from training.tokenizer import train_joint_bpe
+    from hf_deepnmt_training.tokenizer import train_joint_bpe
 
     sources, targets = zip(*PARALLEL)
     return train_joint_bpe(sources * 3, targets * 3, vocab_size=120, min_frequency=1, model_max_length=64)
@@ -121,7 +123,7 @@ def small_corpus(tmp_path_factory):
     import gzip
     import json
 
-    from training.corpus import corpus_dir
+    from hf_deepnmt_training.corpus import corpus_dir
 
     folder = tmp_path_factory.mktemp("small_corpus")
     sizes = {"train": 160, "valid": 24, "test": 24}
@@ -201,11 +203,11 @@ def _checked_popen_init(self, args, *rest, **kwargs):
 
 subprocess.Popen.__init__ = _checked_popen_init
 
-import training.train  # noqa: E402
-from training.trainer import DeepNMTTrainer  # noqa: E402
+import hf_deepnmt_training.train  # noqa: E402
+from hf_deepnmt_training.trainer import DeepNMTTrainer  # noqa: E402
 
 _cli_runs: list[bool] = []
-_train, _trainer_train = training.train.train, DeepNMTTrainer.train
+_train, _trainer_train = hf_deepnmt_training.train.train, DeepNMTTrainer.train
 
 
 def _checked_train(*args, **kwargs):
@@ -222,5 +224,5 @@ def _checked_trainer_train(self, *args, **kwargs):
     return _trainer_train(self, *args, **kwargs)
 
 
-training.train.train = _checked_train
+hf_deepnmt_training.train.train = _checked_train
 DeepNMTTrainer.train = _checked_trainer_train

@@ -4,7 +4,7 @@ accelerate (1.15) turns on FSDP only for GPU-like process groups: on CPU process
 gloo, even when launched with an FSDP config or given an FSDP plugin. PyTorch's FSDP2 itself runs on a CPU device
 mesh over gloo, so for the tests this worker lets accelerate's state take the FSDP plugin on CPU processes too; the
 rest (accelerate's FSDP2 preparation, transformers' Trainer, `deepnmt train`) runs unchanged. Launch it like
-``-m training.cli``: ``accelerate launch --config_file training/configs/accelerate_fsdp.yaml tests/fsdp_cpu_worker.py
+``-m hf_deepnmt_training.cli``: ``accelerate launch --config_file training/configs/accelerate_fsdp.yaml tests/fsdp_cpu_worker.py
 train ARGS``.
 """
 
@@ -34,6 +34,6 @@ def _init_with_fsdp_on_cpu(self: AcceleratorState, *args: Any, fsdp_plugin: Any 
 AcceleratorState.__init__ = _init_with_fsdp_on_cpu  # type: ignore[method-assign]
 
 if __name__ == "__main__":
-    from training.cli import main
+    from hf_deepnmt_training.cli import main
 
     sys.exit(main(sys.argv[1:]))

@@ -126,7 +126,7 @@ def one_step(term: str, output_dir: str, batch_size: int, accumulation: int = 1,
     from datasets import Dataset
     from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
 
-    from training.trainer import DeepNMTTrainer
+    from hf_deepnmt_training.trainer import DeepNMTTrainer
 
     model = build_model(term, label_smoothing=0.1 if stock else 0.0)
     args = Seq2SeqTrainingArguments(

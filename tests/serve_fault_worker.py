@@ -5,7 +5,7 @@
 The model loads ``LOAD_DELAY_S`` seconds late (so /health can be seen answering 503), every batch takes
 ``BATCH_DELAY_S`` seconds longer (so requests are in flight, the queue fills, a client can leave while its request
 waits), and a batch whose requests ask for ``max_new_tokens`` = `FAULT_MAX_NEW_TOKENS` raises `RuntimeError` inside the
-worker thread, where a broken model would. Everything else is the unchanged `training.serve`.
+worker thread, where a broken model would. Everything else is the unchanged `hf_deepnmt_training.serve`.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from __future__ import annotations
 import sys
 import time
 
-import training.serve as serve
-from training.cli import main
+import hf_deepnmt_training.serve as serve
+from hf_deepnmt_training.cli import main
 
 FAULT_MAX_NEW_TOKENS = 13  # tests/test_serve.py asks for this value to make its batch fail
 

@@ -254,7 +254,7 @@ ADMIN_ARGS = ["--config_overrides", "d_model=16,encoder_layers=2,decoder_layers=
 
 @pytest.mark.integration
 def test_trainer_profiles_once_before_the_first_step(small_corpus, tmp_path, capsys):
-    from training.train import train
+    from hf_deepnmt_training.train import train
 
     outcome = train(train_argv(small_corpus, tmp_path / "run", *ADMIN_ARGS))
     model = outcome.trainer.model
@@ -270,7 +270,7 @@ def test_two_processes_profile_identically_to_one(small_corpus, tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     args = [*ADMIN_ARGS, "--ddp_find_unused_parameters", "false", "--per_device_train_batch_size", "4"]
-    single = [sys.executable, "-m", "training.cli", "train", *train_argv(small_corpus, tmp_path / "one", *args)]
+    single = [sys.executable, "-m", "hf_deepnmt_training.cli", "train", *train_argv(small_corpus, tmp_path / "one", *args)]
     assert subprocess.run(single, env=env, capture_output=True, text=True, timeout=300).returncode == 0
     import socket
 
@@ -278,7 +278,7 @@ def test_two_processes_profile_identically_to_one(small_corpus, tmp_path):
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     double = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
-              "-m", "training.cli", "train", *train_argv(small_corpus, tmp_path / "two", *args)]
+              "-m", "hf_deepnmt_training.cli", "train", *train_argv(small_corpus, tmp_path / "two", *args)]
     result = subprocess.run(double, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     one, two = load_file(str(tmp_path / "one" / "model.safetensors")), load_file(str(tmp_path / "two" / "model.safetensors"))

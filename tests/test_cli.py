@@ -14,10 +14,10 @@ from conftest import TINY_TRAIN_ARGS, train_argv
 from huggingface_hub import ModelCard
 from test_model_cards import jumping_clock  # noqa: F401  (a fixture: time() moves 45 s per reading)
 
-from training.cli import main
-from training.errors import CommandLineError
-from training.hub import files_to_upload, push_folder, subfolders_left_out
-from training.recipes import RECIPES_DIR, load_model_config_dict, load_recipe
+from hf_deepnmt_training.cli import main
+from hf_deepnmt_training.errors import CommandLineError
+from hf_deepnmt_training.hub import files_to_upload, push_folder, subfolders_left_out
+from hf_deepnmt_training.recipes import RECIPES_DIR, load_model_config_dict, load_recipe
 
 RUN_TRANSLATION_ARGS = ("--train_file", "--validation_file", "--test_file", "--source_lang", "--target_lang",
                         "--output_dir", "--max_source_length", "--max_target_length", "--max_train_samples",
@@ -30,7 +30,7 @@ OUR_ARGS = ("--recipe", "--config_name", "--config_overrides", "--max_tokens", "
 @pytest.fixture(scope="module")
 def trained(small_corpus, tmp_path_factory):
     """One tiny `deepnmt train` run with evaluation, reused by the tests below."""
-    from training.train import train
+    from hf_deepnmt_training.train import train
 
     output_dir = tmp_path_factory.mktemp("cli") / "run"
     outcome = train(train_argv(small_corpus, output_dir, "--max_steps", "6", "--eval_strategy", "steps",
@@ -121,8 +121,8 @@ def test_evaluate_reproduces_the_training_runs_test_score(trained, small_corpus,
     assert "source reliance" in printed and scores["source_reliance"] > 0
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-    from training.data import read_parallel_file
-    from training.translate import corpus_source_reliance
+    from hf_deepnmt_training.data import read_parallel_file
+    from hf_deepnmt_training.translate import corpus_source_reliance
 
     corpus = read_parallel_file(small_corpus / "test.jsonl", "en", "es", 10)
     direct = corpus_source_reliance(AutoModelForSeq2SeqLM.from_pretrained(trained.output_dir),
@@ -148,7 +148,7 @@ def test_translate_from_file_and_stdin(trained, tmp_path, monkeypatch, capsys):
 def test_translate_reads_at_most_one_window_ahead_and_keeps_the_order(trained):
     """Bounded memory on inputs of any length: a window of lines is read, sorted and translated before the next is
     read; the output is in input order and equals translating everything at once."""
-    from training.translate import translate_sentences, translate_windows
+    from hf_deepnmt_training.translate import translate_sentences, translate_windows
 
     model, tokenizer = trained.trainer.model.eval(), trained.tokenizer
     sentences = [("And God said " * (i % 4 + 1)).strip() if i % 5 else "" for i in range(11)]
@@ -170,7 +170,7 @@ def test_translate_reads_at_most_one_window_ahead_and_keeps_the_order(trained):
 
 @pytest.mark.integration
 def test_translate_resumes_an_interrupted_output(trained, tmp_path, capsys, monkeypatch):
-    import training.translate
+    import hf_deepnmt_training.translate
 
     source, full, partial = tmp_path / "in.txt", tmp_path / "full.txt", tmp_path / "partial.txt"
     source.write_text("".join(f"{'In the beginning ' * (i % 3 + 1)}{i}.\n" for i in range(9)), encoding="utf-8")
@@ -181,8 +181,8 @@ def test_translate_resumes_an_interrupted_output(trained, tmp_path, capsys, monk
     assert len(expected) == 9
     partial.write_text("".join(expected[:3]) + "torn last li", encoding="utf-8")  # killed while writing line 4
     translated = []
-    original = training.translate.translate_sentences
-    monkeypatch.setattr(training.translate, "translate_sentences",
+    original = hf_deepnmt_training.translate.translate_sentences
+    monkeypatch.setattr(hf_deepnmt_training.translate, "translate_sentences",
                         lambda model, tok, sentences, **kw: translated.extend(sentences) or original(model, tok,
                                                                                                    sentences, **kw))
     capsys.readouterr()
@@ -252,7 +252,7 @@ def test_push_uploads_the_onnx_export_the_endpoint_handler_serves(tmp_path):
     """`onnx/` holding an export (`deepnmt export --format onnx RUN RUN/onnx`) goes up with the model, since the
     folder's handler.py runs it on Inference Endpoints; other subfolders, and an `onnx/` without a manifest, do not."""
     import hf_deepnmt.handler
-    from training import hub
+    from hf_deepnmt_training import hub
 
     assert (hub.ONNX_SUBFOLDER, hub.EXPORT_MANIFEST) == (hf_deepnmt.handler.ONNX_SUBFOLDER,
                                                          hf_deepnmt.handler.EXPORT_MANIFEST)
@@ -313,7 +313,7 @@ def test_every_recipe_is_complete_and_documented(recipe):
 
 
 def test_shipped_distributed_configs_parse():
-    from training.recipes import RECIPES_DIR
+    from hf_deepnmt_training.recipes import RECIPES_DIR
 
     configs = RECIPES_DIR.parent / "configs"
     accelerate = yaml.safe_load((configs / "accelerate_ddp.yaml").read_text())
@@ -334,7 +334,7 @@ def test_train_with_push_to_hub_uploads_once_at_the_end(small_corpus, tmp_path, 
             hubs.append(self)
 
     monkeypatch.setattr(huggingface_hub, "HfApi", FakeHfApi)
-    from training.train import train
+    from hf_deepnmt_training.train import train
 
     outcome = train(train_argv(small_corpus, tmp_path / "run", "--max_steps", "2", "--push_to_hub", "true",
                                "--hub_model_id", "someone/pushed", "--hub_private_repo", "true"))
@@ -356,8 +356,8 @@ def test_radam_and_checkpoint_averaging(small_corpus, tmp_path):
     import torch
     from safetensors.torch import load_file
 
-    from training.checkpoints import average_checkpoints
-    from training.train import train
+    from hf_deepnmt_training.checkpoints import average_checkpoints
+    from hf_deepnmt_training.train import train
 
     outcome = train(train_argv(small_corpus, tmp_path / "run", "--max_steps", "3", "--optimizer", "radam",
                                "--save_strategy", "steps", "--save_steps", "1"))
@@ -467,12 +467,12 @@ def test_config_override_typos_are_refused_with_close_matches(recipe, overrides,
 
 
 def test_ctrl_c_during_training_prints_how_to_resume(monkeypatch, capsys):
-    import training.train
+    import hf_deepnmt_training.train
 
     def interrupted(argv, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(training.train, "train", interrupted)
+    monkeypatch.setattr(hf_deepnmt_training.train, "train", interrupted)
     assert main(["train", "--recipe", "quickstart"]) == 130
     error = capsys.readouterr().err.strip().splitlines()
     assert len(error) == 1 and "interrupted" in error[0] and "--resume_from_checkpoint last" in error[0]
@@ -524,7 +524,7 @@ def test_a_misspelt_or_missing_option_gets_one_sentence_with_the_close_matches(a
 def test_train_aliases_and_a_default_output_dir_printed_at_start(small_corpus, tmp_path, monkeypatch, capsys):
     """`--num_beams`/`--src_lang` name train's options; without --output_dir a new runs/<name>-<time> is used and
     printed; several processes must name one."""
-    from training.train_arguments import parse_train_args
+    from hf_deepnmt_training.train_arguments import parse_train_args
 
     monkeypatch.chdir(tmp_path)
     argv = train_argv(small_corpus, tmp_path / "unused")
@@ -542,7 +542,7 @@ def test_train_aliases_and_a_default_output_dir_printed_at_start(small_corpus, t
 
 @pytest.mark.integration
 def test_train_ends_with_a_summary_of_where_and_how(trained, capsys):
-    from training.report import print_train_summary
+    from hf_deepnmt_training.report import print_train_summary
 
     print_train_summary(trained)
     out = capsys.readouterr().out
@@ -557,8 +557,8 @@ def test_the_card_of_a_crt_run_is_true(small_corpus, tmp_path):
     """The card of a CAD + CRT run (li2022): the training section lists the objective the methods section describes,
     the optimizer and schedule by their plain names, the model-index names the file and split that were scored, the
     pushed card names its repository, and the install instructions are ones that work."""
-    from training.hub import card_for_repo
-    from training.train import train
+    from hf_deepnmt_training.hub import card_for_repo
+    from hf_deepnmt_training.train import train
 
     overrides = TINY_OVERRIDES + ",cross_attention_drop_depth=1,cross_attention_drop_ratio=0.5,ddr_weight=1.0,ald_weight=0.5"
     argv = train_argv(small_corpus, tmp_path / "crt", "--max_steps", "2", "--max_predict_samples", "6",
@@ -574,7 +574,7 @@ def test_the_card_of_a_crt_run_is_true(small_corpus, tmp_path):
     assert "- objective: label-smoothed NLL (ε 0.1) + 1.0 × DDR (li2022) + 0.5 × ALD (li2022)" in training
     assert "- optimizer: RAdam (β1 0.9, β2 0.999, ε 1e-08), peak learning rate 0.003, gradient clipping 1.0" in training
     assert "- learning-rate schedule: linear warm-up over 1 steps, then inverse square root" in training
-    assert "adamw" not in training.lower()
+    assert "adamw" not in hf_deepnmt_training.lower()
     assert card.data.eval_results is None  # a local test file: no Hub id for a model-index
     assert "Scored on test.jsonl:" in text and "| test[:6] | 6 |" in text
     assert "pip install hf_deepnmt" not in text and "pip install -e ." in text
@@ -588,7 +588,7 @@ def test_the_card_of_a_crt_run_is_true(small_corpus, tmp_path):
 @pytest.mark.integration
 def test_resuming_from_a_damaged_checkpoint_names_it_and_offers_the_newest_complete_one(small_corpus, tmp_path,
                                                                                          capsys):
-    from training.train import train
+    from hf_deepnmt_training.train import train
 
     run = tmp_path / "run"
     argv = train_argv(small_corpus, run, "--max_steps", "4", "--save_strategy", "steps", "--save_steps", "2")
@@ -646,7 +646,7 @@ def test_bf16_translation_and_training_run_under_bfloat16_autocast_on_cpu(tiny_f
     import torch
 
     from hf_deepnmt import DeepTransformerForConditionalGeneration
-    from training.train import train
+    from hf_deepnmt_training.train import train
 
     seen: list[tuple[bool, torch.dtype]] = []
     forward = DeepTransformerForConditionalGeneration.forward
@@ -677,7 +677,7 @@ def test_bf16_translation_and_training_run_under_bfloat16_autocast_on_cpu(tiny_f
 # ------------------------------------------------------------------------------------------------ careless input
 def test_max_steps_other_than_a_positive_count_or_minus_one_is_refused(tmp_path, capsys):
     """transformers reads any non-positive --max_steps as "train for --num_train_epochs": -5 trained silently."""
-    from training.train_arguments import parse_train_args
+    from hf_deepnmt_training.train_arguments import parse_train_args
 
     for value in ("-5", "0"):
         assert main(["train", "--recipe", "quickstart", "--max_steps", value, "--output_dir", str(tmp_path / value)]) == 2
@@ -722,12 +722,12 @@ def test_a_misspelt_recipe_gets_its_closest_names_not_the_whole_list(capsys):
 def test_a_bug_shows_its_traceback_and_only_our_errors_are_one_sentence(monkeypatch, capsys):
     """Only the project's own error types are a user's mistake; a ValueError from inside torch or transformers is a bug
     and must not be turned into a one-line "user mistake" with exit status 2."""
-    import training.train
+    import hf_deepnmt_training.train
 
     def broken(argv, **kwargs):
         raise ValueError("expected scalar type Float but found Half")  # e.g. from inside torch
 
-    monkeypatch.setattr(training.train, "train", broken)
+    monkeypatch.setattr(hf_deepnmt_training.train, "train", broken)
     with pytest.raises(ValueError, match="expected scalar type"):
         main(["train", "--recipe", "quickstart"])
 
@@ -735,7 +735,7 @@ def test_a_bug_shows_its_traceback_and_only_our_errors_are_one_sentence(monkeypa
 def test_the_commands_choices_are_the_export_modules():
     """`--help` needs the export formats without importing torch: the CLI's copy must be hf_deepnmt.export's."""
     from hf_deepnmt import export
-    from training import arguments
+    from hf_deepnmt_training import arguments
 
     assert arguments.EXPORT_FORMATS == export.EXPORT_FORMATS and arguments.ENGINES == export.ENGINES
     assert arguments.QUANTIZATIONS == export.QUANTIZATIONS
@@ -743,7 +743,7 @@ def test_the_commands_choices_are_the_export_modules():
 
 HELP_PROBE = """
 import contextlib, io, json, sys
-from training.cli import main
+from hf_deepnmt_training.cli import main
 argv = json.loads(sys.argv[1])
 with contextlib.redirect_stdout(io.StringIO()) as out:
     try:
@@ -762,7 +762,7 @@ def test_help_answers_without_importing_torch_or_the_trainer(tmp_path):
     import os
     import subprocess
 
-    from training.cli import COMMANDS
+    from hf_deepnmt_training.cli import COMMANDS
 
     env = {**os.environ, "DEEPNMT_CACHE": str(tmp_path / "cache")}
 

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from training.data import DataArguments, DataError, TokenBudgetBatchSampler, read_parallel_file, tokenize_corpus
+from hf_deepnmt_training.data import DataArguments, DataError, TokenBudgetBatchSampler, read_parallel_file, tokenize_corpus
 
 PAIRS = [("Hello world.", "Hola mundo."), ("Good night.", "Buenas noches."), ("Thank you.", "Gracias.")]
 
@@ -123,7 +123,7 @@ def test_bad_data_arguments_are_named(kwargs, field):
 
 
 def test_tokenize_truncates_filters_and_records_lengths(tiny_tokenizer):
-    from training.data import ParallelCorpus
+    from hf_deepnmt_training.data import ParallelCorpus
 
     long = " ".join(["light"] * 60)
     corpus = ParallelCorpus(["Let there be light.", long, "light"], ["Sea la luz.", "luz", "luz " * 10], "mem")
@@ -174,7 +174,7 @@ def test_an_example_longer_than_the_budget_gets_its_own_batch():
 
 def test_a_datasets_corpus_by_name(tmp_path):
     """`--dataset_name` goes through `datasets.load_dataset` (here a local dataset folder: no network)."""
-    from training.data import load_splits
+    from hf_deepnmt_training.data import load_splits
 
     for split, pairs in (("train", PAIRS), ("validation", PAIRS[:2])):
         (tmp_path / f"{split}.jsonl").write_text(_jsonl(pairs), encoding="utf-8")

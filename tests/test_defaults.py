@@ -9,10 +9,10 @@ import pytest
 import torch
 from conftest import train_argv
 
-from training.cli import main
-from training.train import UNBOUNDED_STEPS
-from training.defaults import CPU_SIZES, GPU_SIZES, PARSE_TIME_DEFAULTS, given_options, resolve, size_class
-from training.train_arguments import apply_scratch_defaults, parse_train_args
+from hf_deepnmt_training.cli import main
+from hf_deepnmt_training.train import UNBOUNDED_STEPS
+from hf_deepnmt_training.defaults import CPU_SIZES, GPU_SIZES, PARSE_TIME_DEFAULTS, given_options, resolve, size_class
+from hf_deepnmt_training.train_arguments import apply_scratch_defaults, parse_train_args
 
 
 def test_the_model_size_follows_the_data_size_and_the_device():

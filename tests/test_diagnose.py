@@ -9,8 +9,8 @@ import torch
 from conftest import PARALLEL, tiny_model
 from test_li2022 import without_cross_attention
 
-from training.cli import main
-from training.diagnose import diagnose
+from hf_deepnmt_training.cli import main
+from hf_deepnmt_training.diagnose import diagnose
 
 SOURCES, TARGETS = zip(*PARALLEL)
 
@@ -41,7 +41,7 @@ def test_share_and_entropy_are_measured_per_layer(tiny_tokenizer):
 def test_the_command_prints_and_writes_json(tiny_folder, tmp_path, small_corpus, capsys):
     out = tmp_path / "diagnosis.json"
     assert main(["diagnose", "--model", str(tiny_folder), "--test_file", str(small_corpus / "test.jsonl"),
-                 "--pairs", "8", "--output_json", str(out)]) == 0
+                 "--pairs", "8", "--output_json", str(out), "--source_lang", "en", "--target_lang", "es"]) == 0
     printed = capsys.readouterr().out
     assert "source reliance" in printed and "attention entropy" in printed
     data = json.loads(out.read_text())

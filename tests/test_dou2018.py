@@ -332,7 +332,7 @@ def test_warm_start_copies_every_trained_weight_and_linear_starts_as_vanilla(bat
 def test_deepnmt_train_warm_start_option(small_corpus, tiny_folder, tmp_path):
     from conftest import train_argv
 
-    from training.train import train
+    from hf_deepnmt_training.train import train
 
     outcome = train(train_argv(small_corpus, tmp_path / "hier", "--max_steps", "2", "--warm_start_from",
                                str(tiny_folder), "--config_overrides",
@@ -355,7 +355,7 @@ def warm_started_trainer(tmp_path, data, tokenizer, **options):
     """A trained-looking vanilla model warm-started to hierarchical aggregation, in a DeepNMTTrainer."""
     from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainingArguments
 
-    from training.trainer import DeepNMTTrainer
+    from hf_deepnmt_training.trainer import DeepNMTTrainer
 
     vanilla = tiny_model(vocab_size=len(tokenizer), max_position_embeddings=64, dropout=0.0, **DEEP)
     model = warm_start(vanilla, **MECHANISMS["hierarchical"]).train()
@@ -424,7 +424,7 @@ def test_held_new_parameters_stay_put_for_exactly_the_freeze_steps(tmp_path, dat
     (["--warm_start_from", "{tiny}", "--warm_start_freeze_steps", "-1"], "`--warm_start_freeze_steps` = -1 is not"),
 ])
 def test_bad_new_parameter_options_get_one_line_and_exit_2(argv, words, tiny_folder, tmp_path, capsys):
-    from training.cli import main
+    from hf_deepnmt_training.cli import main
 
     argv = [part.replace("{tiny}", str(tiny_folder)) for part in argv]
     assert main(["train", "--recipe", "miniature", "--output_dir", str(tmp_path / "run"), *argv]) == 2

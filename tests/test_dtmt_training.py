@@ -13,8 +13,8 @@ from test_resume_and_distributed import _free_port, _run
 from transformers import AutoModelForSeq2SeqLM
 
 from hf_deepnmt import DTMTForConditionalGeneration
-from training.cli import main
-from training.schedules import rnnplus_warmup_decay
+from hf_deepnmt_training.cli import main
+from hf_deepnmt_training.schedules import rnnplus_warmup_decay
 
 TINY_DTMT_OVERRIDES = "d_model=16,transition_depth=1,attention_heads=2,max_position_embeddings=64"
 
@@ -36,7 +36,7 @@ def test_rnnplus_warmup_decay_is_equation_17():
 
 @pytest.mark.integration
 def test_deepnmt_train_model_type_dtmt_with_the_papers_schedule(small_corpus, tmp_path):
-    from training.train import train
+    from hf_deepnmt_training.train import train
 
     outcome = train(dtmt_argv(small_corpus, tmp_path / "run", "--max_steps", "4", "--max_grad_norm", "5.0",
                               "--learning_rate", "1e-3", "--lr_schedule", "rnnplus_warmup_decay", "--warmup_steps", "2",
@@ -80,7 +80,7 @@ def test_torchrun_trains_dtmt_with_gradient_checkpointing(small_corpus, tmp_path
     """Two gloo processes (DDP), every parameter used every step, per-timestep gradient checkpointing on."""
     folder = tmp_path / "ddp"
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-               str(_free_port()), "-m", "training.cli", "train",
+               str(_free_port()), "-m", "hf_deepnmt_training.cli", "train",
                *dtmt_argv(small_corpus, folder, "--max_steps", "3", "--gradient_checkpointing", "true",
                           "--ddp_find_unused_parameters", "false", "--max_predict_samples", "4")]
     _run(command)

@@ -26,7 +26,7 @@ from search_parity import assert_decided_by_margins, assert_same_search, generat
 import hf_deepnmt
 from hf_deepnmt.export import OnnxEngine, export_blockers, export_model, load_engine
 from hf_deepnmt.ort_generation import OnnxSeq2SeqLM
-from training.cli import main
+from hf_deepnmt_training.cli import main
 
 if os.environ.get("DEEPNMT_REQUIRE_EXPORT") == "1":
     import onnxruntime  # noqa: F401

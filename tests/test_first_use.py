@@ -15,9 +15,9 @@ from conftest import PARALLEL, tiny_model, train_argv
 
 import hf_deepnmt
 from hf_deepnmt.errors import UserInputError
-from training.arguments import resolve_language_pair, saved_language_pairs
-from training.cli import main
-from training.errors import CommandLineError
+from hf_deepnmt_training.arguments import resolve_language_pair, saved_language_pairs
+from hf_deepnmt_training.cli import main
+from hf_deepnmt_training.errors import CommandLineError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -162,13 +162,13 @@ def _run(*argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
 
 @pytest.mark.integration
 def test_export_and_translate_print_nothing_a_user_cannot_act_on(tiny_folder, tmp_path):
-    done = _run("-m", "training.cli", "export", str(tiny_folder), str(tmp_path / "onnx"), "--format", "onnx",
+    done = _run("-m", "hf_deepnmt_training.cli", "export", str(tiny_folder), str(tmp_path / "onnx"), "--format", "onnx",
                 "--quantization", "int8")
     assert done.returncode == 0, done.stderr
     assert done.stderr == "", done.stderr  # no torchvision notes, no ONNX Runtime advice, no progress bars
     source = tmp_path / "in.txt"
     source.write_text("In the beginning.\n", encoding="utf-8")
-    done = _run("-m", "training.cli", "translate", str(tiny_folder), "--input", str(source), "--output",
+    done = _run("-m", "hf_deepnmt_training.cli", "translate", str(tiny_folder), "--input", str(source), "--output",
                 str(tmp_path / "out.txt"))
     assert done.returncode == 0 and "Loading weights" not in done.stderr, done.stderr
 
@@ -178,8 +178,8 @@ def test_train_mistakes_are_answered_before_torch_loads(tmp_path):
     """Once the option table is cached (by any full parse, e.g. `deepnmt train --help`), a mistake is one sentence
     from a process that never imported torch (the full parse costs 6-8 CPU-seconds here)."""
     env = {"DEEPNMT_CACHE": str(tmp_path / "cache")}
-    assert _run("-m", "training.cli", "train", "--help", env=env).returncode == 0
-    probe = ("import sys; from training.cli import main; code = main(sys.argv[1:]); "
+    assert _run("-m", "hf_deepnmt_training.cli", "train", "--help", env=env).returncode == 0
+    probe = ("import sys; from hf_deepnmt_training.cli import main; code = main(sys.argv[1:]); "
              "print(code, 'torch' in sys.modules)")
     for argv, message in ((["train", "--max_stepz", "3"], "unknown option `--max_stepz`; did you mean --max_steps"),
                           (["train", "--max_steps", "-5"], "`--max_steps` = -5 is not allowed"),
@@ -195,7 +195,7 @@ def test_train_mistakes_are_answered_before_torch_loads(tmp_path):
 def test_a_budget_without_a_step_count_is_a_run_length():
     from types import SimpleNamespace
 
-    from training.train import UNBOUNDED_STEPS, run_until_budget
+    from hf_deepnmt_training.train import UNBOUNDED_STEPS, run_until_budget
 
     for schedule, given in (("inverse_sqrt", None), ("constant", None), ("linear", "rnnplus_warmup_decay")):
         training_args = SimpleNamespace(max_steps=-1, lr_scheduler_type=schedule, process_index=1)
@@ -213,7 +213,7 @@ def test_a_budget_without_a_step_count_is_a_run_length():
 def test_train_with_a_budget_runs_past_the_epochs(small_corpus, tmp_path):
     """--max_train_minutes without --max_steps trained for --num_train_epochs (765 steps of a 25-minute budget for
     one user); now it trains until the budget: here far past one epoch of the 160 pairs (20 steps of 8)."""
-    from training.train import train
+    from hf_deepnmt_training.train import train
 
     outcome = train(train_argv(small_corpus, tmp_path / "run", "--num_train_epochs", "1", "--max_train_minutes",
                                "0.25"))

@@ -14,10 +14,10 @@ from conftest import train_argv
 from huggingface_hub import ModelCard
 
 from hf_deepnmt.errors import UserInputError
-from model_cards import EvalRow, hub_dataset_id, render_model_card
-from model_cards.licenses import HUB_LICENSES, license_problem
-from training.cli import main
-from training.hub import card_for_repo, push_folder
+from hf_deepnmt_model_cards import EvalRow, hub_dataset_id, render_model_card
+from hf_deepnmt_model_cards.licenses import HUB_LICENSES, license_problem
+from hf_deepnmt_training.cli import main
+from hf_deepnmt_training.hub import card_for_repo, push_folder
 
 ROW = EvalRow("test[:10]", 10, 12.5, 40.1, 70.2, "beam 4", {"bleu": "nrefs:1|case:mixed|eff:no|tok:13a"})
 
@@ -73,7 +73,7 @@ def test_train_and_push_refuse_a_bad_license_before_anything_runs(small_corpus, 
 
 
 def test_train_takes_the_license_the_user_gives():
-    from training.train_arguments import ModelArguments, parse_train_args
+    from hf_deepnmt_training.train_arguments import ModelArguments, parse_train_args
 
     assert ModelArguments.__dataclass_fields__["license"].default is None
     model_args = parse_train_args(["--recipe", "quickstart", "--output_dir", "unused", "--license", "CC-BY-4.0"])[0]
@@ -163,7 +163,7 @@ class JumpingTime:
 @pytest.fixture
 def jumping_clock(monkeypatch):
     fake = JumpingTime()
-    for name in ("training.cli", "training.train", "training.quickstart", "training.report", "training.clock"):
+    for name in ("hf_deepnmt_training.cli", "hf_deepnmt_training.train", "hf_deepnmt_training.quickstart", "hf_deepnmt_training.report", "hf_deepnmt_training.clock"):
         try:
             module = importlib.import_module(name)
         except ImportError:

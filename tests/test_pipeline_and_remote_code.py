@@ -376,8 +376,8 @@ def test_pipeline_class_names_the_installed_pipeline(paired_folder):
 
 
 def test_training_records_the_language_pair(small_corpus, tiny_tokenizer, tmp_path):
-    from training.build import build_model as _build_model
-    from training.train_arguments import parse_train_args
+    from hf_deepnmt_training.build import build_model as _build_model
+    from hf_deepnmt_training.train_arguments import parse_train_args
 
     model_args, data_args, _, recipe = parse_train_args(
         train_argv(small_corpus, tmp_path / "run", "--source_lang", "en", "--target_lang", "es"))

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from test_data import PAIRS, _jsonl
 
-import training.preprocess as preprocess
-from training.data import (DataArguments, DataError, TokenBudgetBatchSampler, length_column, read_parallel_file,
+import hf_deepnmt_training.preprocess as preprocess
+from hf_deepnmt_training.data import (DataArguments, DataError, TokenBudgetBatchSampler, length_column, read_parallel_file,
                            tokenize_corpus)
 
 RUN = SimpleNamespace(main_process_first=lambda desc="": contextlib.nullcontext())  # one process, no launcher
@@ -167,8 +167,8 @@ def test_bpe_sample_is_seeded_and_bounded(tmp_path, cache):
 
 
 def test_the_joint_bpe_is_reused_by_a_run_with_another_output_dir(tmp_path, cache, capsys):
-    from training.build import load_or_train_tokenizer
-    from training.train_arguments import ModelArguments
+    from hf_deepnmt_training.build import load_or_train_tokenizer
+    from hf_deepnmt_training.train_arguments import ModelArguments
 
     path = _corpus(tmp_path, n=200)
     args = _args(path)

@@ -36,9 +36,9 @@ from hf_deepnmt.configuration_deep_transformer import (
     ALLOWED_LAYER_NORM_POSITIONS,
     ALLOWED_RESIDUAL_SCALINGS,
 )
-from hf_deepnmt.configuration_dtmt import ALLOWED_RNN_CELLS, TRANSFORMER_ONLY_FIELDS
+from hf_deepnmt.configuration_dtmt import ALLOWED_LENGTH_PENALTY_FORMS, ALLOWED_RNN_CELLS, TRANSFORMER_ONLY_FIELDS
 from hf_deepnmt.errors import UserInputError
-from training.data import DataError, read_parallel_file
+from hf_deepnmt_training.data import DataError, read_parallel_file
 
 settings.register_profile(
     "ci", derandomize=True, database=None, deadline=None, print_blob=True,
@@ -338,8 +338,8 @@ def test_json_nested_too_deeply_is_a_data_error(tmp_path):
 def bpe():
     """A joint BPE (vocabulary 300) trained on the first 300 pairs of the embedded corpus, with the set of
     characters it was trained on (its alphabet: NFKC-stable Latin letters, Spanish accents, punctuation)."""
-    from training.corpus import corpus_dir
-    from training.tokenizer import train_joint_bpe
+    from hf_deepnmt_training.corpus import corpus_dir
+    from hf_deepnmt_training.tokenizer import train_joint_bpe
 
     sources, targets = [], []
     with gzip.open(corpus_dir() / "train.jsonl.gz", "rt", encoding="utf-8") as handle:
@@ -534,6 +534,7 @@ DTMT_FIELDS: dict[str, tuple[st.SearchStrategy, st.SearchStrategy, dict]] = {
     "max_position_embeddings": (st.integers(1, 10**5), positive_int_bad(), {}),
     "transition_depth": (st.integers(0, 8), st.one_of(st.integers(max_value=-1), NOT_INT), {}),
     "rnn_cell": (st.sampled_from(ALLOWED_RNN_CELLS), not_in(ALLOWED_RNN_CELLS), {}),
+    "length_penalty_form": (st.sampled_from(ALLOWED_LENGTH_PENALTY_FORMS), not_in(ALLOWED_LENGTH_PENALTY_FORMS), {}),
     **{field: (st.booleans(), NOT_BOOL, {})
        for field in ("encoder_transition", "query_transition", "decoder_transition", "positional_encoding",
                      "share_encoder_decoder_embeddings", "tie_word_embeddings", "use_cache")},

@@ -117,7 +117,7 @@ CLAIMS = option_claims()
 
 def help_text(command: str, capsys) -> str:
     """What `deepnmt COMMAND --help` prints."""
-    from training.cli import main
+    from hf_deepnmt_training.cli import main
 
     try:
         code = main([command, "--help"])

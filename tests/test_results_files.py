@@ -20,8 +20,8 @@ import pytest
 import yaml
 
 from benchmarks import report
-from training.experiments import li2022_regime
-from training.experiments.common import merge_generated
+from hf_deepnmt_training.experiments import li2022_regime
+from hf_deepnmt_training.experiments.common import merge_generated
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -79,7 +79,7 @@ RESULTS = ROOT / "training" / "experiments" / "results"
 
 
 class Renderer(NamedTuple):
-    """How one results markdown is made: ``training.experiments.<module>.<function>`` renders ``json``; it takes the
+    """How one results markdown is made: ``hf_deepnmt_training.experiments.<module>.<function>`` renders ``json``; it takes the
     markdown's path (``takes="markdown"``) or the results folder (``takes="folder"``), and reads the committed files
     of ``inputs`` from that folder too."""
 
@@ -120,12 +120,12 @@ def test_results_markdown_is_its_json_rendered(markdown, tmp_path):
     renderer = RENDERED[markdown]
     for name in renderer.inputs:
         shutil.copy(RESULTS / name, tmp_path / name)
-    render = getattr(importlib.import_module(f"training.experiments.{renderer.module}"), renderer.function)
+    render = getattr(importlib.import_module(f"hf_deepnmt_training.experiments.{renderer.module}"), renderer.function)
     render(json.loads((RESULTS / renderer.json).read_text()), tmp_path / markdown if renderer.takes == "markdown"
            else tmp_path)
     assert (tmp_path / markdown).read_bytes() == (RESULTS / markdown).read_bytes(), (
         f"{markdown} is not what its script renders from {renderer.json}: re-render it "
-        f"(python -m training.experiments.{renderer.module} --render_only …)")
+        f"(python -m hf_deepnmt_training.experiments.{renderer.module} --render_only …)")
 
 
 # --- li2022-cpu-scale.md: tables generated from its JSONs, narrative quoting only their numbers --------------------
@@ -173,7 +173,7 @@ def test_li2022_report_tables_are_its_jsons_rendered():
     for name, _ in blocks:
         assert text.count(f"<!-- generated:{name} -->") == 1 and text.count(f"<!-- /generated:{name} -->") == 1
     assert merge_generated(text, blocks) == text, (
-        "li2022-cpu-scale.md's tables differ from its JSONs: python -m training.experiments.li2022_regime "
+        "li2022-cpu-scale.md's tables differ from its JSONs: python -m hf_deepnmt_training.experiments.li2022_regime "
         "--render_report")
 
 

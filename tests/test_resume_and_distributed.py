@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
        "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-TRAIN = [sys.executable, "-m", "training.cli", "train"]
+TRAIN = [sys.executable, "-m", "hf_deepnmt_training.cli", "train"]
 ACCELERATE_CONFIG = Path(__file__).resolve().parents[1] / "training" / "configs" / "accelerate_ddp.yaml"
 FSDP_CONFIG = ACCELERATE_CONFIG.with_name("accelerate_fsdp.yaml")
 FSDP_WORKER = Path(__file__).resolve().parent / "fsdp_cpu_worker.py"  # lets accelerate shard on CPU processes
@@ -112,10 +112,10 @@ def test_torchrun_two_processes_match_one_process_with_the_doubled_batch(small_c
         index = argv.index("--use_cpu")
         del argv[index:index + 2]
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-               str(_free_port()), "-m", "training.cli", "train", *argv]
+               str(_free_port()), "-m", "hf_deepnmt_training.cli", "train", *argv]
     cache = tmp_path / "datasets-cache"  # a cache of their own: the two processes prepare the corpus from nothing
     result = _run(command, env={**ENV, "HF_DATASETS_CACHE": str(cache)})
-    # one process read and tokenized each split, the other memory-mapped that copy (training.preprocess)
+    # one process read and tokenized each split, the other memory-mapped that copy (hf_deepnmt_training.preprocess)
     assert result.stderr.count("train: reusing the prepared pairs") == 1, result.stderr[-3000:]
     assert result.stderr.count("train: reusing the tokenized corpus") == 1, result.stderr[-3000:]
     assert result.stderr.count("Generating train split: 160 examples") == 1  # read once
@@ -132,7 +132,7 @@ def test_accelerate_launch_two_processes_match_one_process(small_corpus, tmp_pat
     # (accelerate's `--cpu` flag would start a single process).
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ACCELERATE_CONFIG),
                "--num_processes", "2", "--main_process_port",
-               str(_free_port()), "-m", "training.cli", "train",
+               str(_free_port()), "-m", "hf_deepnmt_training.cli", "train",
                *train_argv(small_corpus, folder, *DDP_ARGS, "--per_device_train_batch_size", "4")]
     _run(command)
     _compare_with_single(single_process_double_batch, folder)
@@ -143,7 +143,7 @@ def test_torchrun_trains_li2022_cad_and_crt(small_corpus, tmp_path):
     """CAD skips parameters at random and CRT's views go through one model call: DDP must accept both."""
     folder = tmp_path / "crt"
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-               str(_free_port()), "-m", "training.cli", "train",
+               str(_free_port()), "-m", "hf_deepnmt_training.cli", "train",
                *train_argv(small_corpus, folder, "--max_steps", "4", "--config_overrides",
                            "d_model=16,encoder_layers=2,decoder_layers=3,encoder_attention_heads=2,"
                            "decoder_attention_heads=2,encoder_ffn_dim=32,decoder_ffn_dim=32,"
@@ -218,7 +218,7 @@ def test_fsdp_trains_admin_with_cad_and_crt(small_corpus, tmp_path):
 def test_fsdp_config_on_cpu_processes_says_it_trains_as_ddp(small_corpus, tmp_path, single_process_double_batch):
     """accelerate shards only on GPUs: the plain CLI under the FSDP config trains as DDP over gloo and says so."""
     folder = tmp_path / "fsdp_as_ddp"
-    result = _run(_fsdp_launch(["-m", "training.cli"], train_argv(small_corpus, folder, *DDP_ARGS,
+    result = _run(_fsdp_launch(["-m", "hf_deepnmt_training.cli"], train_argv(small_corpus, folder, *DDP_ARGS,
                                                                   "--per_device_train_batch_size", "4")))
     assert "FSDP was requested, but accelerate shards only on GPUs" in result.stderr
     _compare_with_single(single_process_double_batch, folder)

@@ -43,8 +43,8 @@ else:
 
 from serve_fault_worker import FAULT_MAX_NEW_TOKENS  # noqa: E402
 
-from training.cli import main  # noqa: E402
-from training.serve import Batcher, Metrics, Settings, Source, choose_engine  # noqa: E402
+from hf_deepnmt_training.cli import main  # noqa: E402
+from hf_deepnmt_training.serve import Batcher, Metrics, Settings, Source, choose_engine  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).resolve().parent / "serve_fault_worker.py"
@@ -67,7 +67,7 @@ class Server:
     def __init__(self, folder: Path, *args: str, faults: tuple[float, float] | None = None) -> None:
         serve_args = [str(folder), "--port", "0", "--threads", "1", *args]
         command = ([sys.executable, str(WORKER), *map(str, faults), *serve_args] if faults else
-                   [sys.executable, "-m", "training.cli", "serve", *serve_args])
+                   [sys.executable, "-m", "hf_deepnmt_training.cli", "serve", *serve_args])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
                "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
         self.process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
@@ -518,7 +518,7 @@ def test_one_sentence_batches_with_max_batch_size_1():
 
 # ------------------------------------------------------------------------------------------------ the command line
 def test_choose_engine_takes_the_fastest_the_folder_has(tmp_path):
-    from training.errors import CommandLineError
+    from hf_deepnmt_training.errors import CommandLineError
 
     model = tmp_path / "model"
     (model / "onnx").mkdir(parents=True)

@@ -8,7 +8,7 @@ import pytest
 from conftest import PARALLEL
 from transformers import AutoTokenizer
 
-from training.tokenizer import train_joint_bpe
+from hf_deepnmt_training.tokenizer import train_joint_bpe
 
 
 def test_specials_have_the_ids_the_model_config_expects(tiny_tokenizer):

@@ -14,10 +14,10 @@ from safetensors.torch import load_file
 from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainingArguments
 
 from hf_deepnmt.losses import AuxiliaryLoss
-from training.data import read_parallel_file, tokenize_corpus
-from training.metrics import TranslationMetrics
-from training.checkpoints import last_checkpoint
-from training.trainer import INCOMPLETE_DIR, DeepNMTTrainer, NonFiniteLossError
+from hf_deepnmt_training.data import read_parallel_file, tokenize_corpus
+from hf_deepnmt_training.metrics import TranslationMetrics
+from hf_deepnmt_training.checkpoints import last_checkpoint
+from hf_deepnmt_training.trainer import INCOMPLETE_DIR, DeepNMTTrainer, NonFiniteLossError
 
 
 @pytest.fixture(scope="module")

@@ -114,7 +114,7 @@ def test_eval_loss_is_the_unsmoothed_nll_on_every_path(predict_with_generate, tm
     from datasets import Dataset
     from transformers import Seq2SeqTrainingArguments
 
-    from training.trainer import DeepNMTTrainer
+    from hf_deepnmt_training.trainer import DeepNMTTrainer
 
     model = tiny_model(dropout=0.1)
     args = Seq2SeqTrainingArguments(
@@ -153,7 +153,7 @@ def test_admin_profiling_runs_every_cross_attention_whatever_the_seed(batch):
 def test_data_parallel_is_refused_with_a_launch_hint(tmp_path, monkeypatch):
     from transformers import Seq2SeqTrainingArguments
 
-    from training.trainer import DeepNMTTrainer
+    from hf_deepnmt_training.trainer import DeepNMTTrainer
 
     args = Seq2SeqTrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True)
     monkeypatch.setattr(type(args), "n_gpu", property(lambda self: 2))
@@ -201,7 +201,7 @@ def test_the_deep_decoder_default_drop_depth_follows_the_decoder_depth():
 
 # ------------------------------------------------------------------------------------------------ item 7
 def test_deepnmt_train_smooths_labels_by_default(capsys):
-    from training.train_arguments import parse_train_args
+    from hf_deepnmt_training.train_arguments import parse_train_args
 
     base = ["--train_file", "x.jsonl", "--output_dir", "runs/x"]
     assert parse_train_args(base)[2].label_smoothing_factor == 0.1

@@ -1,4 +1,4 @@
-"""The translate path of `deepnmt translate` / `deepnmt evaluate` (training.translate): a sentence's translation does
+"""The translate path of `deepnmt translate` / `deepnmt evaluate` (hf_deepnmt_training.translate): a sentence's translation does
 not depend on how sentences are batched."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from search_parity import assert_same_search
 from transformers import LogitsProcessorList
 
 from hf_deepnmt.export import TorchEngine
-from training.translate import BUDGET_STEP, new_token_budget, translate_sentences
+from hf_deepnmt_training.translate import BUDGET_STEP, new_token_budget, translate_sentences
 
 
 def test_new_token_budget_is_the_sentences_own():

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 def load_or_train_tokenizer(model_args: ModelArguments, data_args: DataArguments, training_args: Any,
                             train_read: Any) -> Any:
     """The tokenizer of a run: the one named (or the fine-tuned / warm-start model's), the run's own when
-    resuming, else a joint BPE of the training data (`training.preprocess.ReadSplit`)."""
+    resuming, else a joint BPE of the training data (`hf_deepnmt_training.preprocess.ReadSplit`)."""
     if model_args.tokenizer_name or model_args.model_name_or_path or model_args.warm_start_from:
         name, flag = next((getattr(model_args, option), f"--{option}") for option in
                           ("tokenizer_name", "model_name_or_path", "warm_start_from") if getattr(model_args, option))
@@ -51,7 +51,7 @@ def load_or_train_tokenizer(model_args: ModelArguments, data_args: DataArguments
 def _joint_bpe(model_args: ModelArguments, data_args: DataArguments, training_args: Any, train_read: Any,
                output_dir: Path) -> Any:
     """The joint BPE of the training data: reused from the cache when the same data, size and options were trained
-    before (`training.preprocess.bpe_folder`), else trained on every pair or on a random sample of
+    before (`hf_deepnmt_training.preprocess.bpe_folder`), else trained on every pair or on a random sample of
     ``--bpe_sample_pairs`` pairs (docs/data.md) and kept in the cache."""
     from .preprocess import bpe_folder, bpe_texts
 

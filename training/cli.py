@@ -350,7 +350,7 @@ def _push(argv: Sequence[str]) -> int:
     args = parser.parse_args(argv)
     if bool(args.folder) == bool(args.model):
         parser.error("give the model folder once, as FOLDER or --model_name_or_path")
-    from model_cards.licenses import license_problem
+    from hf_deepnmt_model_cards.licenses import license_problem
 
     if license_problem(args.license):
         raise CommandLineError(license_problem(args.license))
@@ -436,7 +436,7 @@ def check_tokenizer(flag: str, value: str) -> None:
 
 def languages_of(args: Any, required: bool, model: Any = None, default: tuple[str, str] | None = None) -> None:
     """Set ``args.source_lang`` / ``args.target_lang`` from the pair the model records
-    (`training.arguments.resolve_language_pair`): from a local folder's saved files before anything loads, or — for a
+    (`hf_deepnmt_training.arguments.resolve_language_pair`): from a local folder's saved files before anything loads, or — for a
     Hub id, once loaded — from ``model``'s config. ``default``: the pair to use when the model records none and none
     was given."""
     pairs = saved_language_pairs(args.model)
@@ -490,7 +490,7 @@ def check_reference(flag: str, value: str) -> None:
 
 
 def check_saved_model(folder: Path, flag: str = "--model") -> None:
-    """One sentence naming the file when a saved model folder cannot load (`training.checkpoints.saved_model_problem`:
+    """One sentence naming the file when a saved model folder cannot load (`hf_deepnmt_training.checkpoints.saved_model_problem`:
     unreadable ``config.json``, a ``model_type`` nobody registered, no weights, a truncated/corrupted
     ``model.safetensors``)."""
     from .checkpoints import saved_model_problem
@@ -513,7 +513,7 @@ def load_model_and_tokenizer(value: str) -> tuple[Any, Any]:
 
 def train_help() -> str:
     """`deepnmt train --help`: rendered by transformers' argument parser once, then read from the cache
-    (`training.help_cache`), so that it answers without loading torch."""
+    (`hf_deepnmt_training.help_cache`), so that it answers without loading torch."""
     from .help_cache import cached_help, store_help
 
     text = cached_help("train")

@@ -1,10 +1,10 @@
 """One clock per training command, so that the run time a model card states is the one the command prints.
 
 `deepnmt train` and `deepnmt quickstart` start a `RunClock` as the command starts (before their heavy imports); the
-run stops it once the model folder is complete (`training.report.finish_run`, again at the end of the quickstart's
+run stops it once the model folder is complete (`hf_deepnmt_training.report.finish_run`, again at the end of the quickstart's
 sample translations) and writes the stopped figure into the card and ``metrics.json``; the command prints the same
 stopped figure (``deepnmt train finished in X min``). A run started without the command line (a direct
-`training.train.train` call) starts its own clock. Only the standard library is imported here.
+`hf_deepnmt_training.train.train` call) starts its own clock. Only the standard library is imported here.
 """
 
 from __future__ import annotations

@@ -259,7 +259,7 @@ def read_parallel_file(
     path: str | os.PathLike, source_lang: str, target_lang: str, max_samples: int | None = None
 ) -> ParallelCorpus:
     """Read one local split into memory (test sets, `deepnmt evaluate` / `translate`; training data goes through
-    `training.preprocess`): `iter_kept_pairs` into lists."""
+    `hf_deepnmt_training.preprocess`): `iter_kept_pairs` into lists."""
     counts: dict[str, int] = {}
     pairs = list(iter_kept_pairs(path, source_lang, target_lang, max_samples, counts))
     return ParallelCorpus([source for source, _ in pairs], [target for _, target in pairs], origin=str(Path(path)),
@@ -271,7 +271,7 @@ def load_hub_dataset(
     max_samples: int | None = None,
 ) -> ParallelCorpus:
     """A `datasets` corpus in the run_translation layout (a ``translation`` column), e.g. ``wmt14`` / ``de-en``, read
-    into memory (small splits; training data goes through `training.preprocess`)."""
+    into memory (small splits; training data goes through `hf_deepnmt_training.preprocess`)."""
     import datasets
 
     dataset = datasets.load_dataset(name, config_name, split=split)
@@ -365,7 +365,7 @@ def encode_pair_ids(source_ids: list[int], target_ids: list[int], eos: int, max_
     """The training example of one tokenized pair, or None when a length filter drops it: a pair longer than
     ``filter_max_length`` on either side, or whose token-length ratio exceeds ``filter_max_ratio``, is dropped;
     whatever remains is truncated to the maximum lengths (keeping ``</s>`` last). ``length`` = the longer side, for
-    batching. The one rule of both data paths (`tokenize_corpus`, `training.preprocess`)."""
+    batching. The one rule of both data paths (`tokenize_corpus`, `hf_deepnmt_training.preprocess`)."""
     longest, shortest = max(len(source_ids), len(target_ids)), min(len(source_ids), len(target_ids))
     if filter_max_length is not None and longest > filter_max_length:
         return None
@@ -384,7 +384,7 @@ def tokenize_batch(batch: dict[str, list[str]], tokenizer: Any, max_source_lengt
                    source_prefix: str | None = None) -> dict[str, list]:
     """One batch of ``source`` / ``target`` strings -> the ``input_ids``, ``attention_mask``, ``labels`` and
     ``length`` columns of the pairs the length filters keep (`encode_pair_ids`; rows may be dropped). The batched
-    `Dataset.map` function of `training.preprocess`."""
+    `Dataset.map` function of `hf_deepnmt_training.preprocess`."""
     sources = [source_prefix + s for s in batch["source"]] if source_prefix else batch["source"]
     # verbose=False: over-long pairs are filtered or truncated right below, not an error.
     source_ids = tokenizer(sources, add_special_tokens=True, verbose=False)["input_ids"]
@@ -410,7 +410,7 @@ def tokenize_corpus(
 ) -> Any:
     """Tokenize an in-memory corpus into a `datasets.Dataset` (`tokenize_batch`; the pairs the filters drop are
     counted in ``corpus.dropped_length``). For small corpora and tests; `deepnmt train` prepares its data with
-    `training.preprocess` (Arrow, cached)."""
+    `hf_deepnmt_training.preprocess` (Arrow, cached)."""
     import datasets
 
     columns = tokenize_batch({"source": corpus.sources, "target": corpus.targets}, tokenizer, max_source_length,

@@ -52,7 +52,7 @@ class Diagnosis:
 @torch.no_grad()
 def diagnose(model, tokenizer, sources: Sequence[str], targets: Sequence[str], max_pairs: int = 64) -> Diagnosis:
     """Measure a Transformer translation model of this package on the first ``max_pairs`` non-empty pairs."""
-    from training.translate import corpus_source_reliance
+    from hf_deepnmt_training.translate import corpus_source_reliance
 
     pairs = [(s, t) for s, t in zip(sources, targets) if s.strip() and t.strip()][:max_pairs]
     if not pairs:

@@ -2,7 +2,7 @@
 
 `CommandLineError` is a command line that cannot run; `NonFiniteLossError` stops training before an update with a NaN
 or infinite loss. `is_user_mistake` tells the command line which exceptions are a user's mistake — its own
-`CommandLineError` and every `hf_deepnmt.errors.UserInputError` (which `training.data.DataError` and the other training
+`CommandLineError` and every `hf_deepnmt.errors.UserInputError` (which `hf_deepnmt_training.data.DataError` and the other training
 refusals are) — to print as one sentence with exit status 2; anything else is a bug and keeps its traceback.
 `hf_deepnmt` is never imported here (it loads torch): an exception can only be one of its errors once it is loaded.
 """

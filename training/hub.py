@@ -98,7 +98,7 @@ def card_for_repo(folder: str | Path, repo_id: str, license: str | None = None) 
     in its usage snippet (the folder's own ``README.md`` names the folder) and ``license`` (`deepnmt push --license`)
     in place of the stored one, when given; a card the user wrote (no ``deepnmt_card.json``) is uploaded unchanged
     but for that license."""
-    from model_cards import EvalRow, render_model_card
+    from hf_deepnmt_model_cards import EvalRow, render_model_card
 
     folder = Path(folder)
     kwargs = stored_card(folder, license)
@@ -155,7 +155,7 @@ def push_folder(
 
     from huggingface_hub import CommitOperationAdd, HfApi
 
-    from model_cards.licenses import license_problem, normalise_license
+    from hf_deepnmt_model_cards.licenses import license_problem, normalise_license
 
     if license_problem(license, "license"):
         raise CommandLineError(license_problem(license, "license"))

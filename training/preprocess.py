@@ -5,12 +5,12 @@ The data path of `deepnmt train` (docs/data.md):
 1. **Reading** (`prepare_pairs`): a local file (JSON lines, a JSON list, TSV, two aligned ``PREFIX.<lang>`` files,
    ``.gz`` of each) is streamed line by line into an Arrow table of ``source`` / ``target`` strings by
    `datasets.Dataset.from_generator` — never held as Python objects — with the whitespace normalisation, the
-   empty-side drop and the one-sentence errors (file and line) of `training.data`. A `datasets` corpus
+   empty-side drop and the one-sentence errors (file and line) of `hf_deepnmt_training.data`. A `datasets` corpus
    (``--dataset_name``) is normalised by a batched `map` into the same two columns.
 2. **Tokenizing** (`tokenize_pairs`): a batched `Dataset.map` (``num_proc`` = ``--preprocessing_num_workers``) writes
    ``input_ids``, ``attention_mask``, ``labels`` and ``length``, applying the length filters and the truncation of
-   `training.data.tokenize_batch`, the rule of `training.data.tokenize_corpus` (the same examples).
-3. **Batching** reads the ``length`` column as a numpy array (`training.data.TokenBudgetBatchSampler`).
+   `hf_deepnmt_training.data.tokenize_batch`, the rule of `hf_deepnmt_training.data.tokenize_corpus` (the same examples).
+3. **Batching** reads the ``length`` column as a numpy array (`hf_deepnmt_training.data.TokenBudgetBatchSampler`).
 
 Both stages are cached under ``<datasets cache>/hf_deepnmt`` (``HF_DATASETS_CACHE``), each in a folder named by a key:
 reading by the file's absolute path, size and modification time (a changed file is read again; an unchanged one is
@@ -114,7 +114,7 @@ def _complete(folder: Path, dataset: Any, **counts: Any) -> None:
 
 def _pair_rows(path: str, source_lang: str, target_lang: str, max_samples: int | None,
                counts_file: str) -> Iterator[dict[str, str]]:
-    """The rows of `Dataset.from_generator`: `training.data.iter_kept_pairs`; the empty-side count goes to a file."""
+    """The rows of `Dataset.from_generator`: `hf_deepnmt_training.data.iter_kept_pairs`; the empty-side count goes to a file."""
     counts: dict[str, int] = {}
     for source, target in iter_kept_pairs(Path(path), source_lang, target_lang, max_samples, counts):
         yield {"source": source, "target": target}
@@ -162,7 +162,7 @@ def tokenize_pairs(pairs: Any, key: str, tokenizer: Any, max_source_length: int,
                    filter_max_length: int | None, filter_max_ratio: float | None, source_prefix: str | None,
                    num_proc: int | None = None, split: str = "train") -> tuple[Any, bool]:
     """``(tokenized dataset, reused)``: ``input_ids``, ``attention_mask``, ``labels``, ``length`` of every pair the
-    length filters keep, truncated to the maximum lengths (`training.data.tokenize_corpus`'s rules)."""
+    length filters keep, truncated to the maximum lengths (`hf_deepnmt_training.data.tokenize_corpus`'s rules)."""
     options = dict(max_source_length=max_source_length, max_target_length=max_target_length,
                    filter_max_length=filter_max_length, filter_max_ratio=filter_max_ratio, source_prefix=source_prefix)
     tokenizer_json = hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest()

@@ -6,7 +6,7 @@ generation config, tokenizer, the remote code and the translation pipeline), ``R
 ``metrics.json``, ``loss_components.png``, ``validation.png``, ``test_translations.txt`` and
 ``sample_translations.md``.
 
-The run time the card states is the one the quickstart prints (`training.clock`): the card is written again with it
+The run time the card states is the one the quickstart prints (`hf_deepnmt_training.clock`): the card is written again with it
 after the sample translations. The model card names no license unless ``--license`` is given (the embedded corpus is
 in the public domain, which the card says of the data, not of the model).
 """
@@ -23,7 +23,7 @@ SAMPLES = 5
 
 
 def run_quickstart(output_dir: str | None, extra_args: Sequence[str], clock: RunClock | None = None) -> int:
-    """`deepnmt quickstart`: the quickstart recipe through `training.train.train` (``extra_args`` override it), five
+    """`deepnmt quickstart`: the quickstart recipe through `hf_deepnmt_training.train.train` (``extra_args`` override it), five
     sample translations, and the summary; ``clock`` is the command's (default: started here)."""
     clock = clock if clock is not None else RunClock("quickstart")
     from .data import read_parallel_file

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers import Seq2SeqTrainingArguments
 
-from model_cards import EvalRow, hub_dataset_id, write_model_card
+from hf_deepnmt_model_cards import EvalRow, hub_dataset_id, write_model_card
 
 from .metrics import TranslationMetrics
 from .plots import plot_history
@@ -58,7 +58,7 @@ def environment_summary() -> dict[str, str]:
 
 def print_train_summary(outcome: "TrainOutcome") -> None:
     """What `deepnmt train` prints at the end (rank 0): the folder, the run time the card states (the stopped
-    `training.clock.RunClock`), the scores and how to use the model."""
+    `hf_deepnmt_training.clock.RunClock`), the scores and how to use the model."""
     if not outcome.trainer.is_world_process_zero():
         return
     folder, scores = outcome.output_dir, outcome.test_scores

@@ -45,7 +45,7 @@ def check_rnnplus_arguments(warmup_steps: int, decay_start: int, decay_end: int,
 
 def rnnplus_scheduler_factory(warmup_steps: int, decay_start: int, decay_end: int,
                               replicas: int) -> Callable[[torch.optim.Optimizer, int], torch.optim.lr_scheduler.LambdaLR]:
-    """A ``factory(optimizer, num_training_steps)`` for `training.trainer.DeepNMTTrainer` (``lr_scheduler_factory``)
+    """A ``factory(optimizer, num_training_steps)`` for `hf_deepnmt_training.trainer.DeepNMTTrainer` (``lr_scheduler_factory``)
     that builds the `LambdaLR` of Eq. (17); the optimizer's learning rate is lr0."""
     check_rnnplus_arguments(warmup_steps, decay_start, decay_end, replicas)
 

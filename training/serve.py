@@ -81,7 +81,7 @@ CTRANSLATE2_PARAMETERS: tuple[str, ...] = ("num_beams", "max_new_tokens", "min_n
 # ------------------------------------------------------------------------------------------------ options, engine
 @dataclass
 class ServeOptions:
-    """Everything `deepnmt serve` was told (`training.cli._serve` parses and checks the command line)."""
+    """Everything `deepnmt serve` was told (`hf_deepnmt_training.cli._serve` parses and checks the command line)."""
 
     model: str
     engine: str | None = None  # None: the fastest the folder has (`choose_engine`)

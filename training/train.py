@@ -181,7 +181,7 @@ def run_until_budget(model_args: ModelArguments, training_args: Seq2SeqTrainingA
 def train(argv: Sequence[str], clock: RunClock | None = None) -> TrainOutcome:
     """`deepnmt train`: data -> tokenizer -> model -> DeepNMTTrainer -> saved model, card, plots, metrics.
 
-    ``clock`` is the command's (`training.clock`): the run time the card states runs from its start to the complete
+    ``clock`` is the command's (`hf_deepnmt_training.clock`): the run time the card states runs from its start to the complete
     model folder, and is the figure the command prints; without one, the clock starts here."""
     clock = clock if clock is not None else RunClock()
     model_args, data_args, training_args, recipe = parse_train_args(argv)
@@ -192,7 +192,7 @@ def train(argv: Sequence[str], clock: RunClock | None = None) -> TrainOutcome:
         AutoConfig.for_model(model_type, **fields)
     push_repo = training_args.hub_model_id if training_args.push_to_hub else None
     if training_args.push_to_hub:
-        training_args.push_to_hub = False  # we push once, at the end, with our card (training.hub)
+        training_args.push_to_hub = False  # we push once, at the end, with our card (hf_deepnmt_training.hub)
         if not push_repo:
             raise UserInputError("--push_to_hub needs --hub_model_id USER/NAME.")
     set_seed(training_args.seed)
@@ -246,13 +246,13 @@ def train(argv: Sequence[str], clock: RunClock | None = None) -> TrainOutcome:
 def read_corpora(argv: Sequence[str], model_args: ModelArguments, data_args: DataArguments,
                  training_args: Seq2SeqTrainingArguments, recipe: dict) -> dict[str, ReadSplit]:
     """The training split (and the validation split when the run evaluates), read into Arrow once
-    (`training.preprocess.read_split`); a from-scratch run without a recipe takes its data-dependent NMT defaults
-    from the training data's size here (`training.defaults`)."""
+    (`hf_deepnmt_training.preprocess.read_split`); a from-scratch run without a recipe takes its data-dependent NMT defaults
+    from the training data's size here (`hf_deepnmt_training.defaults`)."""
     path = data_args.split_file("train")
     if path is None and data_args.dataset_name is None:
         raise DataError("No training data: pass --train_file (or --dataset_name) or a recipe that has one.")
     corpora = {"train": read_split(data_args, "train", path, data_args.max_train_samples, training_args)}
-    if model_args.nmt_defaults:  # from scratch, no recipe: model size etc. from the data size (training.defaults)
+    if model_args.nmt_defaults:  # from scratch, no recipe: model size etc. from the data size (hf_deepnmt_training.defaults)
         apply_scratch_defaults(model_args, data_args, training_args, recipe, len(corpora["train"]),
                                given_options(canonical_options(argv, TRAIN_ALIASES)))
     path = data_args.split_file("validation")
@@ -263,7 +263,7 @@ def read_corpora(argv: Sequence[str], model_args: ModelArguments, data_args: Dat
 
 def tokenize_corpora(corpora: dict[str, ReadSplit], tokenizer: Any, model_args: ModelArguments,
                      data_args: DataArguments, training_args: Seq2SeqTrainingArguments) -> dict[str, TokenizedSplit]:
-    """Every split as a tokenized, memory-mapped `datasets.Dataset` (`training.preprocess.tokenize_split`; the
+    """Every split as a tokenized, memory-mapped `datasets.Dataset` (`hf_deepnmt_training.preprocess.tokenize_split`; the
     length filters apply to training only); sets the NMT default ``generation_max_length`` from the longest
     validation source."""
     prepared = {split: tokenize_split(read, tokenizer, data_args, training_args, split, filters=split == "train")

@@ -1,6 +1,6 @@
 """The arguments of `deepnmt train`: transformers' `Seq2SeqTrainingArguments`, our `DataArguments`, and
 `ModelArguments` (model, tokenizer, card); recipes under the command line; the from-scratch NMT defaults applied to
-the parsed arguments (`training.defaults`); ``--help``'s description.
+the parsed arguments (`hf_deepnmt_training.defaults`); ``--help``'s description.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 from transformers import HfArgumentParser, Seq2SeqTrainingArguments
 
 from hf_deepnmt.registry import MODEL_TYPES
-from model_cards.licenses import normalise_license
+from hf_deepnmt_model_cards.licenses import normalise_license
 
 from .arguments import TRAIN_ALIASES, canonical_options, unknown_arguments_message
 from .build import model_fields
@@ -123,7 +123,7 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescrip
 
 def train_argument_parser(scratch_defaults: dict[str, Any] | None = None) -> HfArgumentParser:
     """The parser of `deepnmt train`, with `NMT_DEFAULTS` in place of transformers' defaults, and
-    ``scratch_defaults`` (`training.defaults.PARSE_TIME_DEFAULTS`) for a from-scratch run without a recipe."""
+    ``scratch_defaults`` (`hf_deepnmt_training.defaults.PARSE_TIME_DEFAULTS`) for a from-scratch run without a recipe."""
     parser = _TrainParser((ModelArguments, DataArguments, Seq2SeqTrainingArguments), prog="deepnmt train",
                          allow_abbrev=False, formatter_class=_HelpFormatter,
                          description=train_help_description())
@@ -148,12 +148,12 @@ def parse_train_args(argv: Sequence[str]) -> tuple[ModelArguments, DataArguments
                                "write the same folder).")
     given = given_options(argv)
     scratch_defaults = None
-    if not ({"recipe", "model_name_or_path", "warm_start_from"} & given):  # from scratch: training.defaults
+    if not ({"recipe", "model_name_or_path", "warm_start_from"} & given):  # from scratch: hf_deepnmt_training.defaults
         scratch_defaults = {key: value for key, value in PARSE_TIME_DEFAULTS.items() if key not in given}
         if not {"validation_file", "dataset_name"} & given:
             scratch_defaults.pop("eval_strategy", None)  # nothing to evaluate on
     parser = train_argument_parser(scratch_defaults)
-    store_option_table(parser)  # for the next command line's check before torch loads (training.train_options)
+    store_option_table(parser)  # for the next command line's check before torch loads (hf_deepnmt_training.train_options)
     model_args, data_args, training_args, unknown = _parse(parser, recipe_to_argv(recipe) + argv, remaining=True)
     if unknown:
         raise CommandLineError(unknown_arguments_message(unknown, list(parser._option_string_actions))
@@ -215,7 +215,7 @@ def check_train_args(model_args: ModelArguments, training_args: Seq2SeqTrainingA
 
 def apply_scratch_defaults(model_args: ModelArguments, data_args: DataArguments,
                            training_args: Seq2SeqTrainingArguments, recipe: dict, pairs: int, given: set[str]) -> None:
-    """Set the data-dependent NMT defaults (`training.defaults.resolve`) of a from-scratch run without a recipe on
+    """Set the data-dependent NMT defaults (`hf_deepnmt_training.defaults.resolve`) of a from-scratch run without a recipe on
     the parsed arguments, never touching an option the command line set, and print them (process 0)."""
     device = "cpu" if training_args.use_cpu or not torch.cuda.is_available() else "gpu"
     model_given = bool(model_args.config_name or model_args.model_type)

@@ -2,7 +2,7 @@
 
 The full parser of `deepnmt train` is transformers' `HfArgumentParser` over `Seq2SeqTrainingArguments`, whose module
 imports torch: 6–8 CPU-seconds before a misspelt option or a bad value could be named. So the option table that
-parser builds — every option string with its type, choices and arity — is kept in the cache of `training.help_cache`
+parser builds — every option string with its type, choices and arity — is kept in the cache of `hf_deepnmt_training.help_cache`
 (the same key: versions and source files) whenever the full parser is built, and `precheck` parses the command line
 against that table with the standard library alone: unknown and ill-typed options, values out of range
 (`check_option_values`, which the full parse runs too) and data files that do not exist are one sentence in well
@@ -20,14 +20,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from model_cards.licenses import license_problem
+from hf_deepnmt_model_cards.licenses import license_problem
 
 from .arguments import TRAIN_ALIASES, canonical_options, unknown_arguments_message
 from .errors import CommandLineError
 from .help_cache import cached_help, store_help
 
 SCHEMA_NAME = "train-options"
-CORPUS_PREFIX = "corpus:"  # `training.recipes.CORPUS_PREFIX`: a path inside the embedded corpus
+CORPUS_PREFIX = "corpus:"  # `hf_deepnmt_training.recipes.CORPUS_PREFIX`: a path inside the embedded corpus
 DATA_OPTIONS = ("train_file", "validation_file", "test_file")
 POSITIVE_INTEGERS = ("eval_num_beams", "vocab_size", "bpe_min_frequency", "bpe_sample_pairs", "admin_profile_tokens")
 

@@ -164,7 +164,7 @@ def check_new_parameter_options(lr_scale: float, freeze_steps: int) -> None:
 def hold_new_parameters(scheduler: torch.optim.lr_scheduler.LRScheduler, steps: int) -> None:
     """Multiply the schedule of every ``warm_start_new`` parameter group by 0 for its first ``steps`` steps.
 
-    Works on `LambdaLR` (every schedule of transformers' ``lr_scheduler_type`` and of `training.schedules`); the
+    Works on `LambdaLR` (every schedule of transformers' ``lr_scheduler_type`` and of `hf_deepnmt_training.schedules`); the
     current learning rates are recomputed, so the very first optimizer step already holds them."""
     if not isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):
         raise UserInputError(f"`--warm_start_freeze_steps` needs a LambdaLR schedule; this run's is "
@@ -193,7 +193,7 @@ class DeepNMTTrainer(TrainerInternals):
             collapse monitor, docs/li2022.md); 0 switches it off.
         optimizer_cls_and_kwargs: an optimizer class and its arguments (e.g. ``torch.optim.RAdam``), as `Trainer`.
         lr_scheduler_factory: ``factory(optimizer, num_training_steps) -> LRScheduler`` for a schedule that
-            ``lr_scheduler_type`` does not offer (e.g. meng2019's, `training.schedules`); ``None`` uses
+            ``lr_scheduler_type`` does not offer (e.g. meng2019's, `hf_deepnmt_training.schedules`); ``None`` uses
             ``args.lr_scheduler_type``.
         new_parameters: names (as ``model.named_parameters()`` gives them) of parameters that a warm start left at
             their initialisation (`hf_deepnmt.warm_start` lists them in ``model.warm_start_new_parameters``).
@@ -230,7 +230,7 @@ class DeepNMTTrainer(TrainerInternals):
             raise UserInputError(
                 f"DeepNMTTrainer: {self.args.n_gpu} GPUs are visible to one process, so transformers would wrap the "
                 "model in nn.DataParallel, which cannot split li2022's multi-view batches or count the step's units; "
-                f"launch one process per GPU with `torchrun --nproc_per_node {self.args.n_gpu} -m training.cli "
+                f"launch one process per GPU with `torchrun --nproc_per_node {self.args.n_gpu} -m hf_deepnmt_training.cli "
                 "train ...` or `accelerate launch`, or make one GPU visible (CUDA_VISIBLE_DEVICES=0).")
         fsdp_requested = bool(self.args.fsdp) or os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
         if fsdp_requested and not self.is_fsdp_enabled and self.is_world_process_zero():
@@ -465,7 +465,7 @@ class DeepNMTTrainer(TrainerInternals):
         dataset = self.train_dataset
         if dataset is None or "length" not in dataset.column_names:
             raise UserInputError("DeepNMTTrainer: max_tokens needs a training dataset with a `length` column "
-                                 "(training.preprocess and training.data.tokenize_corpus add it).")
+                                 "(hf_deepnmt_training.preprocess and hf_deepnmt_training.data.tokenize_corpus add it).")
         started = time.time()
         # the lengths as one numpy array read from the Arrow column: a few bytes per pair, however large the corpus
         lengths = length_column(dataset)
@@ -486,7 +486,7 @@ class DeepNMTTrainer(TrainerInternals):
 
     def create_model_card(self, *args: Any, **kwargs: Any) -> None:
         """Write hf_deepnmt's card (model_cards/) instead of the generic Trainer card."""
-        from model_cards import write_model_card
+        from hf_deepnmt_model_cards import write_model_card
 
         if self.is_world_process_zero():
             write_model_card(self.args.output_dir, trainer=self)

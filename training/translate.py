@@ -129,7 +129,7 @@ def evaluate_model(
     tokenizer=None,
     corpus=None,
 ) -> tuple[TranslationScores, list[str]]:
-    """BLEU/chrF/TER of a saved model on a test file (any format `training.data` reads), with beam search.
+    """BLEU/chrF/TER of a saved model on a test file (any format `hf_deepnmt_training.data` reads), with beam search.
     ``model``, ``tokenizer`` and ``corpus`` (the file already read) save loading them again."""
     if corpus is None:
         corpus = read_parallel_file(resolve_path(test_file), source_lang, target_lang, max_samples)

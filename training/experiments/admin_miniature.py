@@ -6,8 +6,8 @@ This script runs the same comparison at a size this machine can train: two `deep
 steps, then writes ``admin_miniature.json``, ``admin_miniature.md`` and ``admin_miniature.png`` (training loss,
 validation loss, gradient norm) next to this script under ``results/``.
 
-    python -m training.experiments.admin_miniature                    # 24L-12L d256, the committed result
-    python -m training.experiments.admin_miniature --encoder_layers 6 --decoder_layers 6 --max_steps 50   # smoke
+    python -m hf_deepnmt_training.experiments.admin_miniature                    # 24L-12L d256, the committed result
+    python -m hf_deepnmt_training.experiments.admin_miniature --encoder_layers 6 --decoder_layers 6 --max_steps 50   # smoke
 
 Both runs go in parallel, one CPU thread each (set --threads to change). Report whatever happens.
 """
@@ -30,7 +30,7 @@ def run_args(args: argparse.Namespace, scaling: str, output_dir: Path) -> list[s
                  f"encoder_layers={args.encoder_layers},decoder_layers={args.decoder_layers},"
                  f"encoder_attention_heads=4,decoder_attention_heads=4,layer_norm_position=post,residual_scaling={scaling}")
     return [
-        sys.executable, "-m", "training.cli", "train", "--recipe", "miniature", "--output_dir", str(output_dir),
+        sys.executable, "-m", "hf_deepnmt_training.cli", "train", "--recipe", "miniature", "--output_dir", str(output_dir),
         "--config_overrides", overrides, "--max_steps", str(args.max_steps), "--max_tokens", str(args.max_tokens),
         "--learning_rate", str(args.learning_rate), "--warmup_steps", str(args.warmup_steps),
         "--lr_scheduler_type", "inverse_sqrt", "--max_grad_norm", "0.0",  # no clipping, as the authors' recipe
@@ -78,7 +78,7 @@ def main() -> None:
         process.wait()
         print(f"{scaling}: exit {process.returncode}, {folder}", file=sys.stderr)
 
-    report = {"command": " ".join([sys.executable, "-m", "training.experiments.admin_miniature", *sys.argv[1:]]),
+    report = {"command": " ".join([sys.executable, "-m", "hf_deepnmt_training.experiments.admin_miniature", *sys.argv[1:]]),
               "setup": vars(args), "wall_minutes": round((time.time() - started) / 60, 1), "runs": {}}
     for scaling, (folder, process) in runs.items():
         entry = {"exit_code": process.returncode, "folder": str(folder)}

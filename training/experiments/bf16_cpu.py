@@ -5,8 +5,8 @@ after the other with the same thread count, then the float32 run's model transla
 ``deepnmt translate --bf16``. Writes ``bf16_cpu.json`` and ``bf16_cpu.md`` under ``results/`` next to this script:
 training wall time and final losses of both runs, test BLEU of both models, and float32 vs bf16 decoding of one model.
 
-    python -m training.experiments.bf16_cpu                     # 400 steps each, the committed result
-    python -m training.experiments.bf16_cpu --max_steps 20 --test_samples 16    # smoke
+    python -m hf_deepnmt_training.experiments.bf16_cpu                     # 400 steps each, the committed result
+    python -m hf_deepnmt_training.experiments.bf16_cpu --max_steps 20 --test_samples 16    # smoke
 
 bf16 autocast on a CPU without native bf16 instructions is emulated and slow: run this where it is meant to help.
 """
@@ -26,7 +26,7 @@ from .common import add_output_arguments, history, render_only, series
 
 def train_command(args: argparse.Namespace, output_dir: Path, bf16: bool) -> list[str]:
     return [
-        sys.executable, "-m", "training.cli", "train", "--recipe", "miniature", "--output_dir", str(output_dir),
+        sys.executable, "-m", "hf_deepnmt_training.cli", "train", "--recipe", "miniature", "--output_dir", str(output_dir),
         "--max_steps", str(args.max_steps), "--eval_steps", str(args.max_steps), "--save_strategy", "no",
         "--logging_steps", "10", "--max_eval_samples", "200", "--max_predict_samples", str(args.test_samples),
         "--disable_tqdm", "true", "--report_to", "none", "--seed", "1", "--bf16", "true" if bf16 else "false",
@@ -69,10 +69,10 @@ def main() -> None:
 
     import torch
 
-    from training.data import read_parallel_file
-    from training.metrics import score_translations
-    from training.recipes import resolve_path
-    from training.translate import translate_sentences
+    from hf_deepnmt_training.data import read_parallel_file
+    from hf_deepnmt_training.metrics import score_translations
+    from hf_deepnmt_training.recipes import resolve_path
+    from hf_deepnmt_training.translate import translate_sentences
 
     torch.set_num_threads(args.threads)
     folder = work / "fp32"
@@ -96,7 +96,7 @@ def main() -> None:
 def render(report: dict, results_dir: Path) -> None:
     runs, decoding = report["runs"], report["decoding"]
     lines = ["# bf16 on the CPU: miniature recipe (the quickstart's until 2026-11-23), float32 vs bf16 autocast", "",
-             f"`python -m training.experiments.bf16_cpu` ({report['max_steps']} steps per run, {report['threads']} "
+             f"`python -m hf_deepnmt_training.experiments.bf16_cpu` ({report['max_steps']} steps per run, {report['threads']} "
              "threads, same seed and batches; the two runs one after the other).", "",
              "| run | training time (s) | train loss (last 50 steps) | validation loss | test BLEU | test chrF |",
              "|---|---|---|---|---|---|"]
@@ -122,7 +122,7 @@ def _commands_heading(runs: dict) -> str:
         return "Commands"
     return ("Commands (as they ran, before the old quickstart recipe was renamed `miniature` on 2026-11-23: to "
             "reproduce, write `--recipe miniature`, which is that file unchanged; `python -m "
-            "training.experiments.bf16_cpu` does)")
+            "hf_deepnmt_training.experiments.bf16_cpu` does)")
 
 
 if __name__ == "__main__":

@@ -16,9 +16,9 @@ diversity). This script does the same at a size this machine can train, with equ
 Rows (`--rows`): ``vanilla``, ``dense``, ``linear``, ``iterative``, ``hierarchical``, ``mla2`` (multi-layer attention,
 k = 2), ``hierarchical-div`` (hierarchical + L_div, λ = 1: the paper's "+ Deep Representations").
 
-    python -m training.experiments.dou2018_miniature                       # the committed result
-    python -m training.experiments.dou2018_miniature --base_steps 20 --max_steps 10 --rows vanilla,linear  # smoke
-    python -m training.experiments.dou2018_miniature --render_only         # rewrite md/png from the JSON
+    python -m hf_deepnmt_training.experiments.dou2018_miniature                       # the committed result
+    python -m hf_deepnmt_training.experiments.dou2018_miniature --base_steps 20 --max_steps 10 --rows vanilla,linear  # smoke
+    python -m hf_deepnmt_training.experiments.dou2018_miniature --render_only         # rewrite md/png from the JSON
 
 Writes ``results/dou2018_miniature.{json,md,png}``. Report whatever happens.
 """
@@ -73,7 +73,7 @@ def model_overrides(row: str, args: argparse.Namespace) -> str:
 def train_command(output_dir: Path, overrides: str, steps: int, args: argparse.Namespace, seed: int,
                   warm_start: Path | None) -> list[str]:
     command = [
-        sys.executable, "-m", "training.cli", "train", "--recipe", "miniature", "--output_dir", str(output_dir),
+        sys.executable, "-m", "hf_deepnmt_training.cli", "train", "--recipe", "miniature", "--output_dir", str(output_dir),
         "--config_overrides", overrides, "--max_steps", str(steps), "--max_tokens", str(args.max_tokens),
         "--learning_rate", str(args.learning_rate), "--warmup_steps", str(args.warmup_steps),
         "--eval_steps", str(args.eval_steps), "--save_strategy", "no", "--logging_steps", "10",
@@ -96,8 +96,8 @@ def measured_diversity(folder: Path, pairs: int) -> dict[str, float] | None:
 
     import hf_deepnmt  # noqa: F401
     from hf_deepnmt.losses import layer_diversity_sum, target_mask
-    from training.data import read_parallel_file
-    from training.recipes import resolve_path
+    from hf_deepnmt_training.data import read_parallel_file
+    from hf_deepnmt_training.recipes import resolve_path
 
     torch.set_num_threads(1)
     model = AutoModelForSeq2SeqLM.from_pretrained(folder).eval()
@@ -235,7 +235,7 @@ def main() -> None:
     else:
         finished = run_queue(jobs, args.parallel, env, work)
 
-    report = {"command": " ".join([sys.executable, "-m", "training.experiments.dou2018_miniature", *sys.argv[1:]]),
+    report = {"command": " ".join([sys.executable, "-m", "hf_deepnmt_training.experiments.dou2018_miniature", *sys.argv[1:]]),
               "setup": vars(args), "wall_minutes": round((time.time() - started) / 60, 1),
               "base": {**base_run, "test": _test(Path(base_run["folder"]))}, "runs": {}}
     for name, entry in sorted(finished.items(), key=lambda item: (ROWS.index(item[0].split("/")[0]), item[0])):

@@ -15,10 +15,10 @@ every variant from it. This script does the same with the Base proportions at a 
 4. per row and way: test BLEU/chrF (beam 4) minus the vanilla row's of the same seed (paired differences), their
    mean ± sd, the validation loss difference, the measured layer diversity (Eq. 10) and parameters.
 
-    python -m training.experiments.dou2018_postln --device cuda --parallel 13         # the committed d128 table
-    python -m training.experiments.dou2018_postln --base_steps 20 --max_steps 10 --rows vanilla,linear --seeds 1 \\
+    python -m hf_deepnmt_training.experiments.dou2018_postln --device cuda --parallel 13         # the committed d128 table
+    python -m hf_deepnmt_training.experiments.dou2018_postln --base_steps 20 --max_steps 10 --rows vanilla,linear --seeds 1 \\
         --step0_pairs 8 --test_samples 8 --name smoke --results /tmp/smoke                # a CPU smoke run
-    python -m training.experiments.dou2018_postln --render_only --name dou2018_postln_d128  # md from the JSON
+    python -m hf_deepnmt_training.experiments.dou2018_postln --render_only --name dou2018_postln_d128  # md from the JSON
 
 Writes ``<results>/<name>.{json,md}``. Every run is one `deepnmt train` process; the device changes only speed.
 """
@@ -81,7 +81,7 @@ def train_command(folder: Path, row: str, steps: int, args: argparse.Namespace, 
                   way: str = "plain", learning_rate: float | None = None, warmup: int | None = None,
                   extra: dict[str, object] | None = None) -> list[str]:
     command = [
-        sys.executable, "-m", "training.cli", "train", "--recipe", "miniature", "--output_dir", str(folder),
+        sys.executable, "-m", "hf_deepnmt_training.cli", "train", "--recipe", "miniature", "--output_dir", str(folder),
         "--config_overrides", overrides(row, args, extra), "--max_steps", str(steps), "--max_tokens", str(args.max_tokens),
         "--learning_rate", str(learning_rate or args.learning_rate),
         "--warmup_steps", str(warmup if warmup is not None else args.warmup_steps),
@@ -124,8 +124,8 @@ def step0_changes(base: Path, rows: list[str], args: argparse.Namespace) -> dict
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     from hf_deepnmt import warm_start
-    from training.data import read_parallel_file
-    from training.recipes import resolve_path
+    from hf_deepnmt_training.data import read_parallel_file
+    from hf_deepnmt_training.recipes import resolve_path
 
     device = torch.device("cuda" if args.device == "cuda" and torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)
@@ -258,7 +258,7 @@ def main() -> None:
     else:
         finished = run_queue(jobs, args.parallel, env, work)
     report = {
-        "command": " ".join([sys.executable, "-m", "training.experiments.dou2018_postln", *sys.argv[1:]]),
+        "command": " ".join([sys.executable, "-m", "hf_deepnmt_training.experiments.dou2018_postln", *sys.argv[1:]]),
         "base_command": " ".join(base_command[1:]).replace(sys.executable, "python"),
         "setup": {**vars(args), "backbone": backbone(args), "rows": rows, "ways": ways, "seeds": seeds},
         "device": device_name(args.device), "wall_minutes": round((time.time() - started) / 60, 1),
@@ -319,7 +319,7 @@ def write_markdown(report: dict, path: Path) -> None:
         "",
         f"Command: `{report['command']}` ({report['wall_minutes']} min wall on {report['device']}, "
         f"{setup['parallel']} runs at a time). Rendered from [{path.stem}.json]({path.stem}.json) by "
-        f"`python -m training.experiments.dou2018_postln --render_only --name {path.stem}`.",
+        f"`python -m hf_deepnmt_training.experiments.dou2018_postln --render_only --name {path.stem}`.",
         "",
         f"Model: dou2018's Transformer-Base proportions at width {bb['d_model']} — post-LN (its Eq. 1), "
         f"{bb['encoder_layers']}-{bb['decoder_layers']} layers, {bb['encoder_attention_heads']} heads, FFN "

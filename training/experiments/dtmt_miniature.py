@@ -18,9 +18,9 @@ Rows (`--rows`, in this order by default), all d_model 128 on the `meng2019-bibl
 Tokens/s is source tokens (padded batches, length-bucketed) per second of training, evaluation time excluded, measured under whatever
 else runs on the machine: a rough figure; `benchmarks/RESULTS.md` (section `dtmt`) has the interleaved ratios.
 
-    python -m training.experiments.dtmt_miniature                                      # the committed result
-    python -m training.experiments.dtmt_miniature --max_steps 20 --eval_steps 10 --rows gru,dtmt4   # smoke
-    python -m training.experiments.dtmt_miniature --render_only                        # table and plot from JSON
+    python -m hf_deepnmt_training.experiments.dtmt_miniature                                      # the committed result
+    python -m hf_deepnmt_training.experiments.dtmt_miniature --max_steps 20 --eval_steps 10 --rows gru,dtmt4   # smoke
+    python -m hf_deepnmt_training.experiments.dtmt_miniature --render_only                        # table and plot from JSON
 
 Report whatever happens.
 """
@@ -52,7 +52,7 @@ def row_command(row: str, seed: int, args: argparse.Namespace, output_dir: Path)
         cell, depth = {"gru": ("gru", 0), "lgru": ("lgru", 0), "dtmt1": ("lgru", 1), "dtmt4": ("lgru", 4)}[row]
         recipe, overrides = "meng2019-bible-dtmt4", f"d_model={args.d_model},rnn_cell={cell},transition_depth={depth}"
     return [
-        sys.executable, "-m", "training.cli", "train", "--recipe", recipe, "--output_dir", str(output_dir),
+        sys.executable, "-m", "hf_deepnmt_training.cli", "train", "--recipe", recipe, "--output_dir", str(output_dir),
         "--config_overrides", overrides, "--max_steps", str(args.max_steps), "--max_tokens", str(args.max_tokens),
         "--eval_steps", str(args.eval_steps), "--save_strategy", "no", "--logging_steps", "10",
         "--max_eval_samples", str(args.eval_samples), "--max_predict_samples", str(args.test_samples),
@@ -127,7 +127,7 @@ def main() -> None:
     results.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "HF_HUB_OFFLINE": "1"}
-    command = " ".join(["python", "-m", "training.experiments.dtmt_miniature", *sys.argv[1:]])
+    command = " ".join(["python", "-m", "hf_deepnmt_training.experiments.dtmt_miniature", *sys.argv[1:]])
     report = {"commands": [], "setup": vars(args), "wall_minutes": 0.0, "runs": {}}
     if args.append and (results / f"{NAME}.json").exists():
         report = json.loads((results / f"{NAME}.json").read_text())

@@ -20,8 +20,8 @@ Rows (`--rows`, in this order by default):
 "Source reliance" (docs/li2022.md, `hf_deepnmt.losses.source_reliance`) is the mean per-token KL between the model's
 predictions with the real source and with an all-``<unk>`` source: ≈ 0 for a collapsed decoder.
 
-    python -m training.experiments.li2022_miniature                                   # the committed result
-    python -m training.experiments.li2022_miniature --max_steps 20 --eval_steps 10 --rows shallow,full   # smoke
+    python -m hf_deepnmt_training.experiments.li2022_miniature                                   # the committed result
+    python -m hf_deepnmt_training.experiments.li2022_miniature --max_steps 20 --eval_steps 10 --rows shallow,full   # smoke
 
 Rows run ``--parallel`` at a time, one CPU thread each. Report whatever happens.
 """
@@ -63,7 +63,7 @@ def row_overrides(row: str, args: argparse.Namespace) -> str:
 
 def run_args(row: str, args: argparse.Namespace, output_dir: Path) -> list[str]:
     return [
-        sys.executable, "-m", "training.cli", "train", "--recipe", "miniature", "--output_dir", str(output_dir),
+        sys.executable, "-m", "hf_deepnmt_training.cli", "train", "--recipe", "miniature", "--output_dir", str(output_dir),
         "--config_overrides", row_overrides(row, args), "--max_steps", str(args.max_steps),
         "--max_tokens", str(args.max_tokens), "--learning_rate", str(args.learning_rate),
         "--warmup_steps", str(args.warmup_steps), "--eval_steps", str(args.eval_steps), "--save_strategy", "no",
@@ -80,9 +80,9 @@ def final_source_reliance(folder: Path, pairs: int) -> float | None:
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     import hf_deepnmt  # noqa: F401
-    from training.data import read_parallel_file
-    from training.recipes import resolve_path
-    from training.translate import corpus_source_reliance
+    from hf_deepnmt_training.data import read_parallel_file
+    from hf_deepnmt_training.recipes import resolve_path
+    from hf_deepnmt_training.translate import corpus_source_reliance
 
     torch.set_num_threads(1)
     corpus = read_parallel_file(resolve_path("corpus:web-sparv/test.jsonl.gz"), "en", "es", pairs)
@@ -145,7 +145,7 @@ def main() -> None:
                              "minutes": round((time.time() - begun) / 60, 1)}
             print(f"{row}: exit {process.returncode} after {finished[row]['minutes']} min, {folder}", file=sys.stderr)
 
-    report = {"command": " ".join([sys.executable, "-m", "training.experiments.li2022_miniature", *sys.argv[1:]]),
+    report = {"command": " ".join([sys.executable, "-m", "hf_deepnmt_training.experiments.li2022_miniature", *sys.argv[1:]]),
               "setup": vars(args), "wall_minutes": round((time.time() - started) / 60, 1), "runs": {}}
     for row in sorted(rows, key=ROWS.index):
         entry = finished[row]

@@ -9,10 +9,10 @@ between predictions with the real and with an all-``<unk>`` source, at every eva
 
 Step 2, in the regime found, compares DEEP with CAD, CRT and both: ``--rows`` of the ``cad*`` / ``crt*`` kind below.
 
-    python -m training.experiments.li2022_regime --rows shallow,deep-post --max_steps 3000      # CPU (hours)
-    python -m training.experiments.li2022_regime --device cuda --parallel 6 ...                   # one GPU
-    python -m training.experiments.li2022_regime --render_only --results DIR
-    python -m training.experiments.li2022_regime --render_report      # the tables of li2022-cpu-scale.md
+    python -m hf_deepnmt_training.experiments.li2022_regime --rows shallow,deep-post --max_steps 3000      # CPU (hours)
+    python -m hf_deepnmt_training.experiments.li2022_regime --device cuda --parallel 6 ...                   # one GPU
+    python -m hf_deepnmt_training.experiments.li2022_regime --render_only --results DIR
+    python -m hf_deepnmt_training.experiments.li2022_regime --render_report      # the tables of li2022-cpu-scale.md
 
 Every run is one `deepnmt train` process; the device only changes speed, not the recipe. Results:
 ``<results>/li2022_regime.{json,md,png}`` (or ``--name``). Negative results stay in the table. The hand-written report
@@ -83,7 +83,7 @@ def train_command(name: str, folder: Path, args: argparse.Namespace, seed: int) 
     overrides, extra, _ = row_spec(name)
     fields = ",".join(f"{key}={value}" for key, value in overrides.items())
     command = [
-        sys.executable, "-m", "training.cli", "train", "--recipe", "miniature", "--output_dir", str(folder),
+        sys.executable, "-m", "hf_deepnmt_training.cli", "train", "--recipe", "miniature", "--output_dir", str(folder),
         "--config_overrides", fields, "--max_steps", str(args.max_steps), "--max_tokens", str(args.max_tokens),
         "--eval_steps", str(args.eval_steps), "--save_strategy", "no", "--logging_steps", "25",
         "--max_eval_samples", str(args.eval_samples), "--max_predict_samples", str(args.test_samples),
@@ -158,7 +158,7 @@ def main() -> None:
 
 
 def write_report(finished: dict, args: argparse.Namespace, started: float, results: Path) -> None:
-    report = {"command": " ".join([sys.executable, "-m", "training.experiments.li2022_regime", *sys.argv[1:]]),
+    report = {"command": " ".join([sys.executable, "-m", "hf_deepnmt_training.experiments.li2022_regime", *sys.argv[1:]]),
               "setup": vars(args), "wall_minutes": round((time.time() - started) / 60, 1), "runs": {}}
     for (row, seed), entry in finished.items():
         folder = Path(entry["folder"])
@@ -184,7 +184,7 @@ def report_from_logs(folder: Path, args: argparse.Namespace, results: Path) -> N
     run reached its end. A cut-short run has no test score."""
     import ast
 
-    report = {"command": " ".join([sys.executable, "-m", "training.experiments.li2022_regime", *sys.argv[1:]]),
+    report = {"command": " ".join([sys.executable, "-m", "hf_deepnmt_training.experiments.li2022_regime", *sys.argv[1:]]),
               "setup": vars(args), "wall_minutes": None, "runs": {}}
     for log in sorted(folder.glob("*.log")):
         name, seed = log.stem.rsplit("-seed", 1)

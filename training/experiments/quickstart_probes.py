@@ -6,9 +6,9 @@ seed 42; the probes of 2026-11-23 ran it as `--recipe quickstart`, the same file
 one CPU thread, no checkpoints. The table reports validation BLEU (greedy, 200 verses) at every evaluation and the
 final test BLEU (998 verses, beam 4) — equal steps; equal time is the quickstart's own measurement (README).
 
-    python -m training.experiments.quickstart_probes --probes dropout0,dropout0-4-4     # train these probes
-    python -m training.experiments.quickstart_probes --collect                          # table of what finished
-    python -m training.experiments.quickstart_probes --render_only                      # markdown from the JSON
+    python -m hf_deepnmt_training.experiments.quickstart_probes --probes dropout0,dropout0-4-4     # train these probes
+    python -m hf_deepnmt_training.experiments.quickstart_probes --collect                          # table of what finished
+    python -m hf_deepnmt_training.experiments.quickstart_probes --render_only                      # markdown from the JSON
 
 Writes ``quickstart_probes.json`` / ``.md`` under ``results/`` next to this script.
 """
@@ -49,7 +49,7 @@ NOT_IN_A_FOLDER = {
 
 
 def command(name: str, work: Path) -> list[str]:
-    return [sys.executable, "-m", "training.cli", "train", "--recipe", "miniature", "--output_dir",
+    return [sys.executable, "-m", "hf_deepnmt_training.cli", "train", "--recipe", "miniature", "--output_dir",
             str(work / name), "--max_steps", "1400", "--eval_steps", "350", "--max_eval_samples", "200",
             "--learning_rate", "0.003", "--seed", "42", "--save_strategy", "no", "--disable_tqdm", "true",
             *PROBES[name]]
@@ -102,7 +102,7 @@ def render(report: dict, results_dir: Path) -> None:
              "One CPU thread each, on the shared 2-core machine (other runs beside them), seed 42, 1400 steps, "
              "2048-token batches, lr 3e-3 inverse-sqrt unless the row says otherwise. Validation: 200 verses, greedy; "
              "test: the 998 held-out verses, beam 4. Command of each row below the table "
-             "(`python -m training.experiments.quickstart_probes --probes NAME`; the probes of 2026-11-23 ran the "
+             "(`python -m hf_deepnmt_training.experiments.quickstart_probes --probes NAME`; the probes of 2026-11-23 ran the "
              "same recipe file as `--recipe quickstart`, its name then).", "",
              "| probe | steps | validation BLEU (step: value) | validation loss (last) | test BLEU | test chrF | "
              "step time vs old |",

@@ -12,8 +12,8 @@ The corpus is one the defaults were not tuned on: the embedded Bible corpus in t
 trained, Spanish → English (RV1909 → WEB; every tuning run, the quickstart included, was English → Spanish).
 Test: the first ``--test_samples`` verses of the held-out test books, beam 4.
 
-    python -m training.experiments.train_defaults                          # 10 minutes each, the committed result
-    python -m training.experiments.train_defaults --minutes 0.3 --test_samples 8    # smoke
+    python -m hf_deepnmt_training.experiments.train_defaults                          # 10 minutes each, the committed result
+    python -m hf_deepnmt_training.experiments.train_defaults --minutes 0.3 --test_samples 8    # smoke
 
 Writes ``train_defaults.json`` and ``train_defaults.md`` under ``results/`` next to this script.
 """
@@ -39,7 +39,7 @@ SETUPS = {
 
 def train_command(args: argparse.Namespace, output_dir: Path, setup: str) -> list[str]:
     return [
-        sys.executable, "-m", "training.cli", "train", "--train_file", "corpus:web-sparv/train.jsonl.gz",
+        sys.executable, "-m", "hf_deepnmt_training.cli", "train", "--train_file", "corpus:web-sparv/train.jsonl.gz",
         "--validation_file", "corpus:web-sparv/valid.jsonl.gz", "--test_file", "corpus:web-sparv/test.jsonl.gz",
         "--source_lang", args.source_lang, "--target_lang", args.target_lang, "--output_dir", str(output_dir),
         "--max_train_minutes", str(args.minutes), "--max_predict_samples", str(args.test_samples),
@@ -74,7 +74,7 @@ def main() -> None:
         code = process.wait()
         log.close()
         runs[setup] = describe_run(work / setup, work / f"{setup}.log", code)
-    report = {"command": " ".join([sys.executable, "-m", "training.experiments.train_defaults", *sys.argv[1:]]),
+    report = {"command": " ".join([sys.executable, "-m", "hf_deepnmt_training.experiments.train_defaults", *sys.argv[1:]]),
               "setup": {key: value for key, value in vars(args).items() if key != "render_only"},
               "wall_minutes": round((time.time() - started) / 60, 1),
               "commands": {setup: " ".join(train_command(args, Path("OUT"), setup)[3:]) for setup in SETUPS},
