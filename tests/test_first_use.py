@@ -219,3 +219,15 @@ def test_train_with_a_budget_runs_past_the_epochs(small_corpus, tmp_path):
                                "0.25"))
     steps = outcome.trainer.state.global_step
     assert steps > 2 * 20, steps
+
+
+@pytest.mark.integration
+def test_a_users_training_py_does_not_shadow_the_package(tmp_path):
+    """The installed module is hf_deepnmt_training, so a training.py (or model_cards.py) of the user's own in the
+    working directory changes nothing (it shadowed the former top-level `training`)."""
+    (tmp_path / "training.py").write_text("raise SystemExit('the user module was imported')\n")
+    (tmp_path / "model_cards.py").write_text("raise SystemExit('the user module was imported')\n")
+    done = subprocess.run([sys.executable, "-c", "from hf_deepnmt_training import corpus; "
+                           "import hf_deepnmt_model_cards, hf_deepnmt_training.cli; print(corpus.corpus_dir().name)"],
+                          cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0 and done.stdout.strip() == "web-sparv", done.stderr
