@@ -574,7 +574,7 @@ def test_the_card_of_a_crt_run_is_true(small_corpus, tmp_path):
     assert "- objective: label-smoothed NLL (ε 0.1) + 1.0 × DDR (li2022) + 0.5 × ALD (li2022)" in training
     assert "- optimizer: RAdam (β1 0.9, β2 0.999, ε 1e-08), peak learning rate 0.003, gradient clipping 1.0" in training
     assert "- learning-rate schedule: linear warm-up over 1 steps, then inverse square root" in training
-    assert "adamw" not in hf_deepnmt_training.lower()
+    assert "adamw" not in training.lower()
     assert card.data.eval_results is None  # a local test file: no Hub id for a model-index
     assert "Scored on test.jsonl:" in text and "| test[:6] | 6 |" in text
     assert "pip install hf_deepnmt" not in text and "pip install -e ." in text
