@@ -354,27 +354,35 @@ def check_members(models: Sequence[nn.Module]) -> list[nn.Module]:
             raise UserInputError(f"`models[{number - 1}]` ({type(member).__name__}) is not an encoder-decoder "
                                  "translation model.")
         members.append(member)
-    first = members[0]
-    device = next(first.parameters()).device
+    check_compatible([member.config for member in members],
+                     [f"member {number} ({type(member).__name__})" for number, member in enumerate(members, start=1)])
+    device = next(members[0].parameters()).device
     for number, member in enumerate(members[1:], start=2):
-        name = f"member {number} ({type(member).__name__})"
-        if member.config.vocab_size != first.config.vocab_size:
-            raise UserInputError(f"{name} has vocab_size {member.config.vocab_size} but member 1 has "
-                                 f"{first.config.vocab_size}; the members of an ensemble must share one vocabulary.")
-        for field in SPECIAL_TOKEN_FIELDS:
-            mine, theirs = getattr(member.config, field, None), getattr(first.config, field, None)
-            if mine is not None and theirs is not None and mine != theirs:
-                raise UserInputError(f"{name} has {field} = {mine} but member 1 has {theirs}; the members of an "
-                                     "ensemble must share one vocabulary and its special tokens.")
-        pairs, first_pairs = recorded_language_pairs(member.config), recorded_language_pairs(first.config)
-        if pairs and first_pairs and set(pairs) != set(first_pairs):
-            raise UserInputError(f"{name} records the language pair {_pairs(pairs)} but member 1 records "
-                                 f"{_pairs(first_pairs)}; the members of an ensemble must translate the same pair.")
         member_device = next(member.parameters()).device
         if member_device != device:
-            raise UserInputError(f"{name} is on {member_device} but member 1 is on {device}; move the members to "
-                                 "one device before building the ensemble.")
+            raise UserInputError(f"member {number} ({type(member).__name__}) is on {member_device} but member 1 is on "
+                                 f"{device}; move the members to one device before building the ensemble.")
     return members
+
+
+def check_compatible(configs: Sequence[Any], names: Sequence[str]) -> None:
+    """One `UserInputError` sentence, naming the two members by ``names``, when their configs differ in vocabulary
+    size or special-token ids, or record different language pairs (a member recording none agrees with any)."""
+    first, first_name = configs[0], names[0]
+    first_pairs = recorded_language_pairs(first)
+    for config, name in zip(configs[1:], names[1:]):
+        if config.vocab_size != first.vocab_size:
+            raise UserInputError(f"{name} has vocab_size {config.vocab_size} but {first_name} has "
+                                 f"{first.vocab_size}; the members of an ensemble must share one vocabulary.")
+        for field in SPECIAL_TOKEN_FIELDS:
+            mine, theirs = getattr(config, field, None), getattr(first, field, None)
+            if mine is not None and theirs is not None and mine != theirs:
+                raise UserInputError(f"{name} has {field} = {mine} but {first_name} has {theirs}; the members of an "
+                                     "ensemble must share one vocabulary and its special tokens.")
+        pairs = recorded_language_pairs(config)
+        if pairs and first_pairs and set(pairs) != set(first_pairs):
+            raise UserInputError(f"{name} records the language pair {_pairs(pairs)} but {first_name} records "
+                                 f"{_pairs(first_pairs)}; the members of an ensemble must translate the same pair.")
 
 
 def check_weights(weights: Sequence[float] | None, count: int, combination: str) -> list[float]:
@@ -416,13 +424,15 @@ def check_same_tokens(tokenizers: Sequence[Any], names: Sequence[str]) -> None:
 def load_ensemble(folders: Sequence[str | os.PathLike], weights: Sequence[float] | None = None,
                   combination: str = "mean", **from_pretrained_kwargs: Any) -> tuple[EnsembleForConditionalGeneration,
                                                                                    Any]:
-    """The ensemble of the saved models in ``folders`` (or Hub ids) and the tokenizer of the first. Every folder's
-    tokenizer must hold the same tokens (`check_same_tokens`), besides `check_members`' checks."""
-    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+    """The ensemble of the saved models in ``folders`` (or Hub ids) and the tokenizer of the first. The configs are
+    compared before any weights load (`check_compatible`, naming the folders), and every folder's tokenizer must hold
+    the same tokens (`check_same_tokens`)."""
+    from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
 
     if isinstance(folders, (str, os.PathLike)) or not folders:
         raise UserInputError(f"`folders` must be a non-empty list of model folders, got {folders!r}.")
     names = [str(folder) for folder in folders]
+    check_compatible([AutoConfig.from_pretrained(folder) for folder in folders], names)  # before any weights load
     tokenizers = [AutoTokenizer.from_pretrained(folder) for folder in folders]
     check_same_tokens(tokenizers, names)
     models = [AutoModelForSeq2SeqLM.from_pretrained(folder, **from_pretrained_kwargs) for folder in folders]

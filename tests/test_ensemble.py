@@ -164,15 +164,15 @@ def test_the_ensemble_cache_holds_each_members_own_cache(members, batch):
 def test_members_that_do_not_share_a_vocabulary_or_a_pair_are_refused(members, tiny_tokenizer):
     transformer = members["transformer"]
     with pytest.raises(UserInputError, match=r"member 2 \(DeepTransformerForConditionalGeneration\) has vocab_size "
-                                             r"99 but member 1 has \d+; the members of an ensemble must share"):
+                                             r"99 but member 1 \(\w+\) has \d+; the members of an ensemble must share"):
         EnsembleForConditionalGeneration([transformer, tiny_model()])
     other_eos = tiny_model(vocab_size=len(tiny_tokenizer), eos_token_id=3, unk_token_id=4)
-    with pytest.raises(UserInputError, match="has eos_token_id = 3 but member 1 has 2"):
+    with pytest.raises(UserInputError, match=r"has eos_token_id = 3 but member 1 \(\w+\) has 2"):
         EnsembleForConditionalGeneration([transformer, other_eos])
     english_spanish, german_english = (tiny_model(vocab_size=len(tiny_tokenizer)) for _ in range(2))
     hf_deepnmt.record_language_pair(english_spanish.config, "en", "es")
     hf_deepnmt.record_language_pair(german_english.config, "de", "en")
-    with pytest.raises(UserInputError, match="member 2 .* records the language pair de → en but member 1 records "
+    with pytest.raises(UserInputError, match="member 2 .* records the language pair de → en but member 1 .* records "
                                              "en → es; the members of an ensemble must translate the same pair"):
         EnsembleForConditionalGeneration([english_spanish, german_english])
     ensemble = EnsembleForConditionalGeneration([english_spanish, transformer])  # a member without a record agrees
@@ -207,3 +207,47 @@ def test_load_ensemble_compares_the_tokens_of_every_member(tiny_folder, tiny_tok
     with pytest.raises(UserInputError, match=f"{other} has a vocabulary of .* tokens? .*the members of an ensemble "
                                              "must share one tokenizer"):
         load_ensemble([tiny_folder, other])
+
+
+# ------------------------------------------------------------------------------------------------ the command line
+def test_translate_and_evaluate_take_several_folders(tiny_folder, tiny_tokenizer, small_corpus, tmp_path, capsys):
+    """`--model A B` is an ensemble (the first folder's tokenizer); a folder that is not a model, or members that
+    do not share a vocabulary, are one sentence on stderr (exit 2) before anything is written."""
+    from training.cli import main
+
+    second = tmp_path / "second"
+    model = tiny_model(seed=5, vocab_size=len(tiny_tokenizer))
+    model.save_pretrained(second)
+    tiny_tokenizer.save_pretrained(second)
+    source, output = tmp_path / "in.txt", tmp_path / "out.txt"
+    source.write_text("In the beginning.\nAnd God said.\n", encoding="utf-8")
+    capsys.readouterr()
+    argv = ["translate", "--model", str(tiny_folder), str(second), "--input", str(source), "--max_new_tokens", "4",
+            "--num_beams", "2"]
+    assert main([*argv, "--output", str(output), "--weights", "1", "3"]) == 0
+    assert len(output.read_text(encoding="utf-8").splitlines()) == 2
+    assert "an ensemble of 2 models on torch (mean)" in capsys.readouterr().err
+    scores = tmp_path / "scores.json"
+    assert main(["evaluate", "--model", str(tiny_folder), str(second), "--test_file", str(small_corpus / "test.jsonl"),
+                 "--max_samples", "4", "--num_beams", "2", "--reliance_pairs", "2", "--output_json", str(scores),
+                 "--combination", "log_linear"]) == 0
+    assert "an ensemble of 2 models (log_linear, weights 1, 1)" in capsys.readouterr().out
+    import json
+
+    report = json.loads(scores.read_text())
+    assert report["ensemble"]["models"] == [str(tiny_folder), str(second)] and report["sentences"] == 4
+
+    empty, other_vocab = tmp_path / "empty", tmp_path / "other_vocab"
+    empty.mkdir()
+    tiny_model(vocab_size=len(tiny_tokenizer) + 1).save_pretrained(other_vocab)
+    tiny_tokenizer.save_pretrained(other_vocab)
+    for folders, words in (([tiny_folder, empty], f"`--model` = '{empty}' is a folder without a saved model"),
+                           ([tiny_folder, other_vocab], f"{other_vocab} has vocab_size 121 but {tiny_folder} has 120; the members of an "
+                                                        "ensemble must share one vocabulary")):
+        refused = tmp_path / "refused.txt"
+        capsys.readouterr()
+        assert main(["translate", "--model", *map(str, folders), "--input", str(source), "--output",
+                     str(refused)]) == 2
+        error = capsys.readouterr().err.strip().splitlines()
+        assert len(error) == 1 and words in error[0], error
+        assert not refused.exists()

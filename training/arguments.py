@@ -23,6 +23,10 @@ TRAIN_ALIASES = {**OPTION_ALIASES, "--num_beams": "--eval_num_beams"}
 # are `hf_deepnmt.export`'s (tests/test_cli.py checks that they are the same).
 EXPORT_FORMATS: tuple[str, ...] = ("ctranslate2", "onnx", "marian")
 ENGINES: tuple[str, ...] = ("torch", "ctranslate2", "onnx")
+# `hf_deepnmt.ensemble.COMBINATIONS`, spelt here so that `--help` needs no torch (tests/test_cli.py checks they agree).
+ENSEMBLE_COMBINATIONS: tuple[str, ...] = ("mean", "log_linear")
+# The commands whose --model takes several folders, an ensemble (`training.cli.check_references` checks each).
+SEVERAL_MODEL_COMMANDS: tuple[str, ...] = ("translate", "evaluate", "distill")
 QUANTIZATIONS: dict[str, tuple[str, ...]] = {
     "ctranslate2": ("int8", "int8_float32", "bfloat16"),
     "onnx": ("int8",),
@@ -92,7 +96,20 @@ class CommandParser(argparse.ArgumentParser):
         raise CommandLineError(f"{message} (see `{self.prog} --help`)")
 
 
-def add_model_option(parser: argparse.ArgumentParser, help_text: str, required: bool = True) -> None:
-    """``--model_name_or_path`` (alias ``--model``), the model option of every command."""
+def add_model_option(parser: argparse.ArgumentParser, help_text: str, required: bool = True,
+                     several: bool = False) -> None:
+    """``--model_name_or_path`` (alias ``--model``), the model option of every command; ``several``: one or more
+    folders (an ensemble: `deepnmt translate`, `deepnmt evaluate`, `deepnmt distill`'s teachers), a list."""
     parser.add_argument("--model_name_or_path", "--model", dest="model", required=required, metavar="MODEL",
-                        help=help_text)
+                        nargs="+" if several else None, help=help_text)
+
+
+def add_ensemble_options(parser: argparse.ArgumentParser) -> None:
+    """``--weights`` and ``--combination`` of an ensemble (several ``--model`` folders)."""
+    parser.add_argument("--weights", type=float, nargs="+", default=None, metavar="W", help="One weight per --model "
+                        "folder when several are given (default: equal).")
+    parser.add_argument("--combination", choices=ENSEMBLE_COMBINATIONS, default="mean", help="How several models' "
+                        "next-token distributions combine: mean (default) = log of the weighted mean of their "
+                        "probabilities, as fairseq; log_linear = their weighted sum of log-probabilities, as Marian "
+                        "(renormalised at each step; docs/distillation.md).")
+

@@ -35,8 +35,10 @@ from .arguments import (
     EXPORT_FORMATS,
     OPTION_ALIASES,
     QUANTIZATIONS,
+    SEVERAL_MODEL_COMMANDS,
     TRAIN_ALIASES,
     CommandParser,
+    add_ensemble_options,
     add_model_option,
     canonical_options,
     underscored,
@@ -53,7 +55,9 @@ def _top_level_help() -> str:
 def _evaluate(argv: Sequence[str]) -> int:
     parser = CommandParser(prog="deepnmt evaluate", description="Score a saved model on a test file "
                            "(BLEU, chrF, TER with sacreBLEU signatures) using beam search.")
-    add_model_option(parser, "Saved model folder (or Hub id).")
+    add_model_option(parser, "Saved model folder (or Hub id); several folders are scored as one ensemble (the "
+                     "tokenizer is the first folder's).", several=True)
+    add_ensemble_options(parser)
     parser.add_argument("--test_file", required=True, help="Test data: .jsonl/.json/.tsv, a PREFIX of "
                         "PREFIX.<lang> files, or corpus:web-sparv/test.jsonl.gz (the embedded corpus).")
     parser.add_argument("--source_lang", default="en", help="Source language code (default: en).")
@@ -69,18 +73,24 @@ def _evaluate(argv: Sequence[str]) -> int:
     args = parser.parse_args(argv)
     if args.num_beams < 1 or args.batch_size < 1 or args.reliance_pairs < 1:
         parser.error("--num_beams, --batch_size and --reliance_pairs must be ≥ 1.")
+    check_ensemble_options(args, parser)
     from .data import read_parallel_file
     from .recipes import resolve_path
     from .translate import corpus_source_reliance, evaluate_model
 
-    model, tokenizer = load_model_and_tokenizer(args.model)
+    model, tokenizer = load_models_and_tokenizer(args.model, args.weights, args.combination)
     corpus = read_parallel_file(resolve_path(args.test_file), args.source_lang, args.target_lang, args.max_samples)
-    scores, hypotheses = evaluate_model(args.model, args.test_file, args.source_lang, args.target_lang,
+    scores, hypotheses = evaluate_model(args.model[0], args.test_file, args.source_lang, args.target_lang,
                                         num_beams=args.num_beams, batch_size=args.batch_size,
                                         max_samples=args.max_samples, model=model, tokenizer=tokenizer, corpus=corpus)
     reliance = corpus_source_reliance(model, tokenizer, corpus.sources, corpus.targets, args.reliance_pairs)
     report = {**scores.as_dict(), "sentences": scores.num_sentences, "num_beams": args.num_beams,
               "source_reliance": round(reliance, 4), "signatures": scores.signatures}
+    if len(args.model) > 1:
+        report["ensemble"] = {"models": list(args.model), "weights": model.config.weights,
+                              "combination": args.combination}
+        print(f"an ensemble of {len(args.model)} models ({args.combination}, weights "
+              f"{', '.join(f'{weight:g}' for weight in model.config.weights)})")
     print(f"BLEU {scores.bleu}  chrF {scores.chrf}  TER {scores.ter}  ({scores.num_sentences} sentences, "
           f"beam {args.num_beams})")
     print(f"source reliance {reliance:.4f} nats/token on {min(args.reliance_pairs, len(corpus.sources))} pairs "
@@ -125,17 +135,33 @@ def _diagnose(argv: Sequence[str]) -> int:
 
 
 def _translate(argv: Sequence[str]) -> int:
-    parser = CommandParser(prog="deepnmt translate", description="Translate one sentence per line "
-                           "from a file or stdin to stdout (batched, beam search).")
+    parser = CommandParser(prog="deepnmt translate", description="Translate one sentence per line from a file or "
+                           "stdin to stdout (batched, beam search), or the source side of a training file "
+                           "(--source_lang/--target_lang); several --model folders translate as one ensemble. Under "
+                           "torchrun / accelerate launch each process translates a strided share and the output "
+                           "keeps the input's order.")
     add_model_option(parser, "Saved model folder (or Hub id); with --engine ctranslate2 or onnx, a folder written "
-                     "by `deepnmt export --format ENGINE`.")
-    parser.add_argument("--engine", choices=ENGINES, default="torch", help="What runs the model: torch "
-                        "(`generate`, default), ctranslate2 or onnx (ONNX Runtime); same batching, and the same output "
-                        "up to float32 rounding at exact ties — for ctranslate2, when the model's generation config "
-                        "has early_stopping=true, the default of models trained with this package (CTranslate2 "
-                        "always stops a sentence once num_beams hypotheses have finished; docs/fast-inference.md).")
-    parser.add_argument("--input", default="-", help="Input file, one sentence per line (default: stdin).")
+                     "by `deepnmt export --format ENGINE` (or a model folder holding an ONNX export in onnx/). "
+                     "Several folders: an ensemble of models sharing one vocabulary (torch engine; the tokenizer "
+                     "is the first folder's).", several=True)
+    add_ensemble_options(parser)
+    parser.add_argument("--engine", choices=ENGINES, default=None, help="What runs the model (default: the fastest "
+                        "the folder has: an export folder's own engine; a model folder's ONNX export in onnx/ when "
+                        "no GPU is visible; else torch `generate`). The same batching, and the same output up to "
+                        "float32 rounding at exact ties (an int8 export is its own model) — for ctranslate2, when "
+                        "the model's generation config has early_stopping=true, the default of models trained with "
+                        "this package (CTranslate2 always stops a sentence once num_beams hypotheses have finished; "
+                        "docs/fast-inference.md).")
+    parser.add_argument("--input", default="-", help="Input file, one sentence per line (default: stdin); with "
+                        "--source_lang, a training file: .jsonl/.json (run_translation), .tsv, or the PREFIX of "
+                        "PREFIX.<source_lang>/PREFIX.<target_lang> (corpus:web-sparv/train.jsonl.gz: the embedded "
+                        "corpus).")
+    parser.add_argument("--source_lang", default=None, help="Read --input as a training file and translate its "
+                        "source side in this language: one output line per record, in file order.")
+    parser.add_argument("--target_lang", default=None, help="The training file's target language (needed with "
+                        "--source_lang; its side is not read).")
     parser.add_argument("--output", default="-", help="Output file (default: stdout).")
+    parser.add_argument("--max_samples", type=int, default=None, help="Translate only the first N input sentences.")
     parser.add_argument("--num_beams", type=int, default=4, help="Beam size (default: 4).")
     parser.add_argument("--batch_size", type=int, default=32, help="Sentences per batch (default: 32).")
     parser.add_argument("--max_new_tokens", type=int, default=None,
@@ -146,57 +172,126 @@ def _translate(argv: Sequence[str]) -> int:
                         "translated at a time (default: 10000): memory stays bounded however long the input; the "
                         "output keeps the input's order.")
     parser.add_argument("--resume", action="store_true", help="Continue an interrupted run: keep the complete lines "
-                        "already in --output and translate the input from the next line on (needs --output FILE).")
+                        "already in --output and translate the input from the next line on (needs --output FILE); "
+                        "under a launcher, each process continues its part (same number of processes).")
     parser.add_argument("--bf16", action="store_true", help="torch engine: run under bfloat16 autocast (CPU or "
                         "GPU); see benchmarks/RESULTS.md for its speed and BLEU on this project's CPU.")
-    parser.add_argument("--threads", type=int, default=None, help="Intra-op threads of the engine (default: "
-                        "torch's default thread count).")
+    parser.add_argument("--threads", type=int, default=None, help="Intra-op threads of the engine, per process "
+                        "(default: torch's default thread count).")
     args = parser.parse_args(argv)
-    for name in ("num_beams", "batch_size", "window", "threads", "max_new_tokens"):
+    for name in ("num_beams", "batch_size", "window", "threads", "max_new_tokens", "max_samples"):
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name} {value} is not allowed; use 1 or more")
-    if args.input != "-" and not Path(args.input).is_file():
+    training_file = args.source_lang is not None or args.target_lang is not None
+    if training_file and not (args.source_lang and args.target_lang):
+        parser.error("a training file needs both --source_lang and --target_lang")
+    if training_file and args.input == "-":
+        parser.error("--source_lang reads a training file: give it as --input FILE")
+    if args.input != "-" and not training_file and not Path(args.input).is_file():
         parser.error(f"--input {args.input} does not exist")
     if args.resume and args.output == "-":
         parser.error("--resume needs --output FILE (the lines already translated are read from it)")
+    check_ensemble_options(args, parser)
+    shard = shard_from_environment()
+    if shard.world > 1 and (args.output == "-" or args.input == "-" or args.stream):
+        parser.error(f"{shard.world} processes translate shares of one --input FILE into one --output FILE (no "
+                     "stdin, stdout or --stream)")
     import torch
     from tqdm.auto import tqdm
-    from transformers import AutoTokenizer
 
-    from hf_deepnmt.export import load_engine
-
-    from .translate import completed_lines, translate_windows
+    from .recipes import resolve_path
+    from .translate import training_file_sources, translate_corpus, translate_windows
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    with hub_lookup(args.model):
-        engine = load_engine(args.model, args.engine, intra_threads=args.threads or torch.get_num_threads(),
-                             bf16=args.bf16)
-        tokenizer = AutoTokenizer.from_pretrained(args.model)
+    engine, tokenizer, described = load_translation_engine(args.model, args.engine, args.threads, args.bf16,
+                                                           args.weights, args.combination)
+    if shard.rank == 0:
+        print(f"[deepnmt] translating with {described}", file=sys.stderr)
     window = args.batch_size if args.stream else args.window
-    done = completed_lines(args.output) if args.resume else 0
-    total = None
-    if args.input != "-":
-        with open(args.input, "rb") as handle:
-            total = sum(1 for _ in handle)  # for the progress bar; a cheap pass over the bytes
+    options = dict(num_beams=args.num_beams, max_new_tokens=args.max_new_tokens)
     with contextlib.ExitStack() as files:
-        output = sys.stdout if args.output == "-" else files.enter_context(
-            open(args.output, "a" if args.resume else "w", encoding="utf-8"))
-        source = sys.stdin if args.input == "-" else files.enter_context(open(args.input, encoding="utf-8"))
-        lines = itertools.islice(source, done, None)
-        if done:
-            print(f"[deepnmt] resuming: {done} lines of {args.output} are complete; translating from line {done + 1}",
-                  file=sys.stderr)
-        bar = files.enter_context(tqdm(total=total, initial=done, unit="line", desc="translating", file=sys.stderr,
-                                       disable=args.input == "-" or args.stream))
+        if training_file:
+            lines = training_file_sources(resolve_path(args.input), args.source_lang, args.target_lang)
+        else:
+            lines = sys.stdin if args.input == "-" else files.enter_context(open(args.input, encoding="utf-8"))
+        if args.max_samples is not None:
+            lines = itertools.islice(lines, args.max_samples)
+        total = None
+        if args.input != "-" and not training_file and shard.world == 1:
+            with open(args.input, "rb") as handle:
+                total = sum(1 for _ in handle)  # for the progress bar; a cheap pass over the bytes
+            total = min(total, args.max_samples or total)
+        bar = files.enter_context(tqdm(total=total, unit="line", desc="translating", file=sys.stderr,
+                                       disable=args.input == "-" or args.stream or shard.rank != 0))
+        if args.output != "-":
+            result = translate_corpus(engine, tokenizer, lines, args.output, resume=args.resume, shard=shard,
+                                      window=window, batch_size=args.batch_size, progress=bar, **options)
+            if result.merged and shard.world > 1:
+                print(f"[deepnmt] {shard.world} processes' parts merged into {args.output} in input order",
+                      file=sys.stderr)
+            return 0
         for translation in translate_windows(engine, tokenizer, lines, window=window, batch_size=args.batch_size,
-                                             progress=bar, num_beams=args.num_beams,
-                                             max_new_tokens=args.max_new_tokens):
-            output.write(translation + "\n")
+                                             progress=bar, **options):
+            sys.stdout.write(translation + "\n")
             if args.stream:
-                output.flush()
+                sys.stdout.flush()
     return 0
+
+
+def check_ensemble_options(args: Any, parser: CommandParser) -> None:
+    """``--weights`` and ``--combination`` fit the ``--model`` folders given."""
+    if args.weights is not None and len(args.weights) != len(args.model):
+        parser.error(f"--weights has {len(args.weights)} values for {len(args.model)} --model folder(s); give one "
+                     "weight per folder")
+    if args.weights is not None and not all(weight > 0 and weight < float("inf") for weight in args.weights):
+        parser.error(f"--weights {' '.join(map(str, args.weights))} is not allowed; every weight must be a finite "
+                     "number > 0")
+
+
+def shard_from_environment() -> Any:
+    """This process's share of a corpus under torchrun / accelerate launch (`training.translate.Shard`), read
+    without importing torch."""
+    for name in ("RANK", "WORLD_SIZE"):
+        value = os.environ.get(name, "")
+        if value and not value.isdigit():
+            raise CommandLineError(f"{name}={value!r} is not allowed; a launcher such as torchrun sets it to an "
+                                   "integer ≥ 0.")
+    rank, world = int(os.environ.get("RANK") or 0), int(os.environ.get("WORLD_SIZE") or 1)
+    if world < 1 or rank >= world:
+        raise CommandLineError(f"RANK={rank} and WORLD_SIZE={world} are not allowed; a launcher gives each of "
+                               "WORLD_SIZE ≥ 1 processes a RANK from 0 to WORLD_SIZE − 1.")
+    from .translate import Shard
+
+    return Shard(rank, world)
+
+
+def load_translation_engine(models: Sequence[str], engine: str | None, threads: int | None, bf16: bool = False,
+                            weights: Sequence[float] | None = None, combination: str = "mean",
+                            command: str = "translate") -> tuple[Any, Any, str]:
+    """The engine, the tokenizer and a few words on what runs: one folder by the fastest engine it has (or
+    ``engine``; `training.serve.choose_engine`), several folders as an ensemble on torch."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from hf_deepnmt.export import TorchEngine, load_engine
+
+    from .serve import choose_engine
+
+    if len(models) > 1:
+        if engine not in (None, "torch"):
+            raise CommandLineError(f"`--engine` = {engine!r} is not allowed for an ensemble of {len(models)} models: "
+                                   "their distributions are combined at every step inside torch's `generate`, which "
+                                   "an exported engine does not expose; use --engine torch (the default).")
+        model, tokenizer = load_models_and_tokenizer(models, weights, combination)
+        return TorchEngine(model, bf16=bf16), tokenizer, (f"an ensemble of {len(models)} models on torch "
+                                                          f"({combination})")
+    name, folder = choose_engine(models[0], engine, cuda=torch.cuda.is_available(), command=command)
+    with hub_lookup(models[0]):
+        loaded = load_engine(folder, name, intra_threads=threads or torch.get_num_threads(), bf16=bf16)
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+    return loaded, tokenizer, f"the {name} engine ({folder})"
 
 
 def _export(argv: Sequence[str]) -> int:
@@ -363,16 +458,20 @@ MODEL_REFERENCE_FLAGS = ("--model", "--model_name_or_path", "--warm_start_from",
 SAVED_MARKERS = ("config.json", "tokenizer.json", "deepnmt_export.json")
 
 
-def check_references(argv: Sequence[str]) -> None:
+def check_references(argv: Sequence[str], several: bool = False) -> None:
     """Refuse, before anything loads, a model/tokenizer option that names a local path that does not exist, a file,
     or a folder holding no saved model — which the Hub client would otherwise report as an invalid repository id or a
-    failed connection — and an ``--output_dir`` that is an existing file."""
+    failed connection — and an ``--output_dir`` that is an existing file. ``several``: a model option may name
+    several folders (an ensemble), each checked."""
     for index, token in enumerate(argv):
         flag, has_value, value = token.partition("=")
         if not has_value:
             value = argv[index + 1] if index + 1 < len(argv) else ""
         if flag in MODEL_REFERENCE_FLAGS and value:
             check_reference(flag, value)
+            if several and not has_value and flag in ("--model", "--model_name_or_path"):
+                for more in itertools.takewhile(lambda token: not token.startswith("-"), argv[index + 2:]):
+                    check_reference(flag, more)
         if flag == "--output_dir" and value and Path(value).expanduser().is_file():
             raise CommandLineError(f"`--output_dir` = {value!r} is an existing file; pass a folder (it is created).")
 
@@ -406,6 +505,19 @@ def check_saved_model(folder: Path, flag: str = "--model") -> None:
     problem = saved_model_problem(folder)
     if problem:
         raise CommandLineError(f"`{flag}`: {problem}.")
+
+
+def load_models_and_tokenizer(values: Sequence[str], weights: Sequence[float] | None = None,
+                              combination: str = "mean") -> tuple[Any, Any]:
+    """One saved model and its tokenizer, or for several folders their ensemble
+    (`hf_deepnmt.load_ensemble`: one vocabulary and language pair, checked) and the first folder's tokenizer."""
+    if len(values) == 1:
+        return load_model_and_tokenizer(values[0])
+    from hf_deepnmt import load_ensemble
+
+    missing = [value for value in values if not Path(value).expanduser().exists()]  # Hub ids, looked up
+    with hub_lookup(missing[0] if missing else values[0]):
+        return load_ensemble(list(values), weights, combination)
 
 
 def load_model_and_tokenizer(value: str) -> tuple[Any, Any]:
@@ -463,7 +575,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.time()
     try:
         rest = underscored(rest)
-        check_references(rest)  # names the option as the user spelt it (`--model` or `--model_name_or_path`)
+        check_references(rest, several=command in SEVERAL_MODEL_COMMANDS)  # as the user spelt the option
         rest = canonical_options(rest, TRAIN_ALIASES if command in ("train", "quickstart") else OPTION_ALIASES)
         if command == "train" and rest in (["--help"], ["-h"]):
             print(train_help(), end="")
