@@ -53,7 +53,7 @@ from .modeling_common import (
 from .pipeline_translation import record_language_pair, recorded_language_pairs
 
 COMBINATIONS: tuple[str, ...] = ("mean", "log_linear")
-"""``mean``: log Σ w_i p_i (fairseq, default); ``log_linear``: softmax of Σ w_i log p_i (Marian's sum, renormalised)."""
+"""``mean``: log Σ w_i p_i (fairseq, default); ``log_linear``: Σ w_i log p_i renormalised (Marian's sum)."""
 
 SPECIAL_TOKEN_FIELDS: tuple[str, ...] = ("pad_token_id", "eos_token_id", "bos_token_id", "unk_token_id",
                                          "decoder_start_token_id")

@@ -6,6 +6,7 @@
     deepnmt diagnose ...          does a saved model use its source? (li2022 collapse monitor, per-layer attention)
     deepnmt translate ...         translate a file or stdin, batched, to stdout (torch, CTranslate2 or ONNX Runtime)
     deepnmt export ...            export a model to CTranslate2, ONNX or a stock MarianMTModel (fast inference)
+    deepnmt distill --teachers    teachers -> distilled training set -> shallow-decoder student -> int8 export
     deepnmt serve MODEL_DIR       an HTTP translation server with dynamic batching (POST /, /health, /metrics)
     deepnmt push DIR --repo_id    upload model + tokenizer + code + pipeline + card to the Hub
     deepnmt average-checkpoints   average the weights of a run's last N checkpoints (liu2020: last 10)
@@ -45,7 +46,7 @@ from .arguments import (
 )
 from .errors import CommandLineError, NonFiniteLossError, hub_lookup, is_user_mistake
 
-COMMANDS = ("quickstart", "train", "evaluate", "diagnose", "translate", "export", "serve", "push",
+COMMANDS = ("quickstart", "train", "evaluate", "diagnose", "translate", "export", "distill", "serve", "push",
             "average-checkpoints")
 
 def _top_level_help() -> str:
@@ -76,7 +77,7 @@ def _evaluate(argv: Sequence[str]) -> int:
     check_ensemble_options(args, parser)
     from .data import read_parallel_file
     from .recipes import resolve_path
-    from .translate import corpus_source_reliance, evaluate_model
+    from .translate import corpus_source_reliance, evaluate_model, load_models_and_tokenizer
 
     model, tokenizer = load_models_and_tokenizer(args.model, args.weights, args.combination)
     corpus = read_parallel_file(resolve_path(args.test_file), args.source_lang, args.target_lang, args.max_samples)
@@ -201,7 +202,7 @@ def _translate(argv: Sequence[str]) -> int:
     from tqdm.auto import tqdm
 
     from .recipes import resolve_path
-    from .translate import training_file_sources, translate_corpus, translate_windows
+    from .translate import load_translation_engine, training_file_sources, translate_corpus, translate_windows
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -267,31 +268,84 @@ def shard_from_environment() -> Any:
     return Shard(rank, world)
 
 
-def load_translation_engine(models: Sequence[str], engine: str | None, threads: int | None, bf16: bool = False,
-                            weights: Sequence[float] | None = None, combination: str = "mean",
-                            command: str = "translate") -> tuple[Any, Any, str]:
-    """The engine, the tokenizer and a few words on what runs: one folder by the fastest engine it has (or
-    ``engine``; `training.serve.choose_engine`), several folders as an ensemble on torch."""
-    import torch
-    from transformers import AutoTokenizer
+def _distill(argv: Sequence[str]) -> int:
+    parser = CommandParser(prog="deepnmt distill", description="Sequence-level knowledge distillation in one "
+                           "command: the teacher(s) translate the training file's sources with beam search "
+                           "(several teachers as one ensemble), the sources and translations become the distilled "
+                           "training set, a student (recipe `student`: 6-layer encoder, 2-layer decoder) is trained on "
+                           "it, and exported to int8 (ONNX; CTranslate2 too when the student is a standard "
+                           "Transformer). Every stage is cached in --output_dir (distill.json): rerun the same command "
+                           "after an interruption and it resumes. Any other option is passed to the student's `deepnmt "
+                           "train` (e.g. --max_steps 2000, --config_overrides ...). Under torchrun / accelerate launch "
+                           "the translation is shared by the processes and the student trains data-parallel. "
+                           "docs/distillation.md.")
+    parser.add_argument("--teachers", "--model_name_or_path", "--model", dest="model", nargs="+", required=True,
+                        metavar="TEACHER", help="The teacher model folder(s) (or Hub ids); several translate as one "
+                        "ensemble sharing one vocabulary, whose tokenizer the student also uses (the first folder's).")
+    add_ensemble_options(parser)
+    parser.add_argument("--output_dir", default=None, help="The folder that caches every stage (default: a new "
+                        "runs/distill-<date>-<time>); rerun with the same folder to resume.")
+    parser.add_argument("--train_file", default=None, help="The training data whose sources the teachers translate "
+                        "(.jsonl/.json/.tsv or PREFIX of PREFIX.<lang>; default: the recipe's, the embedded corpus).")
+    parser.add_argument("--validation_file", default=None, help="The student's validation data (default: the "
+                        "recipe's).")
+    parser.add_argument("--test_file", default=None, help="The student's test data (default: the recipe's).")
+    parser.add_argument("--source_lang", default=None, help="Source language (default: the recipe's).")
+    parser.add_argument("--target_lang", default=None, help="Target language (default: the recipe's).")
+    parser.add_argument("--recipe", default="student", help="The student's recipe (default: student, "
+                        "training/recipes/student.yaml); its data section's files and languages are replaced by "
+                        "distill's.")
+    parser.add_argument("--keep_original_targets", action="store_true", help="Train the student on each source twice: "
+                        "with the teachers' translation and with the original target (default: the translation "
+                        "only).")
+    parser.add_argument("--num_beams", type=int, default=4, help="The teachers' beam size (default: 4).")
+    parser.add_argument("--engine", choices=ENGINES, default=None, help="What runs a single teacher (default: the "
+                        "fastest its folder has, as `deepnmt translate`); an ensemble runs on torch.")
+    parser.add_argument("--batch_size", type=int, default=32, help="Sentences per translation batch (default: 32).")
+    parser.add_argument("--window", type=int, default=10_000, help="Lines read and sorted at a time while "
+                        "translating (default: 10000).")
+    parser.add_argument("--threads", type=int, default=None, help="Intra-op threads per process (default: torch's).")
+    parser.add_argument("--export", nargs="+", choices=("onnx", "ctranslate2", "none"), default=None,
+                        metavar="FORMAT", help="The student's int8 exports: onnx (into STUDENT/onnx, where `deepnmt "
+                        "serve` and handler.py look) and/or ctranslate2 (OUTPUT_DIR/student-ctranslate2), or none "
+                        "(default: onnx, and ctranslate2 when the student is a standard Transformer).")
+    args, rest = parser.parse_known_args(list(argv))
+    for name in ("num_beams", "batch_size", "window", "threads"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name} {value} is not allowed; use 1 or more")
+    check_ensemble_options(args, parser)
+    if args.export and "none" in args.export and len(args.export) > 1:
+        parser.error("--export none excludes the other formats")
+    export_formats = [] if args.export == ["none"] else args.export
+    from datetime import datetime
 
-    from hf_deepnmt.export import TorchEngine, load_engine
+    from .distill import DistillOptions, distill, summary
+    from .translate import Shard
 
-    from .serve import choose_engine
+    output_dir = args.output_dir
+    if output_dir is None:
+        if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+            raise CommandLineError("--output_dir is required when several processes distil together (every process "
+                                   "must use the same folder).")
+        output_dir = f"runs/distill-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+        print(f"[deepnmt] no --output_dir given: distilling into {output_dir} (rerun with --output_dir {output_dir} "
+              "to resume it)", file=sys.stderr)
+    if args.threads is not None:
+        import torch
 
-    if len(models) > 1:
-        if engine not in (None, "torch"):
-            raise CommandLineError(f"`--engine` = {engine!r} is not allowed for an ensemble of {len(models)} models: "
-                                   "their distributions are combined at every step inside torch's `generate`, which "
-                                   "an exported engine does not expose; use --engine torch (the default).")
-        model, tokenizer = load_models_and_tokenizer(models, weights, combination)
-        return TorchEngine(model, bf16=bf16), tokenizer, (f"an ensemble of {len(models)} models on torch "
-                                                          f"({combination})")
-    name, folder = choose_engine(models[0], engine, cuda=torch.cuda.is_available(), command=command)
-    with hub_lookup(models[0]):
-        loaded = load_engine(folder, name, intra_threads=threads or torch.get_num_threads(), bf16=bf16)
-        tokenizer = AutoTokenizer.from_pretrained(folder)
-    return loaded, tokenizer, f"the {name} engine ({folder})"
+        torch.set_num_threads(args.threads)
+    options = DistillOptions(
+        teachers=list(args.model), output_dir=output_dir, weights=args.weights, combination=args.combination,
+        train_file=args.train_file, validation_file=args.validation_file, test_file=args.test_file,
+        source_lang=args.source_lang, target_lang=args.target_lang, recipe=args.recipe, num_beams=args.num_beams,
+        batch_size=args.batch_size, window=args.window, threads=args.threads, engine=args.engine,
+        keep_original_targets=args.keep_original_targets, export_formats=export_formats, train_argv=rest)
+    outcome = distill(options)
+    if Shard.from_environment().rank == 0:
+        print(summary(outcome))
+    _close_process_group()
+    return 0
 
 
 def _export(argv: Sequence[str]) -> int:
@@ -454,7 +508,7 @@ def _quickstart(argv: Sequence[str]) -> int:
 
 
 # Options that name a saved model or tokenizer: a local folder, or a Hub id ("owner/name").
-MODEL_REFERENCE_FLAGS = ("--model", "--model_name_or_path", "--warm_start_from", "--tokenizer_name")
+MODEL_REFERENCE_FLAGS = ("--model", "--model_name_or_path", "--teachers", "--warm_start_from", "--tokenizer_name")
 SAVED_MARKERS = ("config.json", "tokenizer.json", "deepnmt_export.json")
 
 
@@ -469,7 +523,7 @@ def check_references(argv: Sequence[str], several: bool = False) -> None:
             value = argv[index + 1] if index + 1 < len(argv) else ""
         if flag in MODEL_REFERENCE_FLAGS and value:
             check_reference(flag, value)
-            if several and not has_value and flag in ("--model", "--model_name_or_path"):
+            if several and not has_value and flag in ("--model", "--model_name_or_path", "--teachers"):
                 for more in itertools.takewhile(lambda token: not token.startswith("-"), argv[index + 2:]):
                     check_reference(flag, more)
         if flag == "--output_dir" and value and Path(value).expanduser().is_file():
@@ -505,19 +559,6 @@ def check_saved_model(folder: Path, flag: str = "--model") -> None:
     problem = saved_model_problem(folder)
     if problem:
         raise CommandLineError(f"`{flag}`: {problem}.")
-
-
-def load_models_and_tokenizer(values: Sequence[str], weights: Sequence[float] | None = None,
-                              combination: str = "mean") -> tuple[Any, Any]:
-    """One saved model and its tokenizer, or for several folders their ensemble
-    (`hf_deepnmt.load_ensemble`: one vocabulary and language pair, checked) and the first folder's tokenizer."""
-    if len(values) == 1:
-        return load_model_and_tokenizer(values[0])
-    from hf_deepnmt import load_ensemble
-
-    missing = [value for value in values if not Path(value).expanduser().exists()]  # Hub ids, looked up
-    with hub_lookup(missing[0] if missing else values[0]):
-        return load_ensemble(list(values), weights, combination)
 
 
 def load_model_and_tokenizer(value: str) -> tuple[Any, Any]:
@@ -589,7 +630,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             code = 0
         else:
             code = {"evaluate": _evaluate, "diagnose": _diagnose, "translate": _translate, "export": _export,
-                    "serve": _serve, "push": _push, "quickstart": _quickstart,
+                    "distill": _distill, "serve": _serve, "push": _push, "quickstart": _quickstart,
                     "average-checkpoints": _average}[command](rest)
     except NonFiniteLossError as error:
         print(f"deepnmt {command}: {error}", file=sys.stderr)
@@ -605,7 +646,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         hint = {"train": " Continue it with the same command plus `--resume_from_checkpoint last` (it restarts from "
                          "the newest complete checkpoint-N in --output_dir).",
                 "translate": " With --output FILE, continue it with the same command plus `--resume` (the complete "
-                             "lines are kept)."}.get("train" if command == "quickstart" else command, "")
+                             "lines are kept).",
+                "distill": " Continue it with the same command and --output_dir: the completed stages are cached and "
+                           "the interrupted one resumes."}.get("train" if command == "quickstart" else command, "")
         print(f"deepnmt {command}: interrupted.{hint}", file=sys.stderr)
         return 130
     if command in ("train", "quickstart"):

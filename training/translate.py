@@ -20,9 +20,11 @@ import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 import hf_deepnmt  # noqa: F401  (registers the model types)
+from hf_deepnmt import load_ensemble
 from hf_deepnmt.errors import UserInputError
 
 from .data import iter_local_pairs, read_parallel_file
+from .errors import CommandLineError, hub_lookup
 from .metrics import TranslationScores, score_translations
 from .recipes import resolve_path
 
@@ -362,3 +364,41 @@ def corpus_source_reliance(model, tokenizer, sources: Sequence[str], targets: Se
     labels = encoded["labels"].masked_fill(encoded["labels"] == tokenizer.pad_token_id, -100)
     return source_reliance(model, {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"],
                                    "labels": labels})
+
+
+# ------------------------------------------------------------------------------------------------ loading
+def load_models_and_tokenizer(values: Sequence[str], weights: Sequence[float] | None = None,
+                              combination: str = "mean") -> tuple[Any, Any]:
+    """One saved model and its tokenizer, or for several folders their ensemble (`hf_deepnmt.load_ensemble`: one
+    vocabulary and language pair, checked before any weights load) and the first folder's tokenizer. A name that is
+    no folder here and that the Hub does not provide is one sentence (`training.errors.hub_lookup`)."""
+    if len(values) == 1:
+        with hub_lookup(values[0]):
+            return AutoModelForSeq2SeqLM.from_pretrained(values[0]), AutoTokenizer.from_pretrained(values[0])
+    missing = [value for value in values if not Path(value).expanduser().exists()]  # Hub ids, looked up
+    with hub_lookup(missing[0] if missing else values[0]):
+        return load_ensemble(list(values), weights, combination)
+
+
+def load_translation_engine(models: Sequence[str], engine: str | None = None, threads: int | None = None,
+                            bf16: bool = False, weights: Sequence[float] | None = None, combination: str = "mean",
+                            command: str = "translate") -> tuple[Any, Any, str]:
+    """The engine, the tokenizer and a few words on what runs: one folder by the fastest engine it has (or
+    ``engine``; `training.serve.choose_engine`), several folders as an ensemble on torch (`TorchEngine`)."""
+    from hf_deepnmt.export import TorchEngine, load_engine
+
+    from .serve import choose_engine
+
+    if len(models) > 1:
+        if engine not in (None, "torch"):
+            raise CommandLineError(f"`--engine` = {engine!r} is not allowed for an ensemble of {len(models)} models: "
+                                   "their distributions are combined at every step inside torch's `generate`, which "
+                                   "an exported engine does not expose; use --engine torch (the default).")
+        model, tokenizer = load_models_and_tokenizer(models, weights, combination)
+        return TorchEngine(model, bf16=bf16), tokenizer, (f"an ensemble of {len(models)} models on torch "
+                                                          f"({combination})")
+    name, folder = choose_engine(models[0], engine, cuda=torch.cuda.is_available(), command=command)
+    with hub_lookup(models[0]):
+        loaded = load_engine(folder, name, intra_threads=threads or torch.get_num_threads(), bf16=bf16)
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+    return loaded, tokenizer, f"the {name} engine ({folder})"
