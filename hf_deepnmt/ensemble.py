@@ -198,6 +198,8 @@ class EnsembleForConditionalGeneration(TranslationGenerationMixin, PreTrainedMod
             vocab_size=first.vocab_size, max_position_embeddings=limit,
             member_types=[member.config.model_type for member in members], weights=weights,
             combination=combination, **{name: getattr(first, name, None) for name in SPECIAL_TOKEN_FIELDS})
+        if getattr(first, "length_penalty_form", None) is not None:  # how the first member normalises beam scores
+            config.length_penalty_form = first.length_penalty_form
         for source, target in {pair for member in members for pair in recorded_language_pairs(member.config)}:
             record_language_pair(config, source, target)  # the members' one pair (check_members), for the pipeline
         super().__init__(config)
