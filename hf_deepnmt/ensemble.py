@@ -180,7 +180,8 @@ class EnsembleForConditionalGeneration(TranslationGenerationMixin, PreTrainedMod
     length limit) are the first member's generation config, capped by the shortest position limit of the members.
     ``forward(input_ids, attention_mask, decoder_input_ids)`` returns the combined next-token log-probabilities of
     every decoder position as ``logits`` (the first member's own logits for an ensemble of one); with ``labels``,
-    ``loss`` is the combined distribution's NLL per target token.
+    ``loss`` is the combined distribution's NLL per target token. Attentions and hidden states are not returned
+    (each member has its own: ask ``members[i]``). Building the ensemble puts the members in evaluation mode.
     """
 
     config_class = EnsembleConfig
