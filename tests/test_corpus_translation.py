@@ -107,11 +107,29 @@ def test_the_source_side_of_a_training_file_is_one_line_per_record(tmp_path):
     assert list(training_file_sources(tmp_path / "pairs", "en", "es")) == ["One.", "Two."]
 
 
+def test_which_inputs_are_training_files(tmp_path):
+    """--input_format auto: JSON(-lines) files and a PREFIX of PREFIX.<source_lang> files are training files; text
+    and TSV files are lines of text unless --input_format parallel says otherwise."""
+    from training.cli import parallel_input
+
+    (tmp_path / "pairs.en").write_text("One.\n", encoding="utf-8")
+    for name, expected in (("train.jsonl", True), ("train.json.gz", True), ("news.txt", False),
+                           ("train.tsv", False), ("pairs", True), ("missing", False)):
+        assert parallel_input(str(tmp_path / name), "auto", "en") is expected, name
+    assert parallel_input("corpus:web-sparv/train.jsonl.gz", "auto", None)
+    assert parallel_input(str(tmp_path / "train.tsv"), "parallel", "en")
+    assert not parallel_input(str(tmp_path / "train.jsonl"), "text", "en")
+    assert not parallel_input("-", "auto", "en")
+
+
 def test_translate_refuses_what_a_sharded_or_training_file_run_cannot_do(tiny_folder, tmp_path, monkeypatch, capsys):
     source = tmp_path / "in.txt"
     source.write_text("In the beginning.\n", encoding="utf-8")
-    for argv, words in ((["--input", str(source), "--source_lang", "en"], "needs both --source_lang and"),
-                        (["--source_lang", "en", "--target_lang", "es"], "give it as --input FILE"),
+    for argv, words in ((["--input", str(source), "--input_format", "parallel", "--source_lang", "en"],
+                         "is read with both --source_lang and --target_lang"),
+                        (["--input", str(tmp_path / "train.jsonl")], "is read with both --source_lang and"),
+                        (["--input_format", "parallel", "--source_lang", "en", "--target_lang", "es"],
+                         "give it as --input FILE"),
                         (["--input", str(source), "--weights", "1", "2"], "--weights has 2 values for 1 --model"),
                         (["--input", str(source), "--engine", "onnx"], "needs an ONNX export")):
         assert main(["translate", "--model", str(tiny_folder), *argv]) == 2

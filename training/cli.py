@@ -153,14 +153,19 @@ def _translate(argv: Sequence[str]) -> int:
                         "the model's generation config has early_stopping=true, the default of models trained with "
                         "this package (CTranslate2 always stops a sentence once num_beams hypotheses have finished; "
                         "docs/fast-inference.md).")
-    parser.add_argument("--input", default="-", help="Input file, one sentence per line (default: stdin); with "
-                        "--source_lang, a training file: .jsonl/.json (run_translation), .tsv, or the PREFIX of "
-                        "PREFIX.<source_lang>/PREFIX.<target_lang> (corpus:web-sparv/train.jsonl.gz: the embedded "
-                        "corpus).")
-    parser.add_argument("--source_lang", default=None, help="Read --input as a training file and translate its "
-                        "source side in this language: one output line per record, in file order.")
-    parser.add_argument("--target_lang", default=None, help="The training file's target language (needed with "
-                        "--source_lang; its side is not read).")
+    parser.add_argument("--input", default="-", help="Input file, one sentence per line (default: stdin), or a "
+                        "training file whose source side is translated (--input_format).")
+    parser.add_argument("--input_format", choices=INPUT_FORMATS, default="auto", help="text: one sentence per line; "
+                        "parallel: a training file as `deepnmt train` reads it — .jsonl/.json (run_translation), "
+                        ".tsv, or the PREFIX of PREFIX.<source_lang>/PREFIX.<target_lang> (corpus:web-sparv/"
+                        "train.jsonl.gz: the embedded corpus) — whose sources are translated, one output line per "
+                        "record in file order (needs --source_lang and --target_lang); auto (default): parallel for "
+                        ".jsonl/.json(.gz) files and for a PREFIX, text otherwise (a .tsv training file needs "
+                        "--input_format parallel).")
+    parser.add_argument("--source_lang", default=None, help="A parallel input's source language (the side that is "
+                        "translated).")
+    parser.add_argument("--target_lang", default=None, help="A parallel input's target language (its side is not "
+                        "read).")
     parser.add_argument("--output", default="-", help="Output file (default: stdout).")
     parser.add_argument("--max_samples", type=int, default=None, help="Translate only the first N input sentences.")
     parser.add_argument("--num_beams", type=int, default=4, help="Beam size (default: 4).")
@@ -184,11 +189,12 @@ def _translate(argv: Sequence[str]) -> int:
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name} {value} is not allowed; use 1 or more")
-    training_file = args.source_lang is not None or args.target_lang is not None
-    if training_file and not (args.source_lang and args.target_lang):
-        parser.error("a training file needs both --source_lang and --target_lang")
+    training_file = parallel_input(args.input, args.input_format, args.source_lang)
     if training_file and args.input == "-":
-        parser.error("--source_lang reads a training file: give it as --input FILE")
+        parser.error("--input_format parallel reads a training file: give it as --input FILE")
+    if training_file and not (args.source_lang and args.target_lang):
+        parser.error(f"the training file {args.input} is read with both --source_lang and --target_lang (the side "
+                     "to translate and the other)")
     if args.input != "-" and not training_file and not Path(args.input).is_file():
         parser.error(f"--input {args.input} does not exist")
     if args.resume and args.output == "-":
@@ -239,6 +245,26 @@ def _translate(argv: Sequence[str]) -> int:
             if args.stream:
                 sys.stdout.flush()
     return 0
+
+
+INPUT_FORMATS: tuple[str, ...] = ("auto", "text", "parallel")
+PARALLEL_SUFFIXES: tuple[str, ...] = (".jsonl", ".json", ".jsonl.gz", ".json.gz")
+
+
+def parallel_input(path: str, input_format: str, source_lang: str | None) -> bool:
+    """Whether `deepnmt translate` reads ``path`` as a training file (its source side) rather than as lines of
+    text: ``--input_format``, or under ``auto`` a JSON(-lines) file or a PREFIX of PREFIX.<source_lang> files."""
+    if input_format != "auto":
+        return input_format == "parallel"
+    if path == "-":
+        return False
+    from .recipes import resolve_path
+
+    resolved = Path(str(resolve_path(path)))
+    if resolved.name.endswith(PARALLEL_SUFFIXES):
+        return True
+    return not resolved.exists() and source_lang is not None and any(
+        Path(f"{resolved}.{source_lang}{gz}").is_file() for gz in ("", ".gz"))
 
 
 def check_ensemble_options(args: Any, parser: CommandParser) -> None:
