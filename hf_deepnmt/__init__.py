@@ -20,6 +20,7 @@ from .configuration_deep_transformer import (
     DeepTransformerConfig,
 )
 from .configuration_dtmt import DTMTConfig
+from .ensemble import EnsembleCache, EnsembleForConditionalGeneration, load_ensemble
 from .errors import UserInputError
 from .modeling_deep_transformer import (
     AdminTransformerForConditionalGeneration,
@@ -72,10 +73,13 @@ __all__ = [
     "DTMTForConditionalGeneration",
     "DTMTModel",
     "DTMTPreTrainedModel",
+    "EnsembleCache",
+    "EnsembleForConditionalGeneration",
     "MODEL_TYPES",
     "ModelTypeEntry",
     "TranslationPipeline",
     "UserInputError",
+    "load_ensemble",
     "record_language_pair",
     "recorded_language_pairs",
     "register_translation_pipeline",

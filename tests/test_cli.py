@@ -499,7 +499,8 @@ def test_every_command_takes_model_name_or_path_its_alias_and_hyphen_spellings(t
     for command in ("evaluate", "diagnose", "translate"):
         with pytest.raises(SystemExit):
             main([command, "--help"])
-        assert "--model_name_or_path MODEL, --model MODEL" in capsys.readouterr().out
+        several = " [MODEL ...]" if command != "diagnose" else ""  # evaluate and translate take an ensemble
+        assert f"--model_name_or_path MODEL{several}, --model MODEL{several}" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("argv, words", [
@@ -733,12 +734,14 @@ def test_a_bug_shows_its_traceback_and_only_our_errors_are_one_sentence(monkeypa
 
 
 def test_the_commands_choices_are_the_export_modules():
-    """`--help` needs the export formats without importing torch: the CLI's copy must be hf_deepnmt.export's."""
-    from hf_deepnmt import export
+    """`--help` needs the export formats (and the ensemble combinations) without importing torch: the CLI's copies
+    must be hf_deepnmt's."""
+    from hf_deepnmt import ensemble, export
     from hf_deepnmt_training import arguments
 
     assert arguments.EXPORT_FORMATS == export.EXPORT_FORMATS and arguments.ENGINES == export.ENGINES
     assert arguments.QUANTIZATIONS == export.QUANTIZATIONS
+    assert arguments.ENSEMBLE_COMBINATIONS == ensemble.COMBINATIONS
 
 
 HELP_PROBE = """

@@ -130,7 +130,7 @@ def test_a_missing_extra_is_one_sentence_and_leaves_nothing(tiny_folder, tmp_pat
     monkeypatch.setattr(sys, "stdin", open(os.devnull))
     export = tmp_path / "export"
     export.mkdir()
-    (export / "deepnmt_export.json").write_text("{}")
+    (export / "deepnmt_export.json").write_text('{"format": "ctranslate2"}')
     assert main(["translate", str(export), "--engine", "ctranslate2"]) == 2
     assert "the ctranslate2 engine needs ctranslate2" in capsys.readouterr().err
 

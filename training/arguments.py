@@ -27,6 +27,10 @@ TRAIN_ALIASES = {**OPTION_ALIASES, "--num_beams": "--eval_num_beams"}
 # are `hf_deepnmt.export`'s (tests/test_cli.py checks that they are the same).
 EXPORT_FORMATS: tuple[str, ...] = ("ctranslate2", "onnx", "marian")
 ENGINES: tuple[str, ...] = ("torch", "ctranslate2", "onnx")
+# `hf_deepnmt.ensemble.COMBINATIONS`, spelt here so that `--help` needs no torch (tests/test_cli.py checks they agree).
+ENSEMBLE_COMBINATIONS: tuple[str, ...] = ("mean", "log_linear")
+# The commands whose --model takes several folders, an ensemble (`hf_deepnmt_training.cli.check_references` checks each).
+SEVERAL_MODEL_COMMANDS: tuple[str, ...] = ("translate", "evaluate", "distill")
 QUANTIZATIONS: dict[str, tuple[str, ...]] = {
     "ctranslate2": ("int8", "int8_float32", "bfloat16"),
     "onnx": ("int8",),
@@ -96,25 +100,40 @@ class CommandParser(argparse.ArgumentParser):
         raise CommandLineError(f"{message} (see `{self.prog} --help`)")
 
 
-def add_model_option(parser: argparse.ArgumentParser, help_text: str, required: bool = True) -> None:
-    """``--model_name_or_path`` (alias ``--model``), the model option of every command."""
+def add_model_option(parser: argparse.ArgumentParser, help_text: str, required: bool = True,
+                     several: bool = False) -> None:
+    """``--model_name_or_path`` (alias ``--model``), the model option of every command; ``several``: one or more
+    folders (an ensemble: `deepnmt translate`, `deepnmt evaluate`, `deepnmt distill`'s teachers), a list."""
     parser.add_argument("--model_name_or_path", "--model", dest="model", required=required, metavar="MODEL",
-                        help=help_text)
+                        nargs="+" if several else None, help=help_text)
 
 
-def add_model_argument(parser: argparse.ArgumentParser, help_text: str, metavar: str = "MODEL") -> None:
+def add_model_argument(parser: argparse.ArgumentParser, help_text: str, metavar: str = "MODEL",
+                       several: bool = False) -> None:
     """The model of a command that takes one: a positional ``MODEL`` or ``--model_name_or_path`` (alias
-    ``--model``), exactly one of them (`model_argument` reads it)."""
-    parser.add_argument("positional_model", nargs="?", metavar=metavar, help=f"{help_text} (or --model_name_or_path)")
-    add_model_option(parser, f"{help_text}, instead of the positional {metavar}.", required=False)
+    ``--model``), exactly one of them (`model_argument` reads it); ``several``: one or more folders either way (an
+    ensemble), read as a list."""
+    parser.add_argument("positional_model", nargs="*" if several else "?", metavar=metavar,
+                        help=f"{help_text} (or --model_name_or_path)")
+    add_model_option(parser, f"{help_text}, instead of the positional {metavar}.", required=False, several=several)
 
 
-def model_argument(parser: argparse.ArgumentParser, args: argparse.Namespace, metavar: str = "MODEL") -> str:
-    """The model `add_model_argument` took, given once; sets ``args.model``."""
+def model_argument(parser: argparse.ArgumentParser, args: argparse.Namespace, metavar: str = "MODEL") -> Any:
+    """The model `add_model_argument` took, given once (a list where it takes several); sets ``args.model``."""
     if bool(args.positional_model) == bool(args.model):
         parser.error(f"give the model once, as {metavar} or --model_name_or_path")
     args.model = args.model or args.positional_model
     return args.model
+
+
+def add_ensemble_options(parser: argparse.ArgumentParser) -> None:
+    """``--weights`` and ``--combination`` of an ensemble (several ``--model`` folders)."""
+    parser.add_argument("--weights", type=float, nargs="+", default=None, metavar="W", help="One weight per --model "
+                        "folder when several are given (default: equal).")
+    parser.add_argument("--combination", choices=ENSEMBLE_COMBINATIONS, default="mean", help="How several models' "
+                        "next-token distributions combine: mean (default) = log of the weighted mean of their "
+                        "probabilities, as fairseq; log_linear = their weighted sum of log-probabilities, as Marian "
+                        "(renormalised at each step; docs/distillation.md).")
 
 
 # Languages ----------------------------------------------------------------------------------------------------

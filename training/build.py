@@ -127,14 +127,12 @@ def build_model(model_args: ModelArguments, data_args: DataArguments, recipe_mod
     return model
 
 
-def new_or_loaded_model(model_args: ModelArguments, data_args: DataArguments, recipe_model: dict, tokenizer,
-                         label_smoothing: float):
-    if model_args.model_name_or_path:
-        with hub_lookup(model_args.model_name_or_path, "--model_name_or_path"):
-            model = AutoModelForSeq2SeqLM.from_pretrained(model_args.model_name_or_path)
-        if hasattr(model.config, "label_smoothing"):
-            model.config.label_smoothing = label_smoothing
-        return model
+def new_model_config(model_args: ModelArguments, data_args: DataArguments, recipe_model: dict, tokenizer,
+                     label_smoothing: float) -> Any:
+    """The config of a model trained from scratch (preset / recipe / --config_overrides, the tokenizer's vocabulary
+    and special tokens), checked: one sentence for a field its config refuses, or a position limit shorter than
+    --max_source_length / --max_target_length. Builds no weights (`deepnmt distill` checks a student with it before
+    anything runs)."""
     model_type, fields = model_fields(model_args, recipe_model)
     fields.update(
         vocab_size=len(tokenizer),
@@ -152,7 +150,18 @@ def new_or_loaded_model(model_args: ModelArguments, data_args: DataArguments, re
             f"--max_source_length/--max_target_length {longest}; it must be at least as long."
         )
     fields["label_smoothing"] = label_smoothing  # the objective the model is trained with, recorded in its config
-    config = AutoConfig.for_model(model_type, **fields)
+    return AutoConfig.for_model(model_type, **fields)
+
+
+def new_or_loaded_model(model_args: ModelArguments, data_args: DataArguments, recipe_model: dict, tokenizer,
+                         label_smoothing: float):
+    if model_args.model_name_or_path:
+        with hub_lookup(model_args.model_name_or_path, "--model_name_or_path"):
+            model = AutoModelForSeq2SeqLM.from_pretrained(model_args.model_name_or_path)
+        if hasattr(model.config, "label_smoothing"):
+            model.config.label_smoothing = label_smoothing
+        return model
+    config = new_model_config(model_args, data_args, recipe_model, tokenizer, label_smoothing)
     if model_args.warm_start_from:
         if model_args.model_name_or_path:
             raise UserInputError("--warm_start_from and --model_name_or_path exclude each other: fine-tune a model with "

@@ -6,6 +6,7 @@
     deepnmt diagnose ...          does a saved model use its source? (li2022 collapse monitor, per-layer attention)
     deepnmt translate ...         translate a file or stdin, batched, to stdout (torch, CTranslate2 or ONNX Runtime)
     deepnmt export ...            export a model to CTranslate2, ONNX or a stock MarianMTModel (fast inference)
+    deepnmt distill --teachers    teachers -> distilled training set -> shallow-decoder student -> int8 export
     deepnmt serve MODEL_DIR       an HTTP translation server with dynamic batching (POST /, /health, /metrics)
     deepnmt push DIR --repo_id    upload model + tokenizer + code + pipeline + card to the Hub
     deepnmt average-checkpoints   average the weights of a run's last N checkpoints (liu2020: last 10)
@@ -34,8 +35,10 @@ from .arguments import (
     EXPORT_FORMATS,
     OPTION_ALIASES,
     QUANTIZATIONS,
+    SEVERAL_MODEL_COMMANDS,
     TRAIN_ALIASES,
     CommandParser,
+    add_ensemble_options,
     add_language_options,
     add_model_argument,
     add_model_option,
@@ -51,7 +54,7 @@ from .clock import RunClock
 from .errors import CommandLineError, NonFiniteLossError, hub_lookup, is_user_mistake
 
 EMBEDDED_TEST = "corpus:web-sparv/test.jsonl.gz"  # the embedded corpus' test books (English → Spanish)
-COMMANDS = ("quickstart", "train", "evaluate", "diagnose", "translate", "export", "serve", "push",
+COMMANDS = ("quickstart", "train", "evaluate", "diagnose", "translate", "export", "distill", "serve", "push",
             "average-checkpoints")
 
 def _top_level_help() -> str:
@@ -61,7 +64,9 @@ def _top_level_help() -> str:
 def _evaluate(argv: Sequence[str]) -> int:
     parser = CommandParser(prog="deepnmt evaluate", description="Score a saved model on a test file "
                            "(BLEU, chrF, TER with sacreBLEU signatures) using beam search.")
-    add_model_argument(parser, "Saved model folder (or Hub id)")
+    add_model_argument(parser, "Saved model folder (or Hub id); several folders are scored as one ensemble "
+                       "(the tokenizer is the first folder's)", several=True)
+    add_ensemble_options(parser)
     parser.add_argument("--test_file", required=True, help="Test data: .jsonl/.json/.tsv, a PREFIX of "
                         "PREFIX.<lang> files, or corpus:web-sparv/test.jsonl.gz (the embedded corpus).")
     add_language_options(parser, "of --test_file")
@@ -77,20 +82,27 @@ def _evaluate(argv: Sequence[str]) -> int:
     model_of(parser, args, needs_tokenizer=True)
     if args.num_beams < 1 or args.batch_size < 1 or args.reliance_pairs < 1:
         parser.error("--num_beams, --batch_size and --reliance_pairs must be ≥ 1.")
+    check_ensemble_options(args, parser)
     languages_of(args, required=True)
     from .data import read_parallel_file
     from .recipes import resolve_path
-    from .translate import corpus_source_reliance, evaluate_model
+    from .translate import corpus_source_reliance, evaluate_model, load_models_and_tokenizer
 
-    model, tokenizer = load_model_and_tokenizer(args.model)
+    quiet_libraries()
+    model, tokenizer = load_models_and_tokenizer(args.model, args.weights, args.combination)
     languages_of(args, required=True, model=model)
     corpus = read_parallel_file(resolve_path(args.test_file), args.source_lang, args.target_lang, args.max_samples)
-    scores, hypotheses = evaluate_model(args.model, args.test_file, args.source_lang, args.target_lang,
+    scores, hypotheses = evaluate_model(args.model[0], args.test_file, args.source_lang, args.target_lang,
                                         num_beams=args.num_beams, batch_size=args.batch_size,
                                         max_samples=args.max_samples, model=model, tokenizer=tokenizer, corpus=corpus)
     reliance = corpus_source_reliance(model, tokenizer, corpus.sources, corpus.targets, args.reliance_pairs)
     report = {**scores.as_dict(), "sentences": scores.num_sentences, "num_beams": args.num_beams,
               "source_reliance": round(reliance, 4), "signatures": scores.signatures}
+    if len(args.model) > 1:
+        report["ensemble"] = {"models": list(args.model), "weights": model.config.weights,
+                              "combination": args.combination}
+        print(f"an ensemble of {len(args.model)} models ({args.combination}, weights "
+              f"{', '.join(f'{weight:g}' for weight in model.config.weights)})")
     print(f"BLEU {scores.bleu}  chrF {scores.chrf}  TER {scores.ter}  ({scores.num_sentences} sentences, "
           f"beam {args.num_beams})")
     print(f"source reliance {reliance:.4f} nats/token on {min(args.reliance_pairs, len(corpus.sources))} pairs "
@@ -145,19 +157,36 @@ def _diagnose(argv: Sequence[str]) -> int:
 
 
 def _translate(argv: Sequence[str]) -> int:
-    parser = CommandParser(prog="deepnmt translate", description="Translate one sentence per line "
-                           "from a file or stdin to stdout (batched, beam search).")
-    add_model_argument(parser, "Saved model folder (or Hub id); with --engine ctranslate2 or onnx, a folder "
-                       "written by `deepnmt export --format ENGINE`")
+    parser = CommandParser(prog="deepnmt translate", description="Translate one sentence per line from a file or "
+                           "stdin to stdout (batched, beam search), or the source side of a training file "
+                           "(--input_format); several --model folders translate as one ensemble. Under "
+                           "torchrun / accelerate launch each process translates a strided share and the output "
+                           "keeps the input's order.")
+    add_model_argument(parser, "Saved model folder (or Hub id); with --engine ctranslate2 or onnx, a folder written "
+                       "by `deepnmt export --format ENGINE` (or a model folder holding an ONNX export in onnx/). "
+                       "Several folders: an ensemble of models sharing one vocabulary (torch engine; the tokenizer "
+                       "is the first folder's)", several=True)
+    add_ensemble_options(parser)
+    parser.add_argument("--engine", choices=ENGINES, default=None, help="What runs the model (default: the fastest "
+                        "the folder has: an export folder's own engine; a model folder's ONNX export in onnx/ when "
+                        "no GPU is visible; else torch `generate`). The same batching, and the same output up to "
+                        "float32 rounding at exact ties (an int8 export is its own model) — for ctranslate2, when "
+                        "the model's generation config has early_stopping=true, the default of models trained with "
+                        "this package (CTranslate2 always stops a sentence once num_beams hypotheses have finished; "
+                        "docs/fast-inference.md).")
+    parser.add_argument("--input", default="-", help="Input file, one sentence per line (default: stdin), or a "
+                        "training file whose source side is translated (--input_format).")
+    parser.add_argument("--input_format", choices=INPUT_FORMATS, default="auto", help="text: one sentence per line; "
+                        "parallel: a training file as `deepnmt train` reads it — .jsonl/.json (run_translation), "
+                        ".tsv, or the PREFIX of PREFIX.<source_lang>/PREFIX.<target_lang> (corpus:web-sparv/"
+                        "train.jsonl.gz: the embedded corpus) — whose sources are translated, one output line per "
+                        "record in file order (needs --source_lang and --target_lang); auto (default): parallel for "
+                        ".jsonl/.json(.gz) files and for a PREFIX, text otherwise (a .tsv training file needs "
+                        "--input_format parallel).")
     add_language_options(parser, "of the input (checked against the model's pair; the model has one direction, so "
-                         "they never change the translation)")
-    parser.add_argument("--engine", choices=ENGINES, default="torch", help="What runs the model: torch "
-                        "(`generate`, default), ctranslate2 or onnx (ONNX Runtime); same batching, and the same output "
-                        "up to float32 rounding at exact ties — for ctranslate2, when the model's generation config "
-                        "has early_stopping=true, the default of models trained with this package (CTranslate2 "
-                        "always stops a sentence once num_beams hypotheses have finished; docs/fast-inference.md).")
-    parser.add_argument("--input", default="-", help="Input file, one sentence per line (default: stdin).")
+                         "they never change the translation); a parallel input's side to translate and its other side")
     parser.add_argument("--output", default="-", help="Output file (default: stdout).")
+    parser.add_argument("--max_samples", type=int, default=None, help="Translate only the first N input sentences.")
     parser.add_argument("--num_beams", type=int, default=4, help="Beam size (default: 4).")
     parser.add_argument("--batch_size", type=int, default=32, help="Sentences per batch (default: 32).")
     parser.add_argument("--max_new_tokens", type=int, default=None,
@@ -168,67 +197,211 @@ def _translate(argv: Sequence[str]) -> int:
                         "translated at a time (default: 10000): memory stays bounded however long the input; the "
                         "output keeps the input's order.")
     parser.add_argument("--resume", action="store_true", help="Continue an interrupted run: keep the complete lines "
-                        "already in --output and translate the input from the next line on (needs --output FILE).")
+                        "already in --output and translate the input from the next line on (needs --output FILE); "
+                        "under a launcher, each process continues its part (same number of processes).")
     parser.add_argument("--bf16", action="store_true", help="torch engine: run under bfloat16 autocast (CPU or "
                         "GPU); see benchmarks/RESULTS.md for its speed and BLEU on this project's CPU.")
-    parser.add_argument("--threads", type=int, default=None, help="Intra-op threads of the engine (default: "
-                        "torch's default thread count).")
+    parser.add_argument("--threads", type=int, default=None, help="Intra-op threads of the engine, per process "
+                        "(default: torch's default thread count).")
     args = parser.parse_args(argv)
     model_of(parser, args, needs_tokenizer=True)
-    for name in ("num_beams", "batch_size", "window", "threads", "max_new_tokens"):
+    for name in ("num_beams", "batch_size", "window", "threads", "max_new_tokens", "max_samples"):
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name} {value} is not allowed; use 1 or more")
-    if args.input != "-" and not Path(args.input).is_file():
+    check_ensemble_options(args, parser)
+    languages_of(args, required=False)  # the model's recorded pair completes --source_lang/--target_lang
+    training_file = parallel_input(args.input, args.input_format, args.source_lang)
+    if training_file and args.input == "-":
+        parser.error("--input_format parallel reads a training file: give it as --input FILE")
+    if training_file and not (args.source_lang and args.target_lang):
+        parser.error(f"the training file {args.input} is read with both --source_lang and --target_lang (the side "
+                     "to translate and the other; the model records no language pair)")
+    if args.input != "-" and not training_file and not Path(args.input).is_file():
         parser.error(f"--input {args.input} does not exist")
     if args.resume and args.output == "-":
         parser.error("--resume needs --output FILE (the lines already translated are read from it)")
-    languages_of(args, required=False)
+    shard = shard_from_environment()
+    if shard.world > 1 and (args.output == "-" or args.input == "-" or args.stream):
+        parser.error(f"{shard.world} processes translate shares of one --input FILE into one --output FILE (no "
+                     "stdin, stdout or --stream)")
     import torch
     from tqdm.auto import tqdm
-    from transformers import AutoTokenizer
 
-    from hf_deepnmt.export import load_engine
-
-    from .translate import completed_lines, translate_windows
+    from .recipes import resolve_path
+    from .translate import load_translation_engine, training_file_sources, translate_corpus, translate_windows
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     quiet_libraries()
-    with hub_lookup(args.model):
-        engine = load_engine(args.model, args.engine, intra_threads=args.threads or torch.get_num_threads(),
-                             bf16=args.bf16)
-        tokenizer = AutoTokenizer.from_pretrained(args.model)
+    engine, tokenizer, described = load_translation_engine(args.model, args.engine, args.threads, args.bf16,
+                                                           args.weights, args.combination)
+    if shard.rank == 0:
+        print(f"[deepnmt] translating with {described}", file=sys.stderr)
     if hasattr(engine, "model"):  # torch: a Hub id's pair is known once its config is loaded
         languages_of(args, required=False, model=engine.model)
     window = args.batch_size if args.stream else args.window
-    done = completed_lines(args.output) if args.resume else 0
-    total = None
-    if args.input != "-":
-        with open(args.input, "rb") as handle:
-            total = sum(1 for _ in handle)  # for the progress bar; a cheap pass over the bytes
+    options = dict(num_beams=args.num_beams, max_new_tokens=args.max_new_tokens)
     with contextlib.ExitStack() as files:
-        output = sys.stdout if args.output == "-" else files.enter_context(
-            open(args.output, "a" if args.resume else "w", encoding="utf-8"))
-        source = sys.stdin if args.input == "-" else files.enter_context(open(args.input, encoding="utf-8"))
-        lines = itertools.islice(source, done, None)
-        if done:
-            print(f"[deepnmt] resuming: {done} lines of {args.output} are complete; translating from line {done + 1}",
-                  file=sys.stderr)
-        bar = files.enter_context(tqdm(total=total, initial=done, unit="line", desc="translating", file=sys.stderr,
-                                       disable=args.input == "-" or args.stream))
-        translated = 0
-        for translation in translate_windows(engine, tokenizer, lines, window=window, batch_size=args.batch_size,
-                                             progress=bar, num_beams=args.num_beams,
-                                             max_new_tokens=args.max_new_tokens):
-            output.write(translation + "\n")
-            translated += 1
-            if args.stream:
-                output.flush()
-    if not translated:
+        if training_file:
+            lines = training_file_sources(resolve_path(args.input), args.source_lang, args.target_lang)
+        else:
+            lines = sys.stdin if args.input == "-" else files.enter_context(open(args.input, encoding="utf-8"))
+        if args.max_samples is not None:
+            lines = itertools.islice(lines, args.max_samples)
+        total = None
+        if args.input != "-" and not training_file and shard.world == 1:
+            with open(args.input, "rb") as handle:
+                total = sum(1 for _ in handle)  # for the progress bar; a cheap pass over the bytes
+            total = min(total, args.max_samples or total)
+        bar = files.enter_context(tqdm(total=total, unit="line", desc="translating", file=sys.stderr,
+                                       disable=args.input == "-" or args.stream or shard.rank != 0))
+        if args.output != "-":
+            result = translate_corpus(engine, tokenizer, lines, args.output, resume=args.resume, shard=shard,
+                                      window=window, batch_size=args.batch_size, progress=bar, **options)
+            if result.merged and shard.world > 1:
+                print(f"[deepnmt] {shard.world} processes' parts merged into {args.output} in input order",
+                      file=sys.stderr)
+            resumed, translated = result.resumed_from, result.translated
+        else:
+            resumed, translated = 0, 0
+            for translation in translate_windows(engine, tokenizer, lines, window=window, batch_size=args.batch_size,
+                                                 progress=bar, **options):
+                sys.stdout.write(translation + "\n")
+                translated += 1
+                if args.stream:
+                    sys.stdout.flush()
+    if not translated and shard.world == 1:
         source = "stdin" if args.input == "-" else args.input
-        print(f"[deepnmt] translate: {source} has no {'more ' if done else ''}lines to translate; nothing was "
+        print(f"[deepnmt] translate: {source} has no {'more ' if resumed else ''}lines to translate; nothing was "
               "written.", file=sys.stderr)
+    return 0
+
+
+INPUT_FORMATS: tuple[str, ...] = ("auto", "text", "parallel")
+PARALLEL_SUFFIXES: tuple[str, ...] = (".jsonl", ".json", ".jsonl.gz", ".json.gz")
+
+
+def parallel_input(path: str, input_format: str, source_lang: str | None) -> bool:
+    """Whether `deepnmt translate` reads ``path`` as a training file (its source side) rather than as lines of
+    text: ``--input_format``, or under ``auto`` a JSON(-lines) file or a PREFIX of PREFIX.<source_lang> files."""
+    if input_format != "auto":
+        return input_format == "parallel"
+    if path == "-":
+        return False
+    from .recipes import resolve_path
+
+    resolved = Path(str(resolve_path(path)))
+    if resolved.name.endswith(PARALLEL_SUFFIXES):
+        return True
+    return not resolved.exists() and source_lang is not None and any(
+        Path(f"{resolved}.{source_lang}{gz}").is_file() for gz in ("", ".gz"))
+
+
+def check_ensemble_options(args: Any, parser: CommandParser) -> None:
+    """``--weights`` and ``--combination`` fit the ``--model`` folders given."""
+    if args.weights is not None and len(args.weights) != len(args.model):
+        parser.error(f"--weights has {len(args.weights)} values for {len(args.model)} --model folder(s); give one "
+                     "weight per folder")
+    if args.weights is not None and not all(weight > 0 and weight < float("inf") for weight in args.weights):
+        parser.error(f"--weights {' '.join(map(str, args.weights))} is not allowed; every weight must be a finite "
+                     "number > 0")
+
+
+def shard_from_environment() -> Any:
+    """This process's share of a corpus under torchrun / accelerate launch (`hf_deepnmt_training.translate.Shard`), read
+    without importing torch."""
+    for name in ("RANK", "WORLD_SIZE"):
+        value = os.environ.get(name, "")
+        if value and not value.isdigit():
+            raise CommandLineError(f"{name}={value!r} is not allowed; a launcher such as torchrun sets it to an "
+                                   "integer ≥ 0.")
+    rank, world = int(os.environ.get("RANK") or 0), int(os.environ.get("WORLD_SIZE") or 1)
+    if world < 1 or rank >= world:
+        raise CommandLineError(f"RANK={rank} and WORLD_SIZE={world} are not allowed; a launcher gives each of "
+                               "WORLD_SIZE ≥ 1 processes a RANK from 0 to WORLD_SIZE − 1.")
+    from .translate import Shard
+
+    return Shard(rank, world)
+
+
+def _distill(argv: Sequence[str]) -> int:
+    parser = CommandParser(prog="deepnmt distill", description="Sequence-level knowledge distillation in one "
+                           "command: the teacher(s) translate the training file's sources with beam search "
+                           "(several teachers as one ensemble), the sources and translations become the distilled "
+                           "training set, a student (recipe `student`: 6-layer encoder, 2-layer decoder) is trained on "
+                           "it, and exported to int8 (ONNX; CTranslate2 too when the student is a standard "
+                           "Transformer). Every stage is cached in --output_dir (distill.json): rerun the same command "
+                           "after an interruption and it resumes. Any other option is passed to the student's `deepnmt "
+                           "train` (e.g. --max_steps 2000, --config_overrides ...). Under torchrun / accelerate launch "
+                           "the translation is shared by the processes and the student trains data-parallel. "
+                           "docs/distillation.md.")
+    parser.add_argument("--teachers", "--model_name_or_path", "--model", dest="model", nargs="+", required=True,
+                        metavar="TEACHER", help="The teacher model folder(s) (or Hub ids); several translate as one "
+                        "ensemble sharing one vocabulary, whose tokenizer the student also uses (the first folder's).")
+    add_ensemble_options(parser)
+    parser.add_argument("--output_dir", default=None, help="The folder that caches every stage (default: a new "
+                        "runs/distill-<date>-<time>); rerun with the same folder to resume.")
+    parser.add_argument("--train_file", default=None, help="The training data whose sources the teachers translate "
+                        "(.jsonl/.json/.tsv or PREFIX of PREFIX.<lang>; default: the recipe's, the embedded corpus).")
+    parser.add_argument("--validation_file", default=None, help="The student's validation data (default: the "
+                        "recipe's).")
+    parser.add_argument("--test_file", default=None, help="The student's test data (default: the recipe's).")
+    parser.add_argument("--source_lang", default=None, help="Source language (default: the recipe's).")
+    parser.add_argument("--target_lang", default=None, help="Target language (default: the recipe's).")
+    parser.add_argument("--recipe", default="student", help="The student's recipe (default: student, "
+                        "training/recipes/student.yaml); its data section's files and languages are replaced by "
+                        "distill's.")
+    parser.add_argument("--keep_original_targets", action="store_true", help="Train the student on each source twice: "
+                        "with the teachers' translation and with the original target (default: the translation "
+                        "only).")
+    parser.add_argument("--num_beams", type=int, default=4, help="The teachers' beam size (default: 4).")
+    parser.add_argument("--engine", choices=ENGINES, default=None, help="What runs a single teacher (default: the "
+                        "fastest its folder has, as `deepnmt translate`); an ensemble runs on torch.")
+    parser.add_argument("--batch_size", type=int, default=32, help="Sentences per translation batch (default: 32).")
+    parser.add_argument("--window", type=int, default=10_000, help="Lines read and sorted at a time while "
+                        "translating (default: 10000).")
+    parser.add_argument("--threads", type=int, default=None, help="Intra-op threads per process (default: torch's).")
+    parser.add_argument("--export", nargs="+", choices=("onnx", "ctranslate2", "none"), default=None,
+                        metavar="FORMAT", help="The student's int8 exports: onnx (into STUDENT/onnx, where `deepnmt "
+                        "serve` and handler.py look) and/or ctranslate2 (OUTPUT_DIR/student-ctranslate2), or none "
+                        "(default: onnx, and ctranslate2 when the student is a standard Transformer).")
+    args, rest = parser.parse_known_args(list(argv))
+    for name in ("num_beams", "batch_size", "window", "threads"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name} {value} is not allowed; use 1 or more")
+    check_ensemble_options(args, parser)
+    if args.export and "none" in args.export and len(args.export) > 1:
+        parser.error("--export none excludes the other formats")
+    export_formats = [] if args.export == ["none"] else args.export
+    from datetime import datetime
+
+    from .distill import DistillOptions, distill, summary
+    from .translate import Shard
+
+    output_dir = args.output_dir
+    if output_dir is None:
+        if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+            raise CommandLineError("--output_dir is required when several processes distil together (every process "
+                                   "must use the same folder).")
+        output_dir = f"runs/distill-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+        print(f"[deepnmt] no --output_dir given: distilling into {output_dir} (rerun with --output_dir {output_dir} "
+              "to resume it)", file=sys.stderr)
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    options = DistillOptions(
+        teachers=list(args.model), output_dir=output_dir, weights=args.weights, combination=args.combination,
+        train_file=args.train_file, validation_file=args.validation_file, test_file=args.test_file,
+        source_lang=args.source_lang, target_lang=args.target_lang, recipe=args.recipe, num_beams=args.num_beams,
+        batch_size=args.batch_size, window=args.window, threads=args.threads, engine=args.engine,
+        keep_original_targets=args.keep_original_targets, export_formats=export_formats, train_argv=rest)
+    outcome = distill(options)
+    if Shard.from_environment().rank == 0:
+        print(summary(outcome))
+    _close_process_group()
     return 0
 
 
@@ -405,18 +578,22 @@ def _quickstart(argv: Sequence[str], clock: RunClock | None = None) -> int:
 
 
 # Options that name a saved model or tokenizer: a local folder, or a Hub id ("owner/name").
-MODEL_REFERENCE_FLAGS = ("--model", "--model_name_or_path", "--warm_start_from", "--tokenizer_name")
+MODEL_REFERENCE_FLAGS = ("--model", "--model_name_or_path", "--teachers", "--warm_start_from", "--tokenizer_name")
 SAVED_MARKERS = ("config.json", "tokenizer.json", "deepnmt_export.json")
 
 
-def model_of(parser: CommandParser, args: Any, needs_tokenizer: bool = False) -> str:
-    """The model of a command taking `add_model_argument`'s MODEL: given once; a positional one checked as
-    `check_references` checks the options; with ``needs_tokenizer`` a local model folder must hold its tokenizer."""
+def model_of(parser: CommandParser, args: Any, needs_tokenizer: bool = False) -> Any:
+    """The model of a command taking `add_model_argument`'s MODEL: given once (a list of folders where the command
+    takes several); a positional one checked as `check_references` checks the options; with ``needs_tokenizer`` a
+    local model folder must hold its tokenizer (the first folder of several: theirs is the ensemble's)."""
     model = model_argument(parser, args)
+    folders = model if isinstance(model, list) else [model]
+    flag = "MODEL" if args.positional_model else "--model"
     if args.positional_model:
-        check_reference("MODEL", model)
+        for folder in folders:
+            check_reference(flag, folder)
     if needs_tokenizer:
-        check_tokenizer("MODEL" if args.positional_model else "--model", model)
+        check_tokenizer(flag, folders[0])
     return model
 
 
@@ -439,7 +616,8 @@ def languages_of(args: Any, required: bool, model: Any = None, default: tuple[st
     (`hf_deepnmt_training.arguments.resolve_language_pair`): from a local folder's saved files before anything loads, or — for a
     Hub id, once loaded — from ``model``'s config. ``default``: the pair to use when the model records none and none
     was given."""
-    pairs = saved_language_pairs(args.model)
+    first = args.model[0] if isinstance(args.model, list) else args.model  # an ensemble's members share one pair
+    pairs = saved_language_pairs(first)
     if model is None and pairs is None:
         return  # a Hub id: checked once it is loaded
     if model is not None:
@@ -451,20 +629,24 @@ def languages_of(args: Any, required: bool, model: Any = None, default: tuple[st
     if not pairs and default is not None and args.source_lang is None and args.target_lang is None:
         args.source_lang, args.target_lang = default
         return
-    args.source_lang, args.target_lang = resolve_language_pair(args.model, pairs, args.source_lang, args.target_lang,
+    args.source_lang, args.target_lang = resolve_language_pair(first, pairs, args.source_lang, args.target_lang,
                                                                required)
 
 
-def check_references(argv: Sequence[str]) -> None:
+def check_references(argv: Sequence[str], several: bool = False) -> None:
     """Refuse, before anything loads, a model/tokenizer option that names a local path that does not exist, a file,
     or a folder holding no saved model — which the Hub client would otherwise report as an invalid repository id or a
-    failed connection — and an ``--output_dir`` that is an existing file."""
+    failed connection — and an ``--output_dir`` that is an existing file. ``several``: a model option may name
+    several folders (an ensemble), each checked."""
     for index, token in enumerate(argv):
         flag, has_value, value = token.partition("=")
         if not has_value:
             value = argv[index + 1] if index + 1 < len(argv) else ""
         if flag in MODEL_REFERENCE_FLAGS and value:
             check_reference(flag, value)
+            if several and not has_value and flag in ("--model", "--model_name_or_path", "--teachers"):
+                for more in itertools.takewhile(lambda token: not token.startswith("-"), argv[index + 2:]):
+                    check_reference(flag, more)
         if flag == "--output_dir" and value and Path(value).expanduser().is_file():
             raise CommandLineError(f"`--output_dir` = {value!r} is an existing file; pass a folder (it is created).")
 
@@ -556,7 +738,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     clock = RunClock(command)  # the run time that train/quickstart write into the card and print at the end
     try:
         rest = underscored(rest)
-        check_references(rest)  # names the option as the user spelt it (`--model` or `--model_name_or_path`)
+        check_references(rest, several=command in SEVERAL_MODEL_COMMANDS)  # as the user spelt the option
         rest = canonical_options(rest, TRAIN_ALIASES if command in ("train", "quickstart") else OPTION_ALIASES)
         if command == "train" and rest in (["--help"], ["-h"]):
             print(train_help(), end="")
@@ -574,7 +756,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             code = 0
         else:
             code = {"evaluate": _evaluate, "diagnose": _diagnose, "translate": _translate, "export": _export,
-                    "serve": _serve, "push": _push, "quickstart": lambda rest: _quickstart(rest, clock),
+                    "distill": _distill, "serve": _serve, "push": _push,
+                    "quickstart": lambda rest: _quickstart(rest, clock),
                     "average-checkpoints": _average}[command](rest)
     except NonFiniteLossError as error:
         print(f"deepnmt {command}: {error}", file=sys.stderr)
@@ -590,7 +773,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         hint = {"train": " Continue it with the same command plus `--resume_from_checkpoint last` (it restarts from "
                          "the newest complete checkpoint-N in --output_dir).",
                 "translate": " With --output FILE, continue it with the same command plus `--resume` (the complete "
-                             "lines are kept)."}.get("train" if command == "quickstart" else command, "")
+                             "lines are kept).",
+                "distill": " Continue it with the same command and --output_dir: the completed stages are cached and "
+                           "the interrupted one resumes."}.get("train" if command == "quickstart" else command, "")
         print(f"deepnmt {command}: interrupted.{hint}", file=sys.stderr)
         return 130
     return code  # train and quickstart said "finished in X min" once, in their summaries

@@ -94,8 +94,10 @@ class ServeOptions:
     threads: int | None = None  # None: torch's default
 
 
-def choose_engine(folder: str | os.PathLike, requested: str | None, cuda: bool = False) -> tuple[str, Path]:
-    """The engine that serves ``folder`` and the folder it loads, without importing torch.
+def choose_engine(folder: str | os.PathLike, requested: str | None, cuda: bool = False,
+                  command: str = "serve") -> tuple[str, Path]:
+    """The engine that serves ``folder`` and the folder it loads, without importing torch (``deepnmt serve`` and
+    ``deepnmt translate``; ``command`` names the command in the messages).
 
     A `deepnmt export` folder is served by its own format's engine (a Marian export by torch); a model folder by
     torch, or by ONNX Runtime when it holds an ONNX export in ``onnx/`` (`handler.py`'s convention) and no GPU is
@@ -114,7 +116,7 @@ def choose_engine(folder: str | os.PathLike, requested: str | None, cuda: bool =
         own = "torch" if export_format == "marian" else export_format
         if requested not in (None, own):
             raise CommandLineError(f"`--engine` = {requested!r} is not allowed for {folder}, a {export_format} "
-                                   f"export; use --engine {own}, or serve the model folder it was exported from.")
+                                   f"export; use --engine {own}, or {command} the model folder it was exported from.")
         return own, folder
     export = folder / ONNX_SUBFOLDER
     has_onnx = (export / EXPORT_MANIFEST).is_file()
@@ -126,7 +128,7 @@ def choose_engine(folder: str | os.PathLike, requested: str | None, cuda: bool =
         return "onnx", export
     if requested == "ctranslate2":
         raise CommandLineError(f"`--engine` = 'ctranslate2' serves a CTranslate2 export folder, and {folder} is a "
-                               f"model folder; run `deepnmt export --format ctranslate2 {folder} OUT` and serve OUT.")
+                               f"model folder; run `deepnmt export --format ctranslate2 {folder} OUT` and {command} OUT.")
     if requested is None and has_onnx and not cuda:
         return "onnx", export
     return "torch", folder

@@ -5,9 +5,14 @@ translate`, `deepnmt evaluate`, the end of `deepnmt train`, and the benchmarks.
 
 from __future__ import annotations
 
+import glob
+import itertools
+import json
 import os
 import sys
+import time
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +20,11 @@ import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 import hf_deepnmt  # noqa: F401  (registers the model types)
+from hf_deepnmt import load_ensemble
 from hf_deepnmt.errors import UserInputError
 
-from .data import read_parallel_file
+from .data import iter_local_pairs, read_parallel_file
+from .errors import CommandLineError, hub_lookup
 from .metrics import TranslationScores, score_translations
 from .recipes import resolve_path
 
@@ -103,18 +110,218 @@ def translate_windows(model, tokenizer, lines: Iterable[str], window: int = 10_0
             progress.update(len(chunk))
 
 
+def complete_lines(path: str | os.PathLike) -> tuple[int, int]:
+    """``(lines, bytes)``: how many complete lines (ending in a newline) ``path`` holds and where the last one ends,
+    read in chunks (an output of millions of lines is never held in memory); ``(0, 0)`` for a missing file."""
+    path = Path(path)
+    if not path.exists():
+        return 0, 0
+    lines = end = offset = 0
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            count = chunk.count(b"\n")
+            if count:
+                lines += count
+                end = offset + chunk.rfind(b"\n") + 1
+            offset += len(chunk)
+    return lines, end
+
+
 def completed_lines(path: str | os.PathLike) -> int:
     """How many complete lines (ending in a newline) an interrupted output file holds; a torn last line, written
     when the run was killed, is cut off so that appending continues at a line boundary."""
     path = Path(path)
-    if not path.exists():
-        return 0
-    data = path.read_bytes()
-    keep = data.rfind(b"\n") + 1
-    if keep < len(data):
+    lines, end = complete_lines(path)
+    if path.exists() and end < path.stat().st_size:
         with open(path, "r+b") as handle:
-            handle.truncate(keep)
-    return data[:keep].count(b"\n")
+            handle.truncate(end)
+    return lines
+
+
+# ------------------------------------------------------------------------------------------------ corpus scale
+def training_file_sources(path: str | os.PathLike, source_lang: str, target_lang: str) -> Iterator[str]:
+    """The source side of a training file — run_translation JSON lines, TSV, or ``PREFIX.<src>`` / ``PREFIX.<tgt>``
+    (`hf_deepnmt_training.data.iter_local_pairs`, ``corpus:`` paths included) — one sentence per record, in file order and
+    whitespace-normalised; a record with an empty source gives ``""`` (translated to ``""``), so that line i of a
+    translation is record i of the file."""
+    for source, _ in iter_local_pairs(Path(resolve_path(str(path))), source_lang, target_lang):
+        yield source
+
+
+@dataclass(frozen=True)
+class Shard:
+    """This process's share of a corpus when ``world`` processes translate it (``torchrun`` / ``accelerate
+    launch`` set ``RANK`` and ``WORLD_SIZE``): the lines ``rank``, ``rank + world``, ``rank + 2·world``, … of the
+    lines still to translate. Strided rather than contiguous, so that a corpus sorted by length (or by book) loads
+    every process alike and the processes finish together (docs/distillation.md, "Translating a corpus")."""
+
+    rank: int = 0
+    world: int = 1
+
+    @classmethod
+    def from_environment(cls) -> Shard:
+        """The launcher's ``RANK`` / ``WORLD_SIZE`` (one process when they are unset)."""
+        try:
+            rank, world = int(os.environ.get("RANK", "0") or 0), int(os.environ.get("WORLD_SIZE", "1") or 1)
+        except ValueError:
+            raise UserInputError(f"RANK={os.environ.get('RANK')!r} and WORLD_SIZE={os.environ.get('WORLD_SIZE')!r} "
+                                 "must be integers (a launcher such as torchrun sets them).") from None
+        if world < 1 or not 0 <= rank < world:
+            raise UserInputError(f"RANK={rank} and WORLD_SIZE={world} are not allowed; a launcher gives each of "
+                                 "WORLD_SIZE ≥ 1 processes a RANK from 0 to WORLD_SIZE − 1.")
+        return cls(rank, world)
+
+    def part(self, output: Path, base: int) -> Path:
+        """This process's part of ``output``, for a run that continues after ``base`` complete lines of it."""
+        return output.with_name(f"{output.name}.from{base}.part{self.rank}-of-{self.world}")
+
+
+def _done_marker(part: Path) -> Path:
+    return part.with_name(part.name + ".done")
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """``path`` holds ``text`` completely or not at all (written beside it, flushed to disk, then renamed)."""
+    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(temporary, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+
+
+def _parts_of(output: Path) -> list[Path]:
+    """Every part file of ``output`` left by sharded runs (any base, any number of processes), markers excluded."""
+    prefix = f"{output.name}.from"
+    return sorted(path for path in output.parent.glob(f"{glob.escape(output.name)}.from*.part*-of-*")
+                  if path.name.startswith(prefix) and not path.name.endswith(".done"))
+
+
+@dataclass
+class CorpusTranslation:
+    """What `translate_corpus` did in this process."""
+
+    resumed_from: int
+    """Lines of the output (one process) or of this process's part (several) that were complete before."""
+    translated: int
+    """Lines this process translated now."""
+    merged: bool = False
+    """Whether this process wrote the final output (one process, or rank 0 after the merge)."""
+
+
+def translate_corpus(model: Any, tokenizer: Any, lines: Iterable[str], output: str | os.PathLike, resume: bool = False,
+                     shard: Shard | None = None, window: int = 10_000, batch_size: int = 32,
+                     progress: Any = None, poll_seconds: float = 0.5, **options: Any) -> CorpusTranslation:
+    """Translate ``lines`` (an iterable of sentences, read once) into the file ``output``, one line per input line,
+    in input order — by one process, or by ``shard.world`` processes each translating its strided share (`Shard`).
+
+    One process appends to ``output`` itself; ``resume`` keeps its complete lines and translates from the next
+    input line on (a torn last line is cut off). Several processes: each writes its share to its own part file
+    (``OUTPUT.from<K>.part<r>-of-<W>``, K the output's complete lines when the run started) and, once its share is
+    translated, an atomically written ``.done`` marker; rank 0 then waits for every marker and writes ``output`` —
+    its first K lines followed by the parts interleaved back into input order — beside it and renames it into place,
+    so ``output`` is never half-written; the parts are removed after. ``resume`` continues every part after its
+    complete lines (a part with its marker is not translated again); parts of a run with another number of
+    processes are refused in one sentence. The other processes return once their share is done."""
+    shard = shard or Shard()
+    output = Path(output)
+    lines = iter(lines)
+    if shard.world == 1:
+        done = completed_lines(output) if resume else 0
+        if done:
+            print(f"[deepnmt] resuming: {done} lines of {output} are complete; translating from line {done + 1}",
+                  file=sys.stderr)
+        count = 0
+        with open(output, "a" if resume else "w", encoding="utf-8") as handle:
+            for translation in translate_windows(model, tokenizer, itertools.islice(lines, done, None), window=window,
+                                                 batch_size=batch_size, progress=progress, **options):
+                handle.write(translation + "\n")
+                count += 1
+        return CorpusTranslation(done, count, merged=True)
+
+    base = complete_lines(output)[0] if resume and output.exists() else 0
+    part = shard.part(output, base)
+    marker = _done_marker(part)
+    stale = [path for path in _parts_of(output) if not path.name.startswith(f"{output.name}.from{base}.part")
+             or not path.name.endswith(f"-of-{shard.world}")]
+    if resume and stale:
+        raise UserInputError(f"{output} has parts of a run with another number of processes or starting point "
+                             f"({stale[0].name}); resume with the processes that run had, or start again without "
+                             "--resume.")
+    if not resume:
+        for path in (part, marker):
+            path.unlink(missing_ok=True)
+    done = completed_lines(part) if resume else 0
+    count = 0
+    if marker.exists():
+        done = json.loads(marker.read_text(encoding="utf-8"))["lines"]
+        print(f"[deepnmt] rank {shard.rank}/{shard.world}: its {done} lines are translated already", file=sys.stderr)
+    else:
+        if done:
+            print(f"[deepnmt] rank {shard.rank}/{shard.world}: resuming after the {done} complete lines of {part}",
+                  file=sys.stderr)
+        share = itertools.islice(itertools.islice(lines, base, None), shard.rank, None, shard.world)
+        with open(part, "a" if resume else "w", encoding="utf-8") as handle:
+            for translation in translate_windows(model, tokenizer, itertools.islice(share, done, None),
+                                                 window=window, batch_size=batch_size, progress=progress, **options):
+                handle.write(translation + "\n")
+                count += 1
+            handle.flush()
+            os.fsync(handle.fileno())
+        write_atomically(marker, json.dumps({"lines": done + count}) + "\n")
+    if shard.rank != 0:
+        return CorpusTranslation(done, count)
+    parts = [Shard(rank, shard.world).part(output, base) for rank in range(shard.world)]
+    waited = False
+    while not all(_done_marker(path).exists() for path in parts):
+        if not waited:
+            print(f"[deepnmt] rank 0: waiting for the other {shard.world - 1} process(es) to finish their shares",
+                  file=sys.stderr)
+            waited = True
+        time.sleep(poll_seconds)
+    merge_parts(output, base, parts)
+    return CorpusTranslation(done, count, merged=True)
+
+
+def merge_parts(output: Path, base: int, parts: Sequence[Path]) -> None:
+    """Write ``output``: its first ``base`` complete lines, then the lines of ``parts`` (strided shares, part r
+    holding lines r, r + W, … of the rest) interleaved back into input order; written beside it and renamed into
+    place, then the parts and their markers are removed. Part sizes that strided shares cannot have (a part was
+    changed by hand, or one process read another input) are one sentence."""
+    counts = [json.loads(_done_marker(path).read_text(encoding="utf-8"))["lines"] for path in parts]
+    total = sum(counts)
+    expected = [len(range(rank, total, len(parts))) for rank in range(len(parts))]
+    if counts != expected:
+        raise UserInputError(f"the parts of {output} hold {counts} lines, not the {expected} that {len(parts)} "
+                             "strided shares of one input hold; start again without --resume.")
+    temporary = output.with_name(f".{output.name}.merging")
+    with open(temporary, "wb") as merged:
+        if base:
+            with open(output, "rb") as previous:
+                remaining = complete_lines(output)[1]  # the bytes of the first `base` lines
+                while remaining and (chunk := previous.read(min(remaining, 1 << 20))):
+                    merged.write(chunk)
+                    remaining -= len(chunk)
+        handles = [open(path, "rb") for path in parts]
+        try:
+            for index in range(total):
+                line = handles[index % len(parts)].readline()
+                if not line.endswith(b"\n"):
+                    raise UserInputError(f"{parts[index % len(parts)]} ends before its {counts[index % len(parts)]} "
+                                         "lines; start again without --resume.")
+                merged.write(line)
+        finally:
+            for handle in handles:
+                handle.close()
+        merged.flush()
+        os.fsync(merged.fileno())
+    os.replace(temporary, output)
+    for path in parts:
+        _done_marker(path).unlink(missing_ok=True)
+        path.unlink(missing_ok=True)
+    for path in _parts_of(output):  # parts of abandoned runs (another number of processes) are stale now
+        _done_marker(path).unlink(missing_ok=True)
+        path.unlink(missing_ok=True)
 
 
 def evaluate_model(
@@ -157,3 +364,41 @@ def corpus_source_reliance(model, tokenizer, sources: Sequence[str], targets: Se
     labels = encoded["labels"].masked_fill(encoded["labels"] == tokenizer.pad_token_id, -100)
     return source_reliance(model, {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"],
                                    "labels": labels})
+
+
+# ------------------------------------------------------------------------------------------------ loading
+def load_models_and_tokenizer(values: Sequence[str], weights: Sequence[float] | None = None,
+                              combination: str = "mean") -> tuple[Any, Any]:
+    """One saved model and its tokenizer, or for several folders their ensemble (`hf_deepnmt.load_ensemble`: one
+    vocabulary and language pair, checked before any weights load) and the first folder's tokenizer. A name that is
+    no folder here and that the Hub does not provide is one sentence (`hf_deepnmt_training.errors.hub_lookup`)."""
+    if len(values) == 1:
+        with hub_lookup(values[0]):
+            return AutoModelForSeq2SeqLM.from_pretrained(values[0]), AutoTokenizer.from_pretrained(values[0])
+    missing = [value for value in values if not Path(value).expanduser().exists()]  # Hub ids, looked up
+    with hub_lookup(missing[0] if missing else values[0]):
+        return load_ensemble(list(values), weights, combination)
+
+
+def load_translation_engine(models: Sequence[str], engine: str | None = None, threads: int | None = None,
+                            bf16: bool = False, weights: Sequence[float] | None = None, combination: str = "mean",
+                            command: str = "translate") -> tuple[Any, Any, str]:
+    """The engine, the tokenizer and a few words on what runs: one folder by the fastest engine it has (or
+    ``engine``; `hf_deepnmt_training.serve.choose_engine`), several folders as an ensemble on torch (`TorchEngine`)."""
+    from hf_deepnmt.export import TorchEngine, load_engine
+
+    from .serve import choose_engine
+
+    if len(models) > 1:
+        if engine not in (None, "torch"):
+            raise CommandLineError(f"`--engine` = {engine!r} is not allowed for an ensemble of {len(models)} models: "
+                                   "their distributions are combined at every step inside torch's `generate`, which "
+                                   "an exported engine does not expose; use --engine torch (the default).")
+        model, tokenizer = load_models_and_tokenizer(models, weights, combination)
+        return TorchEngine(model, bf16=bf16), tokenizer, (f"an ensemble of {len(models)} models on torch "
+                                                          f"({combination})")
+    name, folder = choose_engine(models[0], engine, cuda=torch.cuda.is_available(), command=command)
+    with hub_lookup(models[0]):
+        loaded = load_engine(folder, name, intra_threads=threads or torch.get_num_threads(), bf16=bf16)
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+    return loaded, tokenizer, f"the {name} engine ({folder})"

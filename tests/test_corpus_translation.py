@@ -1,0 +1,188 @@
+"""Translation at corpus scale (`deepnmt translate` of a training file, `hf_deepnmt_training.translate.translate_corpus`): the
+source side of a training file, one output line per record; shares translated by several processes merge back into
+input order; every interruption resumes."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import PARALLEL
+
+from hf_deepnmt import UserInputError
+from hf_deepnmt_training.cli import main
+from hf_deepnmt_training.translate import Shard, training_file_sources, translate_corpus
+
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+       "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+
+
+class EchoEngine:
+    """An engine whose "translation" is the source itself: the order of the output shows which line went where."""
+
+    max_positions = 64
+
+    def __init__(self) -> None:
+        self.translated: list[list[int]] = []
+
+    def generate(self, sources, num_beams=4, max_new_tokens=16, **kwargs):
+        self.translated += [list(ids) for ids in sources]
+        return [list(ids) for ids in sources]
+
+
+def sentences(count: int) -> list[str]:
+    """``count`` sentences of many lengths, every 7th empty."""
+    words = " ".join(source for source, _ in PARALLEL).split()
+    return ["" if i % 7 == 3 else " ".join(words[i % 11: i % 11 + 1 + i % 9]) for i in range(count)]
+
+
+def test_shares_of_three_processes_merge_back_into_input_order(tiny_tokenizer, tmp_path):
+    """Ranks 2, 1, 0 translate their strided shares (one after another here; in parallel under a launcher): rank
+    0's merge gives exactly the one-process output, and nothing is left beside it."""
+    lines = sentences(23)
+    alone = tmp_path / "alone.txt"
+    translate_corpus(EchoEngine(), tiny_tokenizer, lines, alone, batch_size=4, window=5)
+    expected = alone.read_text(encoding="utf-8").splitlines()
+    assert len(expected) == 23 and expected[3] == "" and expected[1] != expected[2]
+    shared = tmp_path / "shared.txt"
+    engines = {}
+    for rank in (2, 1, 0):
+        engines[rank] = EchoEngine()
+        result = translate_corpus(engines[rank], tiny_tokenizer, lines, shared, shard=Shard(rank, 3), batch_size=4,
+                                  window=5, poll_seconds=0.01)
+        assert result.merged == (rank == 0)
+        if rank:
+            assert not shared.exists()  # only rank 0 writes the output, once every share is done
+    assert shared.read_text(encoding="utf-8").splitlines() == expected
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["alone.txt", "shared.txt"]
+    shares = {rank: tiny_tokenizer.batch_decode(engine.translated, skip_special_tokens=True)
+              for rank, engine in engines.items()}
+    assert sorted(shares[1]) == sorted(line for line in lines[1::3] if line)  # a strided share, nothing else
+
+
+def test_a_killed_sharded_run_resumes_where_each_process_stopped(tiny_tokenizer, tmp_path):
+    """A one-process run killed after 5 lines is continued by two processes: the 5 lines are kept, the rest is
+    shared out; rank 0 killed after 2 lines of its part (a torn third) and rank 1 done: on --resume rank 1
+    translates nothing, rank 0 only its missing lines, and the merge equals the uninterrupted output."""
+    lines = sentences(17)
+    expected_path = tmp_path / "expected.txt"
+    translate_corpus(EchoEngine(), tiny_tokenizer, lines, expected_path, batch_size=4)
+    expected = expected_path.read_text(encoding="utf-8").splitlines(keepends=True)
+
+    output = tmp_path / "out.txt"
+    output.write_text("".join(expected[:5]) + "torn", encoding="utf-8")  # the one-process run died in line 6
+    rest = expected[5:]
+    part0, part1 = Shard(0, 2).part(output, 5), Shard(1, 2).part(output, 5)
+    part1.write_text("".join(rest[1::2]), encoding="utf-8")
+    part1.with_name(part1.name + ".done").write_text(json.dumps({"lines": len(rest[1::2])}))
+    part0.write_text("".join(rest[0::2][:2]) + "half a li", encoding="utf-8")
+    engines = [EchoEngine(), EchoEngine()]
+    assert translate_corpus(engines[1], tiny_tokenizer, lines, output, resume=True, shard=Shard(1, 2)).translated == 0
+    result = translate_corpus(engines[0], tiny_tokenizer, lines, output, resume=True, shard=Shard(0, 2),
+                              poll_seconds=0.01)
+    assert (result.resumed_from, result.translated) == (2, len(rest[0::2]) - 2)
+    assert output.read_text(encoding="utf-8") == "".join(expected)
+    assert engines[1].translated == [] and len(engines[0].translated) <= len(rest[0::2]) - 2
+
+    stale = Shard(0, 3).part(output, 0)
+    stale.write_text("x\n")
+    with pytest.raises(UserInputError, match=r"has parts of a run with another number of processes .*\.part0-of-3\); "
+                                             "resume with the processes that run had"):
+        translate_corpus(EchoEngine(), tiny_tokenizer, lines, output, resume=True, shard=Shard(0, 2))
+
+
+def test_the_source_side_of_a_training_file_is_one_line_per_record(tmp_path):
+    jsonl = tmp_path / "train.jsonl"
+    records = [{"translation": {"en": " In  the beginning. ", "es": "En el principio."}},
+               {"translation": {"en": "", "es": "Vacía."}}, {"translation": {"en": "And God said.", "es": "Y dijo."}}]
+    jsonl.write_text("".join(json.dumps(record) + "\n" for record in records), encoding="utf-8")
+    assert list(training_file_sources(jsonl, "en", "es")) == ["In the beginning.", "", "And God said."]
+    (tmp_path / "pairs.en").write_text("One.\nTwo.\n", encoding="utf-8")
+    (tmp_path / "pairs.es").write_text("Uno.\nDos.\n", encoding="utf-8")
+    assert list(training_file_sources(tmp_path / "pairs", "en", "es")) == ["One.", "Two."]
+
+
+def test_which_inputs_are_training_files(tmp_path):
+    """--input_format auto: JSON(-lines) files and a PREFIX of PREFIX.<source_lang> files are training files; text
+    and TSV files are lines of text unless --input_format parallel says otherwise."""
+    from hf_deepnmt_training.cli import parallel_input
+
+    (tmp_path / "pairs.en").write_text("One.\n", encoding="utf-8")
+    for name, expected in (("train.jsonl", True), ("train.json.gz", True), ("news.txt", False),
+                           ("train.tsv", False), ("pairs", True), ("missing", False)):
+        assert parallel_input(str(tmp_path / name), "auto", "en") is expected, name
+    assert parallel_input("corpus:web-sparv/train.jsonl.gz", "auto", None)
+    assert parallel_input(str(tmp_path / "train.tsv"), "parallel", "en")
+    assert not parallel_input(str(tmp_path / "train.jsonl"), "text", "en")
+    assert not parallel_input("-", "auto", "en")
+
+
+def test_translate_refuses_what_a_sharded_or_training_file_run_cannot_do(tiny_folder, tmp_path, monkeypatch, capsys):
+    source = tmp_path / "in.txt"
+    source.write_text("In the beginning.\n", encoding="utf-8")
+    for argv, words in ((["--input", str(source), "--input_format", "parallel", "--source_lang", "en"],
+                         "is read with both --source_lang and --target_lang"),
+                        (["--input", str(tmp_path / "train.jsonl")], "is read with both --source_lang and"),
+                        (["--input_format", "parallel", "--source_lang", "en", "--target_lang", "es"],
+                         "give it as --input FILE"),
+                        (["--input", str(source), "--weights", "1", "2"], "--weights has 2 values for 1 --model"),
+                        (["--input", str(source), "--engine", "onnx"], "needs an ONNX export")):
+        assert main(["translate", "--model", str(tiny_folder), *argv]) == 2
+        error = capsys.readouterr().err.strip().splitlines()
+        assert len(error) == 1 and words in error[0], error
+    assert main(["translate", "--model", str(tiny_folder), str(tiny_folder), "--engine", "ctranslate2",
+                 "--input", str(source)]) == 2
+    assert "is not allowed for an ensemble of 2 models" in capsys.readouterr().err
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    assert main(["translate", "--model", str(tiny_folder), "--input", str(source)]) == 2
+    assert "2 processes translate shares of one --input FILE into one --output FILE" in capsys.readouterr().err
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.integration
+def test_torchrun_two_processes_translate_a_training_file_in_input_order(tiny_tokenizer, tmp_path):
+    """`torchrun --nproc_per_node 2 deepnmt translate` of a JSON-lines training file (2 CPU processes): the merged
+    output is the one-process output, line for line in input order; killed and resumed, the same."""
+    from export_cases import trained_variant
+
+    folder = tmp_path / "model"
+    trained_variant("post_ln", tiny_tokenizer).save_pretrained(folder)
+    tiny_tokenizer.save_pretrained(folder)
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"translation": {"en": line, "es": "x"}}) + "\n" for line in sentences(21)),
+                    encoding="utf-8")
+    argv = ["translate", "--model", str(folder), "--input", str(data), "--source_lang", "en", "--target_lang", "es",
+            "--num_beams", "2", "--batch_size", "4", "--window", "6", "--threads", "1"]
+    assert main([*argv, "--output", str(tmp_path / "one.txt")]) == 0
+    expected = (tmp_path / "one.txt").read_text(encoding="utf-8").splitlines()
+    assert len(expected) == 21 and len(set(expected)) > 10
+
+    output = tmp_path / "two.txt"
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+               str(_free_port()), "-m", "hf_deepnmt_training.cli", *argv, "--output", str(output)]
+    result = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert output.read_text(encoding="utf-8").splitlines() == expected
+    assert "2 processes' parts merged into" in result.stderr
+    assert sorted(path.name for path in tmp_path.iterdir() if path.name.startswith("two")) == ["two.txt"]
+
+    output.write_text("\n".join(expected[:4]) + "\n", encoding="utf-8")  # a run killed after 4 lines
+    part1 = Shard(1, 2).part(output, 4)
+    part1.write_text("".join(line + "\n" for line in expected[4:][1::2]), encoding="utf-8")
+    part1.with_name(part1.name + ".done").write_text(json.dumps({"lines": len(expected[4:][1::2])}))
+    command[command.index("--master_port") + 1] = str(_free_port())
+    result = subprocess.run([*command, "--resume"], env=ENV, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "rank 1/2: its 8 lines are translated already" in result.stderr
+    assert output.read_text(encoding="utf-8").splitlines() == expected
