@@ -281,6 +281,6 @@ def test_refusals_name_the_mechanism(tiny_folder, tmp_path, capsys):
     error = capsys.readouterr().err.strip().splitlines()
     assert len(error) == 1 and "not empty" in error[0]
     assert main(["translate", "--model", str(tiny_folder), "--engine", "ctranslate2"]) == 2
-    assert "is not an hf_deepnmt export" in capsys.readouterr().err
+    assert "serves a CTranslate2 export folder, and" in capsys.readouterr().err
     assert main(["translate", "--model", str(tiny_folder), "--engine", "onnx"]) == 2
-    assert "is not an hf_deepnmt export" in capsys.readouterr().err
+    assert "needs an ONNX export, and" in capsys.readouterr().err
