@@ -78,11 +78,14 @@ class Blocker:
     """Why a standard Transformer cannot hold it (empty: the mechanism says it)."""
     formats: tuple[str, ...]
     """The formats it blocks."""
+    where: str = ""
+    """The stack it acts on, where it matters: ``"encoder"`` names "dou2018 encoder layer aggregation"."""
 
     def __str__(self) -> str:
         """The mechanism first, as `export_blockers` and the export's refusal name it."""
-        return f"{self.mechanism} ({self.setting}: {self.reason})" if self.reason else \
-            f"{self.mechanism} ({self.setting})"
+        paper, _, name = self.mechanism.partition(" ") if self.where else ("", "", self.mechanism)
+        mechanism = " ".join(part for part in (paper, self.where, name) if part)
+        return f"{mechanism} ({self.setting}: {self.reason})" if self.reason else f"{mechanism} ({self.setting})"
 
     def setting_first(self) -> str:
         """The setting first, as `hf_deepnmt.export_marian.export_marian` names it."""
@@ -108,7 +111,7 @@ def mechanism_blockers(config: Any) -> list[Blocker]:
         kind = getattr(config, f"{stack}_layer_aggregation", "none")
         if kind not in (None, "none"):
             blockers.append(Blocker(f"{stack}_layer_aggregation={kind!r}", "dou2018 layer aggregation",
-                                    "the stack's output combines every layer's output", STANDARD))
+                                    "the stack's output combines every layer's output", STANDARD, where=stack))
     k = getattr(config, "multi_layer_attention_k", 1) or 1
     if k > 1:
         blockers.append(Blocker(f"multi_layer_attention_k={k}", "dou2018 multi-layer attention",
