@@ -22,21 +22,9 @@ from typing import Any, ClassVar
 
 from transformers import PreTrainedConfig
 
-from .configuration_common import (
-    ENCODER_DECODER_RULES,
-    FLAG,
-    POSITIVE_INT,
-    PROBABILITY,
-    SPECIAL_TOKEN_RULES,
-    FieldRules,
-    Rule,
-    ValidatedConfigMixin,
-    divides_d_model,
-    fail,
-    is_int,
-    number_in,
-    one_of,
-)
+from .configuration_common import (ENCODER_DECODER_RULES, FLAG, POSITIVE_INT, PROBABILITY, SPECIAL_TOKEN_RULES,
+                                   FieldRules, Rule, ValidatedConfigMixin, divides_d_model, fail, is_int, number_in,
+                                   one_of)
 
 ALLOWED_RNN_CELLS: tuple[str, ...] = ("lgru", "gru")
 # modeling_common.LENGTH_PENALTY_FORMS, spelt here so that this file imports no modeling code (tests check they agree)

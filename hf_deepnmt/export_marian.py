@@ -34,35 +34,22 @@ MARIAN_ONLY_PARAMETERS = frozenset({"final_logits_bias", "model.encoder.embed_po
                                     "model.decoder.embed_positions.weight"})
 
 
+# Config fields Marian spells as we do (Marian/BART names, docs/transformer.md).
+SHARED_FIELDS: tuple[str, ...] = (
+    "vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads", "decoder_attention_heads",
+    "encoder_ffn_dim", "decoder_ffn_dim", "activation_function", "dropout", "attention_dropout", "activation_dropout",
+    "max_position_embeddings", "scale_embedding", "pad_token_id", "eos_token_id", "bos_token_id",
+    "decoder_start_token_id", "tie_word_embeddings",
+)
+
+
 def marian_config(config: Any) -> Any:
     """The `transformers.MarianConfig` of a standard Transformer config of the package (same sizes, dropouts, token
     ids; one shared vocabulary)."""
     from transformers import MarianConfig
 
-    return MarianConfig(
-        vocab_size=config.vocab_size,
-        decoder_vocab_size=config.vocab_size,
-        d_model=config.d_model,
-        encoder_layers=config.encoder_layers,
-        decoder_layers=config.decoder_layers,
-        encoder_attention_heads=config.encoder_attention_heads,
-        decoder_attention_heads=config.decoder_attention_heads,
-        encoder_ffn_dim=config.encoder_ffn_dim,
-        decoder_ffn_dim=config.decoder_ffn_dim,
-        activation_function=config.activation_function,
-        dropout=config.dropout,
-        attention_dropout=config.attention_dropout,
-        activation_dropout=config.activation_dropout,
-        max_position_embeddings=config.max_position_embeddings,
-        scale_embedding=config.scale_embedding,
-        pad_token_id=config.pad_token_id,
-        eos_token_id=config.eos_token_id,
-        bos_token_id=config.bos_token_id,
-        decoder_start_token_id=config.decoder_start_token_id,
-        forced_eos_token_id=None,
-        share_encoder_decoder_embeddings=True,
-        tie_word_embeddings=config.tie_word_embeddings,
-    )
+    return MarianConfig(**{name: getattr(config, name) for name in SHARED_FIELDS}, decoder_vocab_size=config.vocab_size,
+                        forced_eos_token_id=None, share_encoder_decoder_embeddings=True)
 
 
 @torch.no_grad()
