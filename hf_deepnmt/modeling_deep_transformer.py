@@ -888,14 +888,9 @@ class DeepTransformerForConditionalGeneration(TranslationGenerationMixin, DeepTr
             check_token_ids("labels", labels, self.config.vocab_size, allow_ignore_index=True)
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
-                decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
-        if labels is None and self.training and decoder_input_ids is not None and past_key_values is None and (
-                self.config.ddr_weight > 0 or self.config.ald_weight > 0):
-            logger.warning_once(
-                f"{type(self).__name__}: a training-mode forward without `labels` computes no loss, so the ddr/ald "
-                "terms of the config are not trained. A stock Trainer with label_smoothing_factor > 0 does this (it "
-                "removes the labels): use label_smoothing_factor=0 and config.label_smoothing instead, or "
-                "DeepNMTTrainer.")
+                decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)  # labels shifted right
+        elif self.training and decoder_input_ids is not None and past_key_values is None:
+            self._warn_if_auxiliary_losses_go_untrained()
         if labels is not None and self.training:
             output = self._training_objective(
                 input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
@@ -925,6 +920,22 @@ class DeepTransformerForConditionalGeneration(TranslationGenerationMixin, DeepTr
             loss, components, counts = translation_nll_objective(
                 logits, labels, self.config.pad_token_id, training=False, epsilon=0.0,
                 source_tokens=torch.tensor(0), num_items_in_batch=num_items_in_batch)
+        return self._lm_output(outputs, logits, loss, components, counts, return_dict)
+
+    def _warn_if_auxiliary_losses_go_untrained(self) -> None:
+        """A training-mode forward without labels computes no loss: li2022's DDR/ALD terms are not trained."""
+        if self.config.ddr_weight > 0 or self.config.ald_weight > 0:
+            logger.warning_once(
+                f"{type(self).__name__}: a training-mode forward without `labels` computes no loss, so the ddr/ald "
+                "terms of the config are not trained. A stock Trainer with label_smoothing_factor > 0 does this (it "
+                "removes the labels): use label_smoothing_factor=0 and config.label_smoothing instead, or "
+                "DeepNMTTrainer.")
+
+    @staticmethod
+    def _lm_output(outputs: Seq2SeqModelOutput, logits: torch.Tensor, loss: torch.Tensor | None,
+                   components: dict[str, torch.Tensor] | None, counts: dict[str, torch.Tensor] | None,
+                   return_dict: bool | None) -> DeepTransformerSeq2SeqLMOutput | tuple:
+        """The model's states and the logits projected from them, as transformers' seq2seq LM output."""
         output = DeepTransformerSeq2SeqLMOutput(
             loss=loss,
             logits=logits,
