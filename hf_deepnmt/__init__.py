@@ -11,7 +11,7 @@ Only torch, transformers and safetensors are needed at import time; the training
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
 from . import losses
-from .admin import admin_omega_closed_form, admin_profile, export_marian, fold_admin, omega_values
+from .admin import admin_omega_closed_form, admin_profile, fold_admin, omega_values
 from .cache_dtmt import DTMTCache
 from .configuration_deep_transformer import (
     AdminTransformerConfig,
@@ -22,6 +22,7 @@ from .configuration_deep_transformer import (
 from .configuration_dtmt import DTMTConfig
 from .ensemble import EnsembleCache, EnsembleForConditionalGeneration, load_ensemble
 from .errors import UserInputError
+from .export_marian import export_marian
 from .modeling_deep_transformer import (
     AdminTransformerForConditionalGeneration,
     AdminTransformerModel,

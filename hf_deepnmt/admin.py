@@ -1,4 +1,4 @@
-"""liu2020 ADMIN for very deep post-LN Transformers: profiling, the closed form, folding, export to Marian.
+"""liu2020 ADMIN for very deep post-LN Transformers: profiling, the closed form, folding.
 
 ADMIN (Liu et al. 2020; docs/liu2020.md) rescales the residual of every post-LN sub-layer k,
 
@@ -16,7 +16,9 @@ with ω_k ∈ R^d (`residual_scaling="admin"` on the one Transformer implementat
 * `fold_admin(model)` — the standard post-LN model with the same function (§3 of the paper: "ω can be folded
   back"): with x' = ω ⊙ LN(·), γ' = ω ⊙ γ and β' = ω ⊙ β in the LayerNorm before sub-layer k, W' = W · diag(1/ω)
   on the sub-layer's input projections (q/k/v of self-attention, q of cross-attention, fc1 of the FFN).
-* `export_marian(model)` — a stock `transformers.MarianMTModel` (no custom code) with the same logits and beams.
+
+A folded model is a standard Transformer, which the CTranslate2 and Marian exports write
+(`hf_deepnmt.export_formats.standard_model`, `hf_deepnmt.export_marian`).
 
 The first sub-layer of each stack keeps ω_1 = 1 and has no parameter, so folding never has to rescale the (tied)
 embeddings (docs/liu2020.md).
@@ -37,8 +39,7 @@ from .modeling_common import unwrap_model
 from .modeling_deep_transformer import AdminResidual, DeepTransformerForConditionalGeneration
 from .errors import UserInputError
 
-__all__ = ["admin_omega_closed_form", "admin_profile", "export_marian", "fold_admin", "iter_sublayers",
-           "non_standard_features", "omega_values"]
+__all__ = ["admin_omega_closed_form", "admin_profile", "fold_admin", "iter_sublayers", "omega_values"]
 
 IGNORE_INDEX = -100
 
@@ -160,7 +161,7 @@ def omega_values(model: nn.Module) -> dict[str, list[float]]:
     return values
 
 
-# ------------------------------------------------------------------------------------------------ folding and export
+# ------------------------------------------------------------------------------------------------ folding
 def _standard_config(config):
     fields = config.to_dict()
     for key in ("model_type", "transformers_version", "architectures", "auto_map", "custom_pipelines", "dtype",
@@ -204,82 +205,3 @@ def fold_admin(model: nn.Module) -> nn.Module:
             projection.weight.div_(omega[None, :])  # W' = W · diag(1/ω): f_k(x') = f_k(x_{k−1})
     folded.eval() if not model.training else folded.train()
     return folded
-
-
-def non_standard_features(config) -> list[str]:
-    """Config switches that a stock `MarianMTModel` cannot express (ADMIN is not one: it folds away)."""
-    features = []
-    if config.layer_norm_position != "post":
-        features.append("layer_norm_position='pre' (Marian is post-LN)")
-    if not math.isclose(config.layer_norm_eps, 1e-5):
-        features.append(f"layer_norm_eps={config.layer_norm_eps} (Marian's LayerNorms use 1e-5)")
-    for stack in ("encoder", "decoder"):
-        kind = getattr(config, f"{stack}_layer_aggregation", "none")
-        if kind != "none":
-            features.append(f"{stack}_layer_aggregation={kind!r} (dou2018 layer aggregation)")
-    if getattr(config, "multi_layer_attention_k", 1) > 1:
-        features.append(f"multi_layer_attention_k={config.multi_layer_attention_k} (dou2018 multi-layer attention)")
-    if getattr(config, "cross_attention_drop_depth", 0) > 0 and getattr(config, "cross_attention_drop_ratio", 0) >= 1:
-        features.append(f"cross_attention_drop_ratio=1.0 on {config.cross_attention_drop_depth} decoder layers "
-                        "(li2022 CAD: those layers have no cross-attention; every Marian decoder layer has one)")
-    return features
-
-
-@torch.no_grad()
-def export_marian(model: nn.Module):
-    """A stock `transformers.MarianMTModel` (no custom code) with the same weights, logits and beam search output.
-
-    ADMIN models are folded first. A model using a feature Marian lacks raises one `ValueError` naming it.
-    """
-    from transformers import MarianConfig, MarianMTModel
-
-    model = unwrap_model(model)
-    features = non_standard_features(model.config)
-    if features:
-        raise UserInputError(f"export_marian: this model uses {', '.join(features)}, which MarianMTModel cannot express.")
-    if getattr(model.config, "residual_scaling", "none") == "admin":
-        model = fold_admin(model)
-    config = model.config
-    features = non_standard_features(config)
-    if features:
-        raise UserInputError(f"export_marian: this model uses {', '.join(features)}, which MarianMTModel cannot express.")
-    marian_config = MarianConfig(
-        vocab_size=config.vocab_size,
-        decoder_vocab_size=config.vocab_size,
-        d_model=config.d_model,
-        encoder_layers=config.encoder_layers,
-        decoder_layers=config.decoder_layers,
-        encoder_attention_heads=config.encoder_attention_heads,
-        decoder_attention_heads=config.decoder_attention_heads,
-        encoder_ffn_dim=config.encoder_ffn_dim,
-        decoder_ffn_dim=config.decoder_ffn_dim,
-        activation_function=config.activation_function,
-        dropout=config.dropout,
-        attention_dropout=config.attention_dropout,
-        activation_dropout=config.activation_dropout,
-        max_position_embeddings=config.max_position_embeddings,
-        scale_embedding=config.scale_embedding,
-        pad_token_id=config.pad_token_id,
-        eos_token_id=config.eos_token_id,
-        bos_token_id=config.bos_token_id,
-        decoder_start_token_id=config.decoder_start_token_id,
-        forced_eos_token_id=None,
-        share_encoder_decoder_embeddings=True,
-        tie_word_embeddings=config.tie_word_embeddings,
-    )
-    marian = MarianMTModel(marian_config).to(model.device)
-    state = model.state_dict()
-    state["model.encoder.embed_tokens.weight"] = state["model.shared.weight"]
-    state["model.decoder.embed_tokens.weight"] = state["model.shared.weight"]
-    if config.tie_word_embeddings:
-        state["lm_head.weight"] = state["model.shared.weight"]
-    missing, unexpected = marian.load_state_dict(state, strict=False)
-    allowed_missing = {"final_logits_bias", "model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight"}
-    if unexpected or set(missing) - allowed_missing:
-        raise RuntimeError(f"export_marian: state dicts differ (missing {missing}, unexpected {unexpected}).")
-    marian.final_logits_bias.zero_()
-    if config.tie_word_embeddings:
-        marian.tie_weights()
-    marian.generation_config = copy.deepcopy(model.generation_config)
-    marian.train(model.training)
-    return marian

@@ -5,9 +5,10 @@ docs/transformer.md with Marian/BART field names. The deep-NMT methods of the ot
 configuration (docs/li2022.md, docs/liu2020.md, docs/dou2018.md); their paper-named configs are thin subclasses that only change ``model_type``
 and defaults.
 
-Every field is validated when the config is built (and again when a model is built from it, so a config mutated
-after construction cannot slip through): a bad value raises one ``ValueError`` sentence that names the field, the
-value and what is allowed.
+Every field is validated once when the config is built, by a field → rule table per paper (`TRANSFORMER_RULES`,
+`LIU2020_RULES`, `LI2022_RULES`, `DOU2018_RULES`; the rules themselves are `configuration_common`'s, shared with
+DTMT), and again when a model is built from it, so a config mutated after construction cannot slip through: a bad
+value raises one ``ValueError`` sentence that names the field, the value and what is allowed.
 
 This file is copied next to the weights by ``save_pretrained`` (trust_remote_code), so it may import only torch,
 transformers and same-folder modules with ``from .module import Name``.
@@ -16,12 +17,28 @@ transformers and same-folder modules with ``from .module import Name``.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 from transformers import PreTrainedConfig
 from transformers.utils import logging
 
 from .aggregation import AGGREGATION_ACTIVATIONS, LAYER_AGGREGATIONS
+from .configuration_common import (
+    ENCODER_DECODER_RULES,
+    FLAG,
+    NON_NEGATIVE_WEIGHT,
+    POSITIVE_INT,
+    PROBABILITY,
+    SPECIAL_TOKEN_RULES,
+    FieldRules,
+    Rule,
+    ValidatedConfigMixin,
+    divides_d_model,
+    is_int,
+    is_number,
+    number_in,
+    one_of,
+)
 from .errors import UserInputError
 
 logger = logging.get_logger(__name__)
@@ -50,57 +67,122 @@ ALLOWED_ADMIN_INITS: tuple[str, ...] = ("profiling", "closed_form")
 def admin_omega_closed_form(num_sublayers: int) -> float:
     """ω = sqrt((N+1)/ln(N+1) − 1) for a stack of N residual sub-layers, ADMIN without profiling (docs/liu2020.md;
     admin-torch's "O(logn)" default)."""
-    if not (_is_int(num_sublayers) and num_sublayers >= 1):
+    if not (is_int(num_sublayers) and num_sublayers >= 1):
         raise UserInputError(f"admin_omega_closed_form: `num_sublayers` = {num_sublayers!r} is not allowed; use ≥ 1.")
     n = num_sublayers
     return math.sqrt((n + 1) / math.log(n + 1) - 1)
 
 
-def _fail(config_name: str, field: str, value: Any, allowed: str) -> None:
-    """Raise the project's one-sentence validation error."""
-    raise UserInputError(f"{config_name}: `{field}` = {value!r} is not allowed; {allowed}.")
+# ------------------------------------------------------------------------------------------------ validation
+# One field → rule table per paper (configuration_common.check_config runs them in this order; a rule may read the
+# fields above it). DeepTransformerConfig.field_rules joins them.
+
+# Vaswani et al.'s Transformer (docs/transformer.md): sizes, heads, FFN, dropouts, LayerNorm placement, special tokens.
+TRANSFORMER_RULES: FieldRules = {
+    **ENCODER_DECODER_RULES,
+    "encoder_layers": (POSITIVE_INT,),
+    "decoder_layers": (POSITIVE_INT,),
+    "encoder_attention_heads": (POSITIVE_INT, divides_d_model()),
+    "decoder_attention_heads": (POSITIVE_INT, divides_d_model()),
+    "encoder_ffn_dim": (POSITIVE_INT,),
+    "decoder_ffn_dim": (POSITIVE_INT,),
+    "activation_function": (one_of(ALLOWED_ACTIVATIONS),),
+    "attention_dropout": (PROBABILITY,),
+    "activation_dropout": (PROBABILITY,),
+    "scale_embedding": (FLAG,),
+    "layer_norm_position": (one_of(ALLOWED_LAYER_NORM_POSITIONS),),
+    "init_std": (Rule(lambda value, config: value is None or (is_number(value) and math.isfinite(value) and value > 0),
+                      "it must be None (d_model ** -0.5) or a finite positive number"),),
+    **SPECIAL_TOKEN_RULES,
+}
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def _admin_only(field: str, default: Any) -> Rule:
+    """An ADMIN setting left at its default unless ``residual_scaling="admin"``."""
+    return Rule(lambda value, config: config.residual_scaling == "admin" or value == default,
+                lambda config: "ADMIN settings apply only with residual_scaling='admin' (it is "
+                               f"{config.residual_scaling!r}); set residual_scaling='admin' or leave {field} at "
+                               f"{default!r}")
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+# liu2020 ADMIN (docs/liu2020.md): x_k = LN(ω_k ⊙ x_{k−1} + f_k(x_{k−1})), Eq. (2) liu2020, a post-LN rule.
+LIU2020_RULES: FieldRules = {
+    "residual_scaling": (one_of(ALLOWED_RESIDUAL_SCALINGS),
+                         Rule(lambda value, config: value != "admin" or config.layer_norm_position == "post",
+                              "ADMIN rescales post-LN residuals (liu2020 eq 2), so use it with "
+                              "layer_norm_position='post' only")),
+    "admin_init": (one_of(ALLOWED_ADMIN_INITS), _admin_only("admin_init", "profiling")),
+    "admin_omega_trainable": (FLAG, _admin_only("admin_omega_trainable", True)),
+    "admin_profiled": (FLAG, _admin_only("admin_profiled", False),
+                       Rule(lambda value, config: not (config.admin_init == "closed_form" and value),
+                            "a closed-form ADMIN model is never profiled (admin_init='closed_form'); leave it False")),
+}
+
+# li2022 (docs/li2022.md): cross-attention drop (§3.3) and the collapse-reducing losses DDR and ALD (§3.4, Eq. (6)).
+LOSS_WEIGHT = number_in(0.0, math.inf, high_open=True, allowed="it must be a finite number ≥ 0 (0 switches the loss off)")
+LI2022_RULES: FieldRules = {
+    "cross_attention_drop_ratio": (number_in(0.0, 1.0, allowed="it must be a probability in [0, 1]"),),
+    "cross_attention_drop_depth": (
+        Rule(lambda value, config: is_int(value) and 0 <= value <= config.decoder_layers,
+             lambda config: f"it must be an integer in [0, decoder_layers={config.decoder_layers}]"),
+        Rule(lambda value, config: value < config.decoder_layers or config.cross_attention_drop_ratio < 1.0,
+             lambda config: "with cross_attention_drop_ratio=1.0 no decoder layer would keep a cross-attention and "
+                            "the model could not see its source; use a depth below "
+                            f"decoder_layers={config.decoder_layers}")),
+    "ddr_weight": (LOSS_WEIGHT,),
+    "ald_weight": (LOSS_WEIGHT,),
+    "ald_unk_ratio": (number_in(0.0, 0.5, low_open=True, high_open=True,
+                                allowed="p_ALD must lie in (0, 0.5) (li2022 §3.4)"),),
+    "ald_temperature": (number_in(0.0, math.inf, low_open=True, high_open=True,
+                                  allowed="it must be a finite positive number"),),
+    # ALD (and the source-reliance monitor) replace source words by <unk>: it is none of the tokens kept
+    "unk_token_id": (*SPECIAL_TOKEN_RULES["unk_token_id"],
+                     Rule(lambda value, config: value not in (config.pad_token_id, config.eos_token_id),
+                          "it must differ from pad_token_id and eos_token_id (ALD masks source words with it)"),
+                     Rule(lambda value, config: value != config.bos_token_id,
+                          "it must differ from bos_token_id (li2022's ALD and the source-reliance monitor mask words "
+                          "with it)")),
+    "ald_protected_token_ids": (
+        Rule(lambda value, config: isinstance(value, list)
+             and all(is_int(token) and 0 <= token < config.vocab_size for token in value),
+             lambda config: f"it must be a list of token ids in [0, vocab_size={config.vocab_size})"),
+        Rule(lambda value, config: config.unk_token_id not in value, "it must not contain unk_token_id")),
+}
 
 
-# The `impl` that save_pretrained writes under config.json's `custom_pipelines`: TRANSLATION_PIPELINE_SPEC["impl"] of
-# pipeline_translation.py, repeated here so that this file imports no pipeline code.
-OUR_PIPELINE_IMPL = "pipeline_translation.TranslationPipeline"
+def _aggregation_rules(stack: str) -> tuple[Rule, ...]:
+    def merges(value: Any, config: Any) -> bool:
+        return value not in ("iterative", "hierarchical") or getattr(config, f"{stack}_layers") >= 2
+
+    return (one_of(LAYER_AGGREGATIONS),
+            Rule(merges, lambda config: f"{getattr(config, f'{stack}_layer_aggregation')} aggregation merges layers, "
+                                        f"so its stack needs at least 2 layers (it has "
+                                        f"{getattr(config, f'{stack}_layers')})"))
 
 
-def without_pipelines_served_in_process(config_class: type, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """``kwargs`` without the ``custom_pipelines`` entries of our translation pipeline when this process serves
-    ``pipeline("translation")`` itself, so that a saved folder works there without ``trust_remote_code``.
-
-    transformers' `pipeline` demands ``trust_remote_code=True`` for every task a config lists in ``custom_pipelines``,
-    even when the task is registered in-process. So when ``config_class`` is the installed package's class (not a
-    copy that remote code loaded from a ``transformers_modules`` folder, the same test transformers uses to prefer
-    local code) and the ``translation`` task is registered (``import hf_deepnmt`` does it), the entries are left out
-    of the loaded config and `pipeline` takes the registered pipeline. ``save_pretrained`` of every model of the
-    package writes them again (``HubReadyMixin``), so saved folders keep working where hf_deepnmt is not installed.
-    """
-    pipelines = kwargs.get("custom_pipelines")
-    if not isinstance(pipelines, dict) or config_class.__module__.startswith("transformers_modules"):
-        return kwargs
-    from transformers.pipelines import PIPELINE_REGISTRY
-
-    if "translation" not in PIPELINE_REGISTRY.supported_tasks:
-        return kwargs
-    kept = {task: spec for task, spec in pipelines.items()
-            if not (isinstance(spec, dict) and spec.get("impl") == OUR_PIPELINE_IMPL)}
-    kwargs = {key: value for key, value in kwargs.items() if key != "custom_pipelines"}
-    if kept:
-        kwargs["custom_pipelines"] = kept
-    return kwargs
+def _shallow_diversity_stacks(config: Any) -> list[str]:
+    return [stack for stack in config.diversity_stacks() if getattr(config, f"{stack}_layers") < 2]
 
 
-class DeepTransformerConfig(PreTrainedConfig):
+# dou2018 (docs/dou2018.md): layer aggregation (§3.1.1), multi-layer attention (Eq. (8)), diversity (Eq. (9)-(10)).
+DOU2018_RULES: FieldRules = {
+    "encoder_layer_aggregation": _aggregation_rules("encoder"),
+    "decoder_layer_aggregation": _aggregation_rules("decoder"),
+    "aggregation_activation": (one_of(AGGREGATION_ACTIVATIONS),),
+    "multi_layer_attention_k": (
+        Rule(lambda value, config: is_int(value) and 1 <= value <= 3, "it must be 1 (off), 2 or 3 (dou2018 §3.1.2)"),
+        Rule(lambda value, config: value == 1 or min(config.encoder_layers, config.decoder_layers) >= value + 1,
+             lambda config: f"layers attend to the {config.multi_layer_attention_k} layers below them, so each stack "
+                            f"needs at least {config.multi_layer_attention_k + 1} layers (encoder "
+                            f"{config.encoder_layers}, decoder {config.decoder_layers})")),
+    "diversity_weight": (
+        NON_NEGATIVE_WEIGHT,
+        Rule(lambda value, config: value == 0 or not _shallow_diversity_stacks(config),
+             lambda config: "layer diversity compares adjacent layers, so the "
+                            f"{_shallow_diversity_stacks(config)[0]} needs at least 2 layers")),
+}
+
+class DeepTransformerConfig(ValidatedConfigMixin, PreTrainedConfig):
     r"""Configuration of [`DeepTransformerForConditionalGeneration`]: a Transformer encoder-decoder for NMT.
 
     Defaults give Transformer-base (Vaswani et al. 2017): 6+6 layers, d_model 512, 8 heads, FFN 2048, post-LN, ReLU,
@@ -331,134 +413,18 @@ class DeepTransformerConfig(PreTrainedConfig):
         self.unk_token_id = unk_token_id
         self.use_cache = use_cache
         self.tie_word_embeddings = tie_word_embeddings
-        # Types first, in our words, before transformers' own validators see the token ids (docs/training.md).
-        if not (_is_int(vocab_size) and vocab_size >= 1):
-            _fail(type(self).__name__, "vocab_size", vocab_size, "it must be a positive integer")
-        kwargs = without_pipelines_served_in_process(type(self), kwargs)
-        for field, value in (("pad_token_id", pad_token_id), ("bos_token_id", bos_token_id),
-                             ("eos_token_id", eos_token_id), ("decoder_start_token_id", decoder_start_token_id)):
-            if not (_is_int(value) and 0 <= value < vocab_size):
-                _fail(type(self).__name__, field, value, f"it must be a token id in [0, vocab_size={vocab_size})")
-        super().__init__(
-            pad_token_id=pad_token_id,
-            bos_token_id=bos_token_id,
-            eos_token_id=eos_token_id,
-            decoder_start_token_id=decoder_start_token_id,
-            is_encoder_decoder=is_encoder_decoder,
-            tie_word_embeddings=tie_word_embeddings,
-            **kwargs,
-        )
-        self.check_fields()
+        self._validate_and_init(kwargs, pad_token_id=pad_token_id, bos_token_id=bos_token_id,
+                                eos_token_id=eos_token_id, decoder_start_token_id=decoder_start_token_id,
+                                is_encoder_decoder=is_encoder_decoder, tie_word_embeddings=tie_word_embeddings)
 
-    # ------------------------------------------------------------------------------------------------------------
-    # Validation. Subclasses and later features extend `check_fields` (call super first).
-    # ------------------------------------------------------------------------------------------------------------
+    # Every field with its rules, one table per paper (above); a subclass that adds fields extends it.
+    field_rules: ClassVar[FieldRules] = {**TRANSFORMER_RULES, **LIU2020_RULES, **LI2022_RULES, **DOU2018_RULES}
+
     def check_fields(self) -> None:
-        """Validate every field; raise one `ValueError` sentence naming the field, the value and what is allowed."""
-        name = type(self).__name__
-        for field in ("vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
-                      "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim", "max_position_embeddings"):
-            value = getattr(self, field)
-            if not (_is_int(value) and value >= 1):
-                _fail(name, field, value, "it must be a positive integer")
-        if self.d_model % 2 != 0:
-            _fail(name, "d_model", self.d_model, "it must be even (sinusoidal positions pair sin and cos)")
-        for field in ("encoder_attention_heads", "decoder_attention_heads"):
-            heads = getattr(self, field)
-            if self.d_model % heads != 0:
-                _fail(name, field, heads, f"it must divide d_model ({self.d_model})")
-        if self.activation_function not in ALLOWED_ACTIVATIONS:
-            _fail(name, "activation_function", self.activation_function, f"use one of {list(ALLOWED_ACTIVATIONS)}")
-        for field in ("dropout", "attention_dropout", "activation_dropout"):
-            value = getattr(self, field)
-            if not (_is_number(value) and 0.0 <= value < 1.0):
-                _fail(name, field, value, "it must be a probability in [0, 1)")
-        for field in ("scale_embedding", "tie_word_embeddings", "use_cache", "is_encoder_decoder",
-                      "admin_omega_trainable", "admin_profiled"):
-            value = getattr(self, field)
-            if not isinstance(value, bool):
-                _fail(name, field, value, "it must be True or False")
-        if self.is_encoder_decoder is not True:
-            _fail(name, "is_encoder_decoder", self.is_encoder_decoder, "this model is always an encoder-decoder (True)")
-        if self.layer_norm_position not in ALLOWED_LAYER_NORM_POSITIONS:
-            _fail(name, "layer_norm_position", self.layer_norm_position,
-                  f"use one of {list(ALLOWED_LAYER_NORM_POSITIONS)}")
-        if self.residual_scaling not in ALLOWED_RESIDUAL_SCALINGS:
-            _fail(name, "residual_scaling", self.residual_scaling, f"use one of {list(ALLOWED_RESIDUAL_SCALINGS)}")
-        if self.admin_init not in ALLOWED_ADMIN_INITS:
-            _fail(name, "admin_init", self.admin_init, f"use one of {list(ALLOWED_ADMIN_INITS)}")
-        if self.residual_scaling == "admin" and self.layer_norm_position != "post":
-            _fail(name, "residual_scaling", self.residual_scaling,
-                  "ADMIN rescales post-LN residuals (liu2020 eq 2), so use it with layer_norm_position='post' only")
-        if not (_is_number(self.layer_norm_eps) and 0.0 < self.layer_norm_eps < 1.0):
-            _fail(name, "layer_norm_eps", self.layer_norm_eps, "it must be a number in (0, 1)")
-        if self.init_std is not None and not (_is_number(self.init_std) and math.isfinite(self.init_std)
-                                              and self.init_std > 0):
-            _fail(name, "init_std", self.init_std, "it must be None (d_model ** -0.5) or a finite positive number")
-        token_fields = ("pad_token_id", "bos_token_id", "eos_token_id", "unk_token_id", "decoder_start_token_id")
-        for field in token_fields:
-            value = getattr(self, field, None)
-            if not (_is_int(value) and 0 <= value < self.vocab_size):
-                _fail(name, field, value, f"it must be a token id in [0, vocab_size={self.vocab_size})")
-        if self.eos_token_id == self.pad_token_id:
-            _fail(name, "eos_token_id", self.eos_token_id, "it must differ from pad_token_id, which is masked out")
-        if self.unk_token_id in (self.pad_token_id, self.eos_token_id):
-            _fail(name, "unk_token_id", self.unk_token_id,
-                  "it must differ from pad_token_id and eos_token_id (ALD masks source words with it)")
-        if self.decoder_start_token_id == self.pad_token_id:
-            _fail(name, "decoder_start_token_id", self.decoder_start_token_id,
-                  "it must differ from pad_token_id, which the decoder never attends to")
-        # li2022 CAD and CRT (docs/li2022.md)
-        depth = self.cross_attention_drop_depth
-        if not (_is_int(depth) and 0 <= depth <= self.decoder_layers):
-            _fail(name, "cross_attention_drop_depth", depth,
-                  f"it must be an integer in [0, decoder_layers={self.decoder_layers}]")
-        ratio = self.cross_attention_drop_ratio
-        if not (_is_number(ratio) and 0.0 <= ratio <= 1.0):
-            _fail(name, "cross_attention_drop_ratio", ratio, "it must be a probability in [0, 1]")
-        for field in ("ddr_weight", "ald_weight"):
-            value = getattr(self, field)
-            if not (_is_number(value) and math.isfinite(value) and value >= 0.0):
-                _fail(name, field, value, "it must be a finite number ≥ 0 (0 switches the loss off)")
-        if not (_is_number(self.ald_unk_ratio) and 0.0 < self.ald_unk_ratio < 0.5):
-            _fail(name, "ald_unk_ratio", self.ald_unk_ratio, "p_ALD must lie in (0, 0.5) (li2022 §3.4)")
-        if not (_is_number(self.ald_temperature) and math.isfinite(self.ald_temperature) and self.ald_temperature > 0.0):
-            _fail(name, "ald_temperature", self.ald_temperature, "it must be a finite positive number")
-        protected = self.ald_protected_token_ids
-        if not (isinstance(protected, list) and all(_is_int(t) and 0 <= t < self.vocab_size for t in protected)):
-            _fail(name, "ald_protected_token_ids", protected,
-                  f"it must be a list of token ids in [0, vocab_size={self.vocab_size})")
-        if self.unk_token_id in protected:
-            _fail(name, "ald_protected_token_ids", protected, "it must not contain unk_token_id")
-        if not (_is_number(self.label_smoothing) and 0.0 <= self.label_smoothing < 1.0):
-            _fail(name, "label_smoothing", self.label_smoothing, "it must be a number in [0, 1)")
-        # dou2018 deep representations (docs/dou2018.md)
-        for field, layers in (("encoder_layer_aggregation", self.encoder_layers),
-                              ("decoder_layer_aggregation", self.decoder_layers)):
-            kind = getattr(self, field)
-            if kind not in LAYER_AGGREGATIONS:
-                _fail(name, field, kind, f"use one of {list(LAYER_AGGREGATIONS)}")
-            if kind in ("iterative", "hierarchical") and layers < 2:
-                _fail(name, field, kind, f"{kind} aggregation merges layers, so its stack needs at least 2 layers "
-                      f"(it has {layers})")
-        if self.aggregation_activation not in AGGREGATION_ACTIVATIONS:
-            _fail(name, "aggregation_activation", self.aggregation_activation,
-                  f"use one of {list(AGGREGATION_ACTIVATIONS)}")
-        k = self.multi_layer_attention_k
-        if not (_is_int(k) and 1 <= k <= 3):
-            _fail(name, "multi_layer_attention_k", k, "it must be 1 (off), 2 or 3 (dou2018 §3.1.2)")
-        if k > 1 and min(self.encoder_layers, self.decoder_layers) < k + 1:
-            _fail(name, "multi_layer_attention_k", k, f"layers attend to the {k} layers below them, so each stack "
-                  f"needs at least {k + 1} layers (encoder {self.encoder_layers}, decoder {self.decoder_layers})")
-        if not (_is_number(self.diversity_weight) and math.isfinite(self.diversity_weight)
-                and self.diversity_weight >= 0.0):
-            _fail(name, "diversity_weight", self.diversity_weight, "it must be a finite number ≥ 0 (0 switches it off)")
-        if self.diversity_weight > 0:
-            for stack in self.diversity_stacks():
-                if getattr(self, f"{stack}_layers") < 2:
-                    _fail(name, "diversity_weight", self.diversity_weight, f"layer diversity compares adjacent layers, "
-                          f"so the {stack} needs at least 2 layers")
-        self._check_combinations()
+        """Validate every field (`field_rules`); raise one `ValueError` sentence naming the field, the value and what
+        is allowed. Warn once about settings that are valid but do nothing (`warn_about_idle_settings`)."""
+        super().check_fields()
+        self.warn_about_idle_settings()
 
     def diversity_stacks(self) -> tuple[str, ...]:
         """The stacks dou2018's diversity term applies to: those that use a deep-representation mechanism
@@ -473,28 +439,11 @@ class DeepTransformerConfig(PreTrainedConfig):
         return (self.encoder_layer_aggregation != "none" or self.decoder_layer_aggregation != "none"
                 or self.multi_layer_attention_k > 1)
 
-    def _check_combinations(self) -> None:
-        """Settings that are valid one by one but would build a broken model (raise) or silently do nothing (warn
-        once): docs/training.md, "Combinations"."""
+    def warn_about_idle_settings(self) -> None:
+        """Settings that are valid one by one but silently do nothing, or quietly change the model's scale: one
+        warning each (docs/training.md, "Combinations"; the contradictory ones are rules of `field_rules`)."""
         name = type(self).__name__
         depth, ratio = self.cross_attention_drop_depth, float(self.cross_attention_drop_ratio)
-        if depth == self.decoder_layers and ratio >= 1.0:
-            _fail(name, "cross_attention_drop_depth", depth,
-                  f"with cross_attention_drop_ratio=1.0 no decoder layer would keep a cross-attention and the model "
-                  f"could not see its source; use a depth below decoder_layers={self.decoder_layers}")
-        if self.unk_token_id == self.bos_token_id:
-            _fail(name, "unk_token_id", self.unk_token_id,
-                  "it must differ from bos_token_id (li2022's ALD and the source-reliance monitor mask words with it)")
-        if self.residual_scaling != "admin":
-            for field, default in (("admin_init", "profiling"), ("admin_omega_trainable", True),
-                                   ("admin_profiled", False)):
-                if getattr(self, field) != default:
-                    _fail(name, field, getattr(self, field), "ADMIN settings apply only with residual_scaling='admin' "
-                          f"(it is {self.residual_scaling!r}); set residual_scaling='admin' or leave {field} at "
-                          f"{default!r}")
-        if self.admin_init == "closed_form" and self.admin_profiled:
-            _fail(name, "admin_profiled", self.admin_profiled,
-                  "a closed-form ADMIN model is never profiled (admin_init='closed_form'); leave it False")
         if depth > 0 and ratio == 0.0:
             logger.warning_once(
                 f"{name}: cross_attention_drop_depth={depth} has no effect with cross_attention_drop_ratio=0.0 "
@@ -614,7 +563,7 @@ class DeepDecoderTransformerConfig(DeepTransformerConfig):
         ald_temperature: float = 0.1,
         **kwargs: Any,
     ) -> None:
-        if cross_attention_drop_depth is None and _is_int(decoder_layers) and decoder_layers >= 1:
+        if cross_attention_drop_depth is None and is_int(decoder_layers) and decoder_layers >= 1:
             cross_attention_drop_depth = max(1, round(DEEP_DECODER_DROP_FRACTION * decoder_layers))
         super().__init__(
             encoder_layers=encoder_layers,

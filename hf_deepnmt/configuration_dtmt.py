@@ -6,8 +6,9 @@ multi-head additive attention. Each of its three transition modules (encoder, qu
 GRUs (T-GRU, Eq. (10)-(13)) above it; DTMT#k has ``transition_depth=k``. Every choice the paper leaves open is
 explained in ``docs/meng2019-dtmt.md``.
 
-Every field is validated when the config is built (and again when a model is built from it): a bad value raises one
-``ValueError`` sentence that names the field, the value and what is allowed. The Transformer mechanisms of the other
+Every field is validated once when the config is built, by the field → rule table `DTMT_RULES` (its rules, and
+those of the fields every encoder-decoder of the package has, are `configuration_common`'s), and again when a model
+is built from it: a bad value raises one ``ValueError`` sentence that names the field, the value and what is allowed. The Transformer mechanisms of the other
 papers (li2022 CAD/CRT, liu2020 ADMIN, dou2018 layer aggregation) have no meaning for an RNN and are refused.
 
 This file is copied next to the weights by ``save_pretrained`` (trust_remote_code), so it imports only transformers
@@ -17,16 +18,13 @@ and same-folder modules with ``from .module import Name``.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 from transformers import PreTrainedConfig
 
-from .configuration_deep_transformer import (
-    _fail,
-    _is_int,
-    _is_number,
-    without_pipelines_served_in_process,
-)
+from .configuration_common import (ENCODER_DECODER_RULES, FLAG, POSITIVE_INT, PROBABILITY, SPECIAL_TOKEN_RULES,
+                                   FieldRules, Rule, ValidatedConfigMixin, divides_d_model, fail, is_int, number_in,
+                                   one_of)
 
 ALLOWED_RNN_CELLS: tuple[str, ...] = ("lgru", "gru")
 # modeling_common.LENGTH_PENALTY_FORMS, spelt here so that this file imports no modeling code (tests check they agree)
@@ -50,8 +48,25 @@ TRANSFORMER_ONLY_FIELDS: dict[str, str] = {
                     "activation_dropout", "scale_embedding", "layer_norm_position", "init_std")},
 }
 
+# meng2019's fields with their rules (configuration_common.check_config runs them in this order).
+DTMT_RULES: FieldRules = {
+    **ENCODER_DECODER_RULES,
+    "attention_heads": (POSITIVE_INT, divides_d_model()),
+    "transition_depth": (Rule(lambda value, config: is_int(value) and value >= 0, "it must be an integer ≥ 0 (the "
+                              "number of T-GRUs per transition block, k of DTMT#k)"),),
+    "rnn_cell": (one_of(ALLOWED_RNN_CELLS),),
+    "length_penalty_form": (one_of(ALLOWED_LENGTH_PENALTY_FORMS),),
+    **{field: (FLAG,) for field in ("encoder_transition", "query_transition", "decoder_transition",
+                                    "positional_encoding", "share_encoder_decoder_embeddings")},
+    "rnn_dropout": (PROBABILITY,),
+    "readout_dropout": (PROBABILITY,),
+    "init_range": (number_in(0.0, math.inf, low_open=True, high_open=True,
+                             allowed="it must be a finite positive number (the paper uses 0.08)"),),
+    **SPECIAL_TOKEN_RULES,
+}
 
-class DTMTConfig(PreTrainedConfig):
+
+class DTMTConfig(ValidatedConfigMixin, PreTrainedConfig):
     r"""Configuration of [`DTMTForConditionalGeneration`]: meng2019's deep transition RNN encoder-decoder.
 
     Defaults give the paper's Zh-En DTMT#4 (Table 1, §Training Details): d 1024, four T-GRUs above the L-GRU of every
@@ -179,8 +194,8 @@ class DTMTConfig(PreTrainedConfig):
     ) -> None:
         for field in kwargs:
             if field in TRANSFORMER_ONLY_FIELDS:
-                _fail(type(self).__name__, field, kwargs[field],
-                      f"DTMT is a recurrent model and {TRANSFORMER_ONLY_FIELDS[field]}")
+                fail(type(self).__name__, field, kwargs[field],
+                     f"DTMT is a recurrent model and {TRANSFORMER_ONLY_FIELDS[field]}")
         self.vocab_size = vocab_size
         self.d_model = d_model
         self.transition_depth = transition_depth
@@ -202,71 +217,11 @@ class DTMTConfig(PreTrainedConfig):
         self.unk_token_id = unk_token_id
         self.use_cache = use_cache
         self.tie_word_embeddings = tie_word_embeddings
-        kwargs = without_pipelines_served_in_process(type(self), kwargs)
-        # Types first, in our words, before transformers' own validators see the token ids (docs/training.md).
-        if not (_is_int(vocab_size) and vocab_size >= 1):
-            _fail(type(self).__name__, "vocab_size", vocab_size, "it must be a positive integer")
-        for field, value in (("pad_token_id", pad_token_id), ("bos_token_id", bos_token_id),
-                             ("eos_token_id", eos_token_id), ("unk_token_id", unk_token_id),
-                             ("decoder_start_token_id", decoder_start_token_id)):
-            if not (_is_int(value) and 0 <= value < vocab_size):
-                _fail(type(self).__name__, field, value, f"it must be a token id in [0, vocab_size={vocab_size})")
-        super().__init__(
-            pad_token_id=pad_token_id,
-            bos_token_id=bos_token_id,
-            eos_token_id=eos_token_id,
-            decoder_start_token_id=decoder_start_token_id,
-            is_encoder_decoder=is_encoder_decoder,
-            tie_word_embeddings=tie_word_embeddings,
-            **kwargs,
-        )
-        self.check_fields()
+        self._validate_and_init(kwargs, pad_token_id=pad_token_id, bos_token_id=bos_token_id,
+                                eos_token_id=eos_token_id, decoder_start_token_id=decoder_start_token_id,
+                                is_encoder_decoder=is_encoder_decoder, tie_word_embeddings=tie_word_embeddings)
 
-    def check_fields(self) -> None:
-        """Validate every field; raise one `ValueError` sentence naming the field, the value and what is allowed."""
-        name = type(self).__name__
-        for field in ("vocab_size", "d_model", "attention_heads", "max_position_embeddings"):
-            value = getattr(self, field)
-            if not (_is_int(value) and value >= 1):
-                _fail(name, field, value, "it must be a positive integer")
-        if self.d_model % 2 != 0:
-            _fail(name, "d_model", self.d_model, "it must be even (sinusoidal positions pair sin and cos)")
-        if self.d_model % self.attention_heads != 0:
-            _fail(name, "attention_heads", self.attention_heads, f"it must divide d_model ({self.d_model})")
-        if not (_is_int(self.transition_depth) and self.transition_depth >= 0):
-            _fail(name, "transition_depth", self.transition_depth,
-                  "it must be an integer ≥ 0 (the number of T-GRUs per transition block, k of DTMT#k)")
-        if self.rnn_cell not in ALLOWED_RNN_CELLS:
-            _fail(name, "rnn_cell", self.rnn_cell, f"use one of {list(ALLOWED_RNN_CELLS)}")
-        if self.length_penalty_form not in ALLOWED_LENGTH_PENALTY_FORMS:
-            _fail(name, "length_penalty_form", self.length_penalty_form,
-                  f"use one of {list(ALLOWED_LENGTH_PENALTY_FORMS)}")
-        for field in ("encoder_transition", "query_transition", "decoder_transition", "positional_encoding",
-                      "share_encoder_decoder_embeddings", "tie_word_embeddings", "use_cache", "is_encoder_decoder"):
-            value = getattr(self, field)
-            if not isinstance(value, bool):
-                _fail(name, field, value, "it must be True or False")
-        if self.is_encoder_decoder is not True:
-            _fail(name, "is_encoder_decoder", self.is_encoder_decoder, "this model is always an encoder-decoder (True)")
-        for field in ("dropout", "rnn_dropout", "readout_dropout"):
-            value = getattr(self, field)
-            if not (_is_number(value) and 0.0 <= value < 1.0):
-                _fail(name, field, value, "it must be a probability in [0, 1)")
-        if not (_is_number(self.init_range) and math.isfinite(self.init_range) and self.init_range > 0.0):
-            _fail(name, "init_range", self.init_range, "it must be a finite positive number (the paper uses 0.08)")
-        if not (_is_number(self.label_smoothing) and 0.0 <= self.label_smoothing < 1.0):
-            _fail(name, "label_smoothing", self.label_smoothing, "it must be a number in [0, 1)")
-        if not (_is_number(self.layer_norm_eps) and 0.0 < self.layer_norm_eps < 1.0):
-            _fail(name, "layer_norm_eps", self.layer_norm_eps, "it must be a number in (0, 1)")
-        for field in ("pad_token_id", "bos_token_id", "eos_token_id", "unk_token_id", "decoder_start_token_id"):
-            value = getattr(self, field, None)
-            if not (_is_int(value) and 0 <= value < self.vocab_size):
-                _fail(name, field, value, f"it must be a token id in [0, vocab_size={self.vocab_size})")
-        if self.eos_token_id == self.pad_token_id:
-            _fail(name, "eos_token_id", self.eos_token_id, "it must differ from pad_token_id, which is masked out")
-        if self.decoder_start_token_id == self.pad_token_id:
-            _fail(name, "decoder_start_token_id", self.decoder_start_token_id,
-                  "it must differ from pad_token_id (padding is never a decoder input)")
+    field_rules: ClassVar[FieldRules] = DTMT_RULES
 
     def block_depths(self) -> dict[str, int]:
         """T-GRUs above the bottom unit of each transition module (Fig. 2): ``transition_depth`` where the module's

@@ -13,7 +13,7 @@ Formats (``deepnmt export --format ...``; `export_model`):
   recurrent decoder, so dou2018's mechanisms and DTMT are refused with one sentence naming them (`export_blockers`)
   that points to ``--format onnx``. ``int8``, ``int8_float32``, ``bfloat16``.
 * ``marian`` — the same standard variants as a `transformers.MarianMTModel` folder without custom code
-  (`hf_deepnmt.admin.export_marian`), float32 or ``bfloat16``.
+  (`hf_deepnmt.export_marian`), float32 or ``bfloat16``.
 
 The tokenizer travels with every export (``tokenizer.json`` beside the weights); ``deepnmt_export.json`` records
 the format, the special tokens and the generation defaults; an ONNX export also holds the model's ``config.json``
@@ -45,8 +45,10 @@ from .export_formats import (  # noqa: F401  (the public names of hf_deepnmt.exp
     check_exportable,
     check_modules,
     export_blockers,
+    format_blockers,
     standard_model,
 )
+from .export_marian import write_marian
 from .modeling_common import unwrap_model
 from .pipeline_translation import recorded_language_pairs
 
@@ -103,12 +105,7 @@ def write_export(model: nn.Module, tokenizer: Any, output_dir: Path, export_form
     elif export_format == "ctranslate2":
         export_ctranslate2(standard_model(model), tokenizer, output_dir, quantization)
     else:
-        from .admin import export_marian
-
-        marian = export_marian(model)
-        if quantization == "bfloat16":
-            marian = marian.to(torch.bfloat16)
-        marian.save_pretrained(output_dir)
+        write_marian(model, output_dir, quantization)
     tokenizer.save_pretrained(output_dir)  # the tokenizer travels with the export
     config, generation = model.config, model.generation_config
     manifest = {

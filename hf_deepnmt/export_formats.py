@@ -1,15 +1,19 @@
-"""What each export format can hold: the formats, engines and weight types, which mechanisms a format cannot express
-(`export_blockers`), and the standard Transformer a CTranslate2 or Marian export is written from (`standard_model`).
-`hf_deepnmt.export` (the entry point) and the format modules read it; it imports neither.
+"""What each export format can hold: the formats, engines and weight types, the one list of mechanisms a format
+cannot express (`mechanism_blockers`, read through `format_blockers` / `export_blockers` with the model type's registry
+entry), and the standard Transformer a CTranslate2 export is written from (`standard_model`). `hf_deepnmt.export` (the
+entry point) and the format modules (`export_onnx`, `export_ctranslate2`, `export_marian`) read it; it imports none
+of them.
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
 
-from .admin import fold_admin, non_standard_features
+from .admin import fold_admin
 from .errors import UserInputError
 from .modeling_common import unwrap_model
 from .registry import MODEL_TYPES, TRANSFORMER, model_type_names
@@ -62,38 +66,92 @@ CT2_ACTIVATIONS: dict[str, str] = {
 }
 
 
-def export_blockers(config: Any, export_format: str) -> list[str]:
-    """The mechanisms of ``config`` that ``export_format`` cannot express exactly (empty: exportable).
+@dataclass(frozen=True)
+class Blocker:
+    """One thing a model has that an export format cannot express exactly."""
 
-    ``onnx`` takes every model type of the package. For ``ctranslate2`` and ``marian``, ADMIN is never a blocker (it
-    folds away), nor are li2022's CAD, DDR and ALD (CAD acts only in training or builds layers without
-    cross-attention, which both formats encode exactly; DDR and ALD are losses).
-    """
+    setting: str
+    """The config's words: ``"multi_layer_attention_k=2"``."""
+    mechanism: str
+    """The paper's: ``"dou2018 multi-layer attention"``."""
+    reason: str
+    """Why a standard Transformer cannot hold it (empty: the mechanism says it)."""
+    formats: tuple[str, ...]
+    """The formats it blocks."""
+    where: str = ""
+    """The stack it acts on, where it matters: ``"encoder"`` names "dou2018 encoder layer aggregation"."""
+
+    def __str__(self) -> str:
+        """The mechanism first, as `export_blockers` and the export's refusal name it."""
+        paper, _, name = self.mechanism.partition(" ") if self.where else ("", "", self.mechanism)
+        mechanism = " ".join(part for part in (paper, self.where, name) if part)
+        return f"{mechanism} ({self.setting}: {self.reason})" if self.reason else f"{mechanism} ({self.setting})"
+
+    def setting_first(self) -> str:
+        """The setting first, as `hf_deepnmt.export_marian.export_marian` names it."""
+        return f"{self.setting} ({self.mechanism})"
+
+
+STANDARD = ("ctranslate2", "marian")  # the formats that hold a standard Transformer only
+
+
+def mechanism_blockers(config: Any) -> list[Blocker]:
+    """Every switch of a Transformer ``config`` that some format cannot express, each named once, with the formats
+    it blocks. ADMIN is never one (it folds away, `hf_deepnmt.admin.fold_admin`), nor are li2022's CAD at p_net < 1
+    (it acts only in training), DDR and ALD (losses); fields a config lacks read as their defaults."""
+    blockers = []
+    if getattr(config, "layer_norm_position", "post") != "post":
+        blockers.append(Blocker(f"layer_norm_position={config.layer_norm_position!r}", "pre-LN",
+                                "Marian is post-LN", ("marian",)))
+    eps = getattr(config, "layer_norm_eps", 1e-5)
+    if not math.isclose(eps, 1e-5):
+        blockers.append(Blocker(f"layer_norm_eps={eps}", "a LayerNorm epsilon other than 1e-5",
+                                "Marian's LayerNorms use 1e-5", ("marian",)))
+    for stack in ("encoder", "decoder"):
+        kind = getattr(config, f"{stack}_layer_aggregation", "none")
+        if kind not in (None, "none"):
+            blockers.append(Blocker(f"{stack}_layer_aggregation={kind!r}", "dou2018 layer aggregation",
+                                    "the stack's output combines every layer's output", STANDARD, where=stack))
+    k = getattr(config, "multi_layer_attention_k", 1) or 1
+    if k > 1:
+        blockers.append(Blocker(f"multi_layer_attention_k={k}", "dou2018 multi-layer attention",
+                                "self-attention attends to several layers' outputs", STANDARD))
+    depth = getattr(config, "cross_attention_drop_depth", 0)
+    if depth > 0 and getattr(config, "cross_attention_drop_ratio", 0) >= 1:
+        # CTranslate2 writes those layers with a zero cross-attention (hf_deepnmt.export_ctranslate2); Marian cannot
+        blockers.append(Blocker(f"cross_attention_drop_ratio=1.0 on {depth} decoder layers",
+                                "li2022 cross-attention drop", "those layers have no cross-attention; every Marian "
+                                "decoder layer has one", ("marian",)))
+    activation = getattr(config, "activation_function", "relu")
+    if activation not in CT2_ACTIVATIONS:
+        blockers.append(Blocker(f"activation_function={activation!r}", "an activation CTranslate2 lacks",
+                                f"CTranslate2 has {', '.join(sorted(CT2_ACTIVATIONS))}", ("ctranslate2",)))
+    return blockers
+
+
+def format_blockers(config: Any, export_format: str) -> list[Blocker]:
+    """What of ``config`` ``export_format`` cannot express (empty: exportable). The model type's registry entry
+    decides whether the family can be written to the format at all (`ModelTypeEntry.export_formats`; DTMT only to
+    ``onnx``); for a family that can, `mechanism_blockers` names the switches the format lacks."""
     if export_format not in EXPORT_FORMATS:
         raise UserInputError(f"`export_format` = {export_format!r} is not allowed; use one of {', '.join(EXPORT_FORMATS)}.")
     model_type = getattr(config, "model_type", None)
-    if model_type not in MODEL_TYPES:
-        return [f"model_type {model_type!r}, which is not one of this package's model types "
-                f"({', '.join(MODEL_TYPES)})"]
+    entry = MODEL_TYPES.get(model_type)
+    if entry is None:
+        return [Blocker(f"model_type={model_type!r}", "a model type of another package",
+                        f"hf_deepnmt's are {', '.join(MODEL_TYPES)}", EXPORT_FORMATS)]
+    if export_format not in entry.export_formats:
+        return [Blocker(f"model_type={model_type!r}", entry.export_refusal or f"the {entry.family} family", "",
+                        (export_format,))]
     if export_format == "onnx":
-        return []
-    if model_type not in STANDARD_MODEL_TYPES:
-        return ["meng2019 DTMT's deep-transition recurrent layers (L-GRU/T-GRU encoder and decoder)"]
-    blockers = []
-    for stack in ("encoder", "decoder"):
-        aggregation = getattr(config, f"{stack}_layer_aggregation", "none")
-        if aggregation not in (None, "none"):
-            blockers.append(f"dou2018 {stack} layer aggregation ({stack}_layer_aggregation={aggregation!r}: the "
-                            "stack's output combines every layer's output)")
-    if (getattr(config, "multi_layer_attention_k", 1) or 1) > 1:
-        blockers.append(f"dou2018 multi-layer attention (multi_layer_attention_k={config.multi_layer_attention_k}: "
-                        "self-attention attends to several layers' outputs)")
-    if export_format == "ctranslate2" and config.activation_function not in CT2_ACTIVATIONS:
-        blockers.append(f"activation_function={config.activation_function!r} (CTranslate2 has "
-                        f"{', '.join(sorted(CT2_ACTIVATIONS))})")
-    if export_format == "marian":
-        blockers.extend(non_standard_features(config))
-    return blockers
+        return []  # the graphs are traced from the model's own modules: every mechanism of the package
+    return [blocker for blocker in mechanism_blockers(config) if export_format in blocker.formats]
+
+
+def export_blockers(config: Any, export_format: str) -> list[str]:
+    """The mechanisms of ``config`` that ``export_format`` cannot express, one phrase each (empty: exportable);
+    ``onnx`` takes every model type of the package (`format_blockers`)."""
+    return [str(blocker) for blocker in format_blockers(config, export_format)]
 
 
 def check_exportable(config: Any, export_format: str) -> None:

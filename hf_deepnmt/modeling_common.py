@@ -187,7 +187,7 @@ class HubReadyMixin:
 
     The ``custom_pipelines`` entry is written into the saved config.json only; the live config is left as it was,
     because in a process that imported hf_deepnmt the package's configs never carry it (see
-    ``configuration_deep_transformer.without_pipelines_served_in_process``), so a reloaded config equals the saved
+    ``configuration_common.without_pipelines_served_in_process``), so a reloaded config equals the saved
     model's."""
 
     base_model_class_name: str

@@ -547,6 +547,47 @@ class DeepTransformerDecoder(_DeepTransformerStack):
         return cache is not None and all(cache.is_updated.get(layer.layer_idx, False) for layer in self.layers
                                          if layer.encoder_attn is not None)
 
+    def _decoding_cache(self, past_key_values: EncoderDecoderCache | None,
+                        use_cache: bool | None) -> tuple[EncoderDecoderCache | None, bool]:
+        """The cache this pass reads and extends (None: no incremental decoding) and whether it is returned."""
+        use_cache = use_cache if use_cache is not None else self.config.use_cache
+        if self.gradient_checkpointing and self.training:
+            use_cache = False  # a cache written during the forward would be written again by the recomputation
+        cache = past_key_values if use_cache else None
+        if use_cache and cache is None:
+            cache = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
+        if cache is not None and not isinstance(cache, EncoderDecoderCache):
+            raise TypeError(
+                f"{type(self).__name__}: `past_key_values` must be an EncoderDecoderCache, got {type(cache).__name__}."
+            )
+        if cache is not None and self.config.multi_layer_attention_k > 1:
+            # Eq. (8) dou2018: one self-attention key/value slot per layer and attended source layer
+            ensure_cache_slots(cache.self_attention_cache, self.config.multi_layer_attention_k * len(self.layers))
+        return cache, use_cache
+
+    def _attention_masks(self, attention_mask: torch.Tensor | None, encoder_attention_mask: torch.Tensor | None,
+                         hidden_states: torch.Tensor, past_length: int) -> tuple[torch.Tensor | None, bool,
+                                                                                 torch.Tensor | None]:
+        """The causal self-attention mask over the target so far, whether it is plain causal (SDPA's fast path), and
+        the source padding mask of the cross-attention; additive, in the states' dtype."""
+        batch, length = hidden_states.shape[:2]
+        if attention_mask is not None and attention_mask.dim() == 2 and attention_mask.shape != (
+                batch, past_length + length):
+            raise UserInputError(f"`decoder_attention_mask` has shape {tuple(attention_mask.shape)}; it needs one 1/0 "
+                                 f"entry per target token so far, {(batch, past_length + length)}.")
+        self_mask, is_causal = decoder_self_attention_mask(attention_mask, length, past_length, hidden_states.device)
+        self_mask = additive_mask(self_mask, hidden_states.dtype)  # (B or 1, 1, T, past+T)
+        cross_mask = additive_mask(padding_mask(encoder_attention_mask), hidden_states.dtype)  # (B, 1, 1, S)
+        return self_mask, is_causal, cross_mask
+
+    def _cross_attention_draws(self, drop_net_group_sizes: list[int] | tuple[int, ...] | None,
+                               hidden_states: torch.Tensor, drop: bool) -> dict[nn.Module, bool | torch.Tensor]:
+        """li2022 §3.3: per layer, whether its cross-attention runs in this pass (`draw_cross_attention`)."""
+        if drop_net_group_sizes is not None and sum(drop_net_group_sizes) != hidden_states.size(0):
+            raise UserInputError(f"{type(self).__name__}: `drop_net_group_sizes` = {list(drop_net_group_sizes)} must "
+                                 f"sum to the batch size {hidden_states.size(0)}.")
+        return dict(zip(self.layers, self.draw_cross_attention(drop_net_group_sizes, hidden_states.device, drop=drop)))
+
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -566,43 +607,21 @@ class DeepTransformerDecoder(_DeepTransformerStack):
         """``drop_net_group_sizes``: consecutive row groups that draw li2022 CAD's drop-net independently
         (`draw_cross_attention`); ``None`` is one group, the whole batch. ``drop_cross_attention=False``: no drop-net
         draw in training mode either, every existing cross-attention runs (ADMIN profiling, docs/liu2020.md)."""
-        past_key_values = merge_cache_arguments(cache, past_key_values)
         output_attentions = bool(output_attentions if output_attentions is not None else self.config.output_attentions)
         output_hidden_states = bool(
             output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
         )
-        use_cache = use_cache if use_cache is not None else self.config.use_cache
-        if self.gradient_checkpointing and self.training:
-            use_cache = False  # a cache written during the forward would be written again by the recomputation
-        cache = past_key_values if use_cache else None
-        if use_cache and cache is None:
-            cache = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
-        if cache is not None and not isinstance(cache, EncoderDecoderCache):
-            raise TypeError(
-                f"{type(self).__name__}: `past_key_values` must be an EncoderDecoderCache, got {type(cache).__name__}."
-            )
+        cache, use_cache = self._decoding_cache(merge_cache_arguments(cache, past_key_values), use_cache)
         if encoder_hidden_states is None and not self.holds_memory(cache):
             raise UserInputError(f"{type(self).__name__}: `encoder_hidden_states` is required (run the encoder first).")
-        if cache is not None and self.config.multi_layer_attention_k > 1:
-            ensure_cache_slots(cache.self_attention_cache, self.config.multi_layer_attention_k * len(self.layers))
         past_length = cache.get_seq_length() if cache is not None else 0
 
-        hidden_states = self._embed(input_ids, inputs_embeds, past_length, name="decoder_input_ids")
-        if attention_mask is not None and attention_mask.dim() == 2 and attention_mask.shape != (
-                hidden_states.size(0), past_length + hidden_states.size(1)):
-            raise UserInputError(f"`decoder_attention_mask` has shape {tuple(attention_mask.shape)}; it needs one 1/0 entry "
-                             f"per target token so far, {(hidden_states.size(0), past_length + hidden_states.size(1))}.")
-        self_mask, is_causal = decoder_self_attention_mask(attention_mask, hidden_states.size(1), past_length,
-                                                          hidden_states.device)
-        self_mask = additive_mask(self_mask, hidden_states.dtype)  # (B or 1, 1, T, past+T)
-        cross_mask = additive_mask(padding_mask(encoder_attention_mask), hidden_states.dtype)  # (B, 1, 1, S)
+        hidden_states = self._embed(input_ids, inputs_embeds, past_length, name="decoder_input_ids")  # (B, T, d)
+        self_mask, is_causal, cross_mask = self._attention_masks(attention_mask, encoder_attention_mask, hidden_states,
+                                                                past_length)
+        use_cross = self._cross_attention_draws(drop_net_group_sizes, hidden_states, drop_cross_attention)
         all_self: list[torch.Tensor] = []
         all_cross: list[torch.Tensor] = []
-        if drop_net_group_sizes is not None and sum(drop_net_group_sizes) != hidden_states.size(0):
-            raise UserInputError(f"{type(self).__name__}: `drop_net_group_sizes` = {list(drop_net_group_sizes)} must sum "
-                             f"to the batch size {hidden_states.size(0)}.")
-        use_cross = dict(zip(self.layers, self.draw_cross_attention(drop_net_group_sizes, hidden_states.device,
-                                                                    drop=drop_cross_attention)))
 
         def call(layer: DeepTransformerDecoderLayer, x: torch.Tensor, lower: tuple[torch.Tensor, ...]) -> torch.Tensor:
             x, self_weights, cross_weights = self._call_layer(
@@ -869,14 +888,9 @@ class DeepTransformerForConditionalGeneration(TranslationGenerationMixin, DeepTr
             check_token_ids("labels", labels, self.config.vocab_size, allow_ignore_index=True)
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
-                decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
-        if labels is None and self.training and decoder_input_ids is not None and past_key_values is None and (
-                self.config.ddr_weight > 0 or self.config.ald_weight > 0):
-            logger.warning_once(
-                f"{type(self).__name__}: a training-mode forward without `labels` computes no loss, so the ddr/ald "
-                "terms of the config are not trained. A stock Trainer with label_smoothing_factor > 0 does this (it "
-                "removes the labels): use label_smoothing_factor=0 and config.label_smoothing instead, or "
-                "DeepNMTTrainer.")
+                decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)  # labels shifted right
+        elif self.training and decoder_input_ids is not None and past_key_values is None:
+            self._warn_if_auxiliary_losses_go_untrained()
         if labels is not None and self.training:
             output = self._training_objective(
                 input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
@@ -906,6 +920,22 @@ class DeepTransformerForConditionalGeneration(TranslationGenerationMixin, DeepTr
             loss, components, counts = translation_nll_objective(
                 logits, labels, self.config.pad_token_id, training=False, epsilon=0.0,
                 source_tokens=torch.tensor(0), num_items_in_batch=num_items_in_batch)
+        return self._lm_output(outputs, logits, loss, components, counts, return_dict)
+
+    def _warn_if_auxiliary_losses_go_untrained(self) -> None:
+        """A training-mode forward without labels computes no loss: li2022's DDR/ALD terms are not trained."""
+        if self.config.ddr_weight > 0 or self.config.ald_weight > 0:
+            logger.warning_once(
+                f"{type(self).__name__}: a training-mode forward without `labels` computes no loss, so the ddr/ald "
+                "terms of the config are not trained. A stock Trainer with label_smoothing_factor > 0 does this (it "
+                "removes the labels): use label_smoothing_factor=0 and config.label_smoothing instead, or "
+                "DeepNMTTrainer.")
+
+    @staticmethod
+    def _lm_output(outputs: Seq2SeqModelOutput, logits: torch.Tensor, loss: torch.Tensor | None,
+                   components: dict[str, torch.Tensor] | None, counts: dict[str, torch.Tensor] | None,
+                   return_dict: bool | None) -> DeepTransformerSeq2SeqLMOutput | tuple:
+        """The model's states and the logits projected from them, as transformers' seq2seq LM output."""
         output = DeepTransformerSeq2SeqLMOutput(
             loss=loss,
             logits=logits,

@@ -7,7 +7,7 @@ back in two ways:
   ``"translation_<src>_to_<tgt>"`` names) for every ``AutoModelForSeq2SeqLM`` model:
   ``pipeline("translation", model=model, tokenizer=tokenizer)``, and for the package's saved folders
   ``pipeline("translation", model=folder)`` without ``trust_remote_code`` (the installed config classes leave the
-  folder's ``custom_pipelines`` entry out, see ``configuration_deep_transformer.without_pipelines_served_in_process``);
+  folder's ``custom_pipelines`` entry out, see ``configuration_common.without_pipelines_served_in_process``);
   ``pipeline(..., pipeline_class=TranslationPipeline)`` names the class explicitly;
 * on the Hub, every saved DeepTransformer folder carries this file and a ``custom_pipelines`` entry, so
   ``pipeline("translation", model=folder_or_repo, trust_remote_code=True)`` works where hf_deepnmt is not installed
@@ -46,7 +46,7 @@ from transformers import Pipeline
 from .errors import UserInputError
 
 # The `custom_pipelines` entry written into config.json by DeepTransformer models' save_pretrained
-# (configuration_deep_transformer.OUR_PIPELINE_IMPL repeats its "impl").
+# (configuration_common.OUR_PIPELINE_IMPL repeats its "impl").
 TRANSLATION_PIPELINE_SPEC: dict[str, Any] = {
     "impl": "pipeline_translation.TranslationPipeline",
     "pt": ["AutoModelForSeq2SeqLM"],

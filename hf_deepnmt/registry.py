@@ -55,8 +55,11 @@ class ModelTypeEntry:
     card_template: str
     """The file name (without ``.md``) of its template in ``model_cards/templates``."""
     export_formats: tuple[str, ...]
-    """The formats of `hf_deepnmt.export` the family can be written to (mechanisms a format cannot express are
-    refused by name, `hf_deepnmt.export.export_blockers`)."""
+    """The formats of `hf_deepnmt.export` the family can be written to: the export decides from this entry alone
+    whether a model type can be written to a format at all; within a family that can, the switches a format cannot
+    express are refused by name (`hf_deepnmt.export_formats.mechanism_blockers`)."""
+    export_refusal: str = ""
+    """What the other formats cannot express, as their refusal names it (``hf_deepnmt.export_formats.format_blockers``)."""
 
 
 MODEL_TYPES: dict[str, ModelTypeEntry] = {
@@ -82,7 +85,8 @@ MODEL_TYPES: dict[str, ModelTypeEntry] = {
                        ("ctranslate2", "onnx", "marian")),
         ModelTypeEntry("dtmt", DTMT, "meng2019",
                        "meng2019's DTMT deep-transition GRU encoder-decoder (L-GRU, T-GRU, multi-head additive "
-                       "attention)", DTMTConfig, DTMTModel, DTMTForConditionalGeneration, "dtmt", ("onnx",)),
+                       "attention)", DTMTConfig, DTMTModel, DTMTForConditionalGeneration, "dtmt", ("onnx",),
+                       "meng2019 DTMT's deep-transition recurrent layers, an L-GRU/T-GRU encoder and decoder"),
     )
 }
 

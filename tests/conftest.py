@@ -15,7 +15,12 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import hf_deepnmt  # noqa: E402,F401  (registers Auto classes and the translation pipeline)
-from hf_deepnmt import DeepTransformerConfig, DeepTransformerForConditionalGeneration  # noqa: E402
+from hf_deepnmt import (  # noqa: E402
+    DeepTransformerConfig,
+    DeepTransformerForConditionalGeneration,
+    DTMTConfig,
+    DTMTForConditionalGeneration,
+)
 
 # Two threads at most (the project's machines have 2 cores); fewer when OMP_NUM_THREADS says so, e.g. beside other
 # work on the same cores, where two spinning threads per process slow small operations down many times.
@@ -41,6 +46,18 @@ def tiny_config(**overrides) -> DeepTransformerConfig:
 def tiny_model(seed: int = 0, **overrides) -> DeepTransformerForConditionalGeneration:
     torch.manual_seed(seed)
     return DeepTransformerForConditionalGeneration(tiny_config(**overrides)).eval()
+
+
+TINY_DTMT = dict(vocab_size=99, d_model=16, transition_depth=2, attention_heads=4, max_position_embeddings=64)
+
+
+def dtmt_config(**overrides) -> DTMTConfig:
+    return DTMTConfig(**{**TINY_DTMT, **overrides})
+
+
+def dtmt_model(seed: int = 0, **overrides) -> DTMTForConditionalGeneration:
+    torch.manual_seed(seed)
+    return DTMTForConditionalGeneration(dtmt_config(**overrides)).eval()
 
 
 @pytest.fixture

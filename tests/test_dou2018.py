@@ -465,6 +465,29 @@ def test_marian_export_and_admin_folding_refuse_deep_representations():
         fold_admin(dou_model("hierarchical", residual_scaling="admin", admin_init="closed_form"))
 
 
+@pytest.mark.parametrize("export_format", ["marian", "ctranslate2"])
+def test_an_export_names_each_dou2018_blocker_once(export_format):
+    """Aggregation of both stacks and multi-layer attention: three blockers, each named once, in the export's refusal
+    and in `export_marian`'s (issue 39: two overlapping lists named them twice)."""
+    from hf_deepnmt.export import export_blockers, export_model
+
+    model = dou_model("hierarchical", multi_layer_attention_k=2)
+    settings = ["encoder_layer_aggregation='hierarchical'", "decoder_layer_aggregation='hierarchical'",
+                "multi_layer_attention_k=2"]
+    blockers = export_blockers(model.config, export_format)
+    assert len(blockers) == 3 and all(setting in blocker for setting, blocker in zip(settings, blockers))
+    with pytest.raises(ValueError) as refusal:
+        export_model(model, None, "unused", export_format)
+    messages = [str(refusal.value)]
+    if export_format == "marian":
+        with pytest.raises(ValueError) as error:
+            export_marian(model)
+        messages.append(str(error.value))
+    for message in messages:
+        assert all(message.count(setting) == 1 for setting in settings), message
+        assert message.count("layer aggregation") == 2 and message.count("multi-layer attention") == 1, message
+
+
 def test_admin_cad_crt_hierarchical_and_diversity_train_together(tmp_path, data, tiny_tokenizer):
     trainer = make_trainer(tmp_path, data, tiny_tokenizer, max_steps=3, dropout=0.1, model_overrides=dict(
         encoder_layers=3, decoder_layers=4, residual_scaling="admin", cross_attention_drop_depth=2,

@@ -1,12 +1,8 @@
-"""meng2019 DTMT: the cells' equations, the length-aware encoder, generation with `DTMTCache`, the Hugging Face
-contract (save/load, Auto classes, remote code, pipeline) and the paper's parameter counts, on tiny configs."""
+"""meng2019 DTMT: the cells' equations, the length-aware encoder, generation with `DTMTCache` and the paper's parameter
+counts, on tiny configs; the Hugging Face contract it shares with every family is tests/test_hf_contract.py's."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import warnings
 
 import pytest
@@ -14,10 +10,9 @@ import torch
 
 from hf_deepnmt.modeling_common import output_cache
 import torch.nn.functional as F
-from test_pipeline_and_remote_code import FRESH_PROCESS
-from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
+from conftest import dtmt_config, dtmt_model
 
-from hf_deepnmt import DTMTCache, DTMTConfig, DTMTForConditionalGeneration, DTMTModel
+from hf_deepnmt import DTMTCache, DTMTConfig, DTMTForConditionalGeneration
 from hf_deepnmt.losses import compute_losses, source_reliance
 from hf_deepnmt.modeling_dtmt import (
     DTMTGatedUnit,
@@ -26,25 +21,6 @@ from hf_deepnmt.modeling_dtmt import (
     gated_unit_step,
     transition_gru_step,
 )
-
-TINY_DTMT = dict(vocab_size=99, d_model=16, transition_depth=2, attention_heads=4, max_position_embeddings=64)
-
-GRID = [
-    dict(),
-    dict(rnn_cell="gru", transition_depth=0),  # ShallowRNMT
-    dict(share_encoder_decoder_embeddings=True, tie_word_embeddings=True, positional_encoding=False),
-    dict(tie_word_embeddings=True, encoder_transition=False, query_transition=False),
-]
-
-
-def dtmt_config(**overrides) -> DTMTConfig:
-    return DTMTConfig(**{**TINY_DTMT, **overrides})
-
-
-def dtmt_model(seed: int = 0, **overrides) -> DTMTForConditionalGeneration:
-    torch.manual_seed(seed)
-    return DTMTForConditionalGeneration(dtmt_config(**overrides)).eval()
-
 
 def _generate(model, batch, **kwargs):
     with warnings.catch_warnings():
@@ -170,29 +146,6 @@ def test_annotations_are_forward_and_backward_states():
 
 
 # ------------------------------------------------------------------------------------------------ generation
-@pytest.mark.parametrize("switches", GRID)
-def test_greedy_cached_equals_uncached(batch, switches):
-    model = dtmt_model(**switches)
-    cached = _generate(model, batch, num_beams=1, do_sample=False, max_new_tokens=12)
-    uncached = _generate(model, batch, num_beams=1, do_sample=False, max_new_tokens=12, use_cache=False)
-    assert cached.shape[1] > 2
-    assert torch.equal(cached, uncached)
-
-
-@pytest.mark.parametrize("switches", GRID[:2])
-def test_beam_search_cached_equals_uncached(batch, switches):
-    model = dtmt_model(**switches)
-    kwargs = dict(num_beams=4, num_return_sequences=3, length_penalty=0.6, early_stopping=True, max_new_tokens=10)
-    cached = _generate(model, batch, return_dict_in_generate=True, output_scores=True, **kwargs)
-    uncached = _generate(model, batch, use_cache=False, return_dict_in_generate=True, output_scores=True, **kwargs)
-    assert cached.sequences.shape[0] == 2 * 3
-    assert torch.equal(cached.sequences, uncached.sequences)
-    assert torch.allclose(cached.sequences_scores, uncached.sequences_scores, atol=1e-5)
-    scores = cached.sequences_scores.view(2, 3)
-    assert torch.all(scores[:, :-1] >= scores[:, 1:] - 1e-6)  # n-best lists sorted by score
-    assert isinstance(output_cache(cached), DTMTCache)
-
-
 def test_beam_search_needs_the_state_reordered(batch, monkeypatch):
     """With a reorder that does nothing, beam search goes wrong: the reordering is what keeps it exact."""
     model = dtmt_model(init_range=0.5)  # a peaked distribution, so that hypotheses really differ
@@ -202,16 +155,6 @@ def test_beam_search_needs_the_state_reordered(batch, monkeypatch):
     monkeypatch.setattr(DTMTForConditionalGeneration, "_reorder_cache", lambda self, past, beam_idx: past)
     wrong = _generate(model, batch, **kwargs)
     assert not torch.allclose(right.sequences_scores, wrong.sequences_scores)
-
-
-def test_sampling_cached_equals_uncached(batch):
-    model = dtmt_model()
-    torch.manual_seed(123)
-    cached = _generate(model, batch, do_sample=True, num_beams=1, top_k=20, temperature=0.9, max_new_tokens=10)
-    torch.manual_seed(123)
-    uncached = _generate(model, batch, do_sample=True, num_beams=1, top_k=20, temperature=0.9, max_new_tokens=10,
-                         use_cache=False)
-    assert torch.equal(cached, uncached)
 
 
 def test_default_generation_is_the_papers_beam_4_alpha_0_6(batch):
@@ -299,51 +242,7 @@ def test_cache_reorder_and_batch_operations():
         cache.crop(1)
 
 
-@pytest.mark.parametrize("switches", GRID[:2])
-def test_padding_invariance_of_decoding(switches):
-    """A sentence alone gives the same logits and the same beam-search output as inside a padded batch."""
-    model = dtmt_model(**switches)
-    source, target = torch.tensor([[5, 6, 7, 2]]), torch.tensor([[8, 9, 2]])
-    longer_source = torch.tensor([[10, 11, 12, 13, 14, 15, 16, 2]])
-    longer_target = torch.tensor([[17, 18, 19, 20, 21, 2]])
-    input_ids = torch.cat([torch.cat([source, torch.zeros(1, 4, dtype=torch.long)], 1), longer_source])
-    attention_mask = (input_ids != 0).long()
-    labels = torch.cat([torch.cat([target, torch.full((1, 3), -100)], 1), longer_target])
-    with torch.no_grad():
-        alone = model(input_ids=source, labels=target).logits
-        padded = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).logits
-    assert torch.allclose(padded[0, :3], alone[0], atol=1e-5)
-    kwargs = dict(num_beams=4, max_new_tokens=8, length_penalty=0.6)
-    one = _generate(model, {"input_ids": source, "attention_mask": torch.ones_like(source)}, **kwargs)
-    both = _generate(model, {"input_ids": input_ids, "attention_mask": attention_mask}, **kwargs)
-    assert torch.equal(both[0, :one.shape[1]], one[0])
-
-
 # ------------------------------------------------------------------------------------------------ training
-@pytest.mark.parametrize("switches", GRID)
-def test_gradient_reaches_every_parameter(batch, switches):
-    model = dtmt_model(**switches).train()
-    model(**batch).loss.backward()
-    missing = [name for name, p in model.named_parameters() if p.grad is None or p.grad.abs().sum() == 0]
-    assert not missing, missing
-
-
-def test_gradient_checkpointing_gives_the_same_gradients(batch):
-    def grads(checkpointing: bool) -> dict[str, torch.Tensor]:
-        model = dtmt_model(dropout=0.2, rnn_dropout=0.2, readout_dropout=0.2).train()
-        if checkpointing:
-            enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
-            enable()
-            assert model.model.encoder.gradient_checkpointing and model.model.decoder.gradient_checkpointing
-        torch.manual_seed(7)
-        model(**batch).loss.backward()
-        return {name: p.grad.clone() for name, p in model.named_parameters()}
-
-    plain, checkpointed = grads(False), grads(True)
-    for name, grad in plain.items():
-        assert torch.allclose(grad, checkpointed[name], atol=1e-6), name
-
-
 def test_loss_is_the_mean_token_cross_entropy_over_non_pad_targets(batch):
     model = dtmt_model()
     with torch.no_grad():
@@ -407,83 +306,6 @@ def test_init_is_uniform_in_the_init_range():
 
 
 # ------------------------------------------------------------------------------------------------ HF contract
-@pytest.mark.parametrize("switches", GRID)
-def test_save_load_gives_identical_logits(tmp_path, batch, switches):
-    model = dtmt_model(**switches)
-    model.save_pretrained(tmp_path)
-    reloaded = DTMTForConditionalGeneration.from_pretrained(tmp_path).eval()
-    with torch.no_grad():
-        assert torch.equal(model(**batch).logits, reloaded(**batch).logits)
-    assert reloaded.config.to_diff_dict() == model.config.to_diff_dict()
-    embeddings = reloaded.model.encoder.embed_tokens, reloaded.model.decoder.embed_tokens
-    assert (embeddings[0] is embeddings[1]) == model.config.share_encoder_decoder_embeddings
-    tied = reloaded.lm_head.weight.data_ptr() == embeddings[1].weight.data_ptr()
-    assert tied == model.config.tie_word_embeddings
-
-
-def test_auto_classes_and_saved_files(tmp_path):
-    config = AutoConfig.for_model("dtmt", **TINY_DTMT)
-    assert isinstance(config, DTMTConfig)
-    assert isinstance(AutoModel.from_config(config), DTMTModel)
-    model = AutoModelForSeq2SeqLM.from_config(config)
-    assert isinstance(model, DTMTForConditionalGeneration)
-    model.save_pretrained(tmp_path)
-    saved = json.loads((tmp_path / "config.json").read_text())
-    assert saved["auto_map"] == {
-        "AutoConfig": "configuration_dtmt.DTMTConfig",
-        "AutoModel": "modeling_dtmt.DTMTModel",
-        "AutoModelForSeq2SeqLM": "modeling_dtmt.DTMTForConditionalGeneration",
-    }
-    assert saved["custom_pipelines"]["translation"]["impl"] == "pipeline_translation.TranslationPipeline"
-    for name in ("configuration_dtmt.py", "modeling_dtmt.py", "cache_dtmt.py", "pipeline_translation.py"):
-        assert (tmp_path / name).exists(), name
-    assert isinstance(AutoModelForSeq2SeqLM.from_pretrained(tmp_path), DTMTForConditionalGeneration)
-    base = AutoModel.from_pretrained(tmp_path)
-    assert isinstance(base, DTMTModel)
-    assert torch.equal(base.encoder.embed_tokens.weight, model.model.encoder.embed_tokens.weight)
-
-
-@pytest.fixture(scope="module")
-def dtmt_folder(tmp_path_factory, tiny_tokenizer):
-    folder = tmp_path_factory.mktemp("tiny_dtmt")
-    model = dtmt_model(vocab_size=len(tiny_tokenizer))
-    model.save_pretrained(folder)
-    tiny_tokenizer.save_pretrained(folder)
-    return folder
-
-
-@pytest.mark.integration
-def test_saved_dtmt_loads_and_translates_where_hf_deepnmt_is_not_importable(dtmt_folder, tmp_path):
-    model = AutoModelForSeq2SeqLM.from_pretrained(dtmt_folder).eval()
-    tokenizer = AutoTokenizer.from_pretrained(dtmt_folder)
-    text = "In the beginning God created the heavens."
-    with torch.no_grad():
-        ids = model.generate(**tokenizer(text, return_tensors="pt"), num_beams=3, max_new_tokens=8)
-    expected = tokenizer.decode(ids[0], skip_special_tokens=True)
-    script = tmp_path / "fresh.py"
-    script.write_text(FRESH_PROCESS)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf_home"), "PYTHONPATH": ""}
-    result = subprocess.run([sys.executable, "-I", str(script), str(dtmt_folder), text], cwd=tmp_path, env=env,
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
-    assert report["model_module"].startswith("transformers_modules.") and report["model_module"].endswith("modeling_dtmt")
-    assert report["generated"] == expected
-    assert report["pipeline"] == [{"translation_text": expected}, {"translation_text": ""}]
-
-
-def test_translation_pipeline_in_process(dtmt_folder):
-    model = AutoModelForSeq2SeqLM.from_pretrained(dtmt_folder).eval()
-    tokenizer = AutoTokenizer.from_pretrained(dtmt_folder)
-    translate = pipeline("translation", model=model, tokenizer=tokenizer)
-    texts = ["Let there be light.", "The earth was void."]
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        batched = translate(texts, num_beams=2, max_new_tokens=6, batch_size=2)
-    assert batched == [translate(text, num_beams=2, max_new_tokens=6)[0] for text in texts]
-    assert all(isinstance(row["translation_text"], str) for row in batched)
-
-
 def test_resize_token_embeddings_resizes_both_embeddings_and_keeps_ties(batch):
     for switches in (dict(tie_word_embeddings=True), dict(share_encoder_decoder_embeddings=True,
                                                           tie_word_embeddings=True), dict()):
@@ -514,47 +336,7 @@ def test_outputs_weights_hidden_states_and_tuples(batch):
     assert torch.equal(as_tuple[0], out.loss) and torch.equal(as_tuple[1], out.logits)
 
 
-def test_too_long_input_is_a_clear_error():
-    with pytest.raises(ValueError, match="max_position_embeddings=64"):
-        dtmt_model()(input_ids=torch.full((1, 70), 5), decoder_input_ids=torch.tensor([[1]]))
-
-
 # ------------------------------------------------------------------------------------------------ config
-BAD_VALUES = [
-    ("vocab_size", 0),
-    ("d_model", 15),
-    ("d_model", 12.0),
-    ("transition_depth", -1),
-    ("transition_depth", 1.5),
-    ("attention_heads", 3),
-    ("rnn_cell", "lstm"),
-    ("encoder_transition", "yes"),
-    ("query_transition", 1),
-    ("decoder_transition", None),
-    ("positional_encoding", "on"),
-    ("dropout", 1.0),
-    ("rnn_dropout", -0.1),
-    ("readout_dropout", "0.5"),
-    ("init_range", 0.0),
-    ("layer_norm_eps", 0.0),
-    ("max_position_embeddings", 0),
-    ("share_encoder_decoder_embeddings", 0),
-    ("pad_token_id", 99),
-    ("eos_token_id", 0),
-    ("decoder_start_token_id", 0),
-    ("is_encoder_decoder", False),
-]
-
-
-@pytest.mark.parametrize("field,value", BAD_VALUES, ids=[f"{f}={v!r}" for f, v in BAD_VALUES])
-def test_bad_config_value_raises_one_sentence_naming_the_field(field, value):
-    with pytest.raises(ValueError) as info:
-        dtmt_config(**{field: value})
-    message = str(info.value)
-    assert f"`{field}`" in message and repr(value) in message, message
-    assert "\n" not in message and message.count(". ") == 0 and message.endswith("."), message
-
-
 TRANSFORMER_MECHANISMS = [
     ("cross_attention_drop_depth", 3), ("cross_attention_drop_ratio", 0.5), ("ddr_weight", 1.0),
     ("ald_weight", 1.0), ("residual_scaling", "admin"), ("admin_init", "closed_form"),
@@ -570,13 +352,6 @@ def test_transformer_mechanisms_are_refused_on_a_dtmt_config(field, value):
     message = str(info.value)
     assert f"`{field}`" in message and "DTMT is a recurrent model" in message, message
     assert "\n" not in message and message.endswith("."), message
-
-
-def test_config_mutated_after_construction_is_rejected_by_the_model():
-    config = dtmt_config()
-    config.rnn_cell = "lstm"
-    with pytest.raises(ValueError, match="rnn_cell"):
-        DTMTForConditionalGeneration(config)
 
 
 def test_paper_defaults():

@@ -1,4 +1,5 @@
-"""The Hugging Face contract of DeepTransformerForConditionalGeneration (DESIGN.md), on tiny configs."""
+"""The Hugging Face contract of DeepTransformerForConditionalGeneration (DESIGN.md) beyond what every family shares
+(tests/test_hf_contract.py), on tiny configs."""
 
 from __future__ import annotations
 
@@ -9,19 +10,16 @@ import warnings
 import pytest
 import torch
 
-from hf_deepnmt.modeling_common import CACHE_NAME, output_cache
-from conftest import TINY, tiny_config, tiny_model
-from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
+from hf_deepnmt.modeling_common import output_cache
+from conftest import tiny_model
+from test_hf_contract import FAMILIES
+from transformers import AutoModelForSeq2SeqLM
 from transformers.cache_utils import EncoderDecoderCache
 
-from hf_deepnmt import DeepTransformerConfig, DeepTransformerForConditionalGeneration, DeepTransformerModel
+from hf_deepnmt import DeepTransformerForConditionalGeneration
+from hf_deepnmt.registry import TRANSFORMER
 
-GRID = [
-    dict(layer_norm_position="post", tie_word_embeddings=True),
-    dict(layer_norm_position="pre", tie_word_embeddings=True),
-    dict(layer_norm_position="post", tie_word_embeddings=False),
-    dict(layer_norm_position="pre", tie_word_embeddings=False, scale_embedding=False, activation_function="gelu"),
-]
+GRID = FAMILIES[TRANSFORMER].grid  # the switch sets of the contract tests (tests/test_hf_contract.py)
 
 
 def _generate(model, batch, **kwargs):
@@ -31,51 +29,11 @@ def _generate(model, batch, **kwargs):
 
 
 # ------------------------------------------------------------------------------------------------ save / load / Auto
-@pytest.mark.parametrize("switches", GRID)
-def test_save_load_gives_identical_logits(tmp_path, batch, switches):
-    model = tiny_model(**switches)
-    model.save_pretrained(tmp_path)
-    assert (tmp_path / "model.safetensors").exists()
-    reloaded = DeepTransformerForConditionalGeneration.from_pretrained(tmp_path).eval()
-    with torch.no_grad():
-        expected = model(**batch).logits
-        got = reloaded(**batch).logits
-    assert torch.equal(expected, got)
-    assert reloaded.config.to_diff_dict() == model.config.to_diff_dict()
-    if switches["tie_word_embeddings"]:
-        assert reloaded.lm_head.weight.data_ptr() == reloaded.model.shared.weight.data_ptr()
-    else:
-        assert reloaded.lm_head.weight.data_ptr() != reloaded.model.shared.weight.data_ptr()
-
-
 def test_state_dict_holds_the_shared_embedding_once():
     names = list(tiny_model().state_dict())
     assert "model.shared.weight" in names
     assert not any("embed_tokens" in name for name in names)
     assert any(name.endswith("encoder_attn.q_proj.weight") for name in names)  # Marian/BART names
-
-
-def test_auto_classes_resolve_after_import(tmp_path):
-    config = AutoConfig.for_model("deep_transformer", **TINY)
-    assert isinstance(config, DeepTransformerConfig)
-    assert isinstance(AutoModel.from_config(config), DeepTransformerModel)
-    model = AutoModelForSeq2SeqLM.from_config(config)
-    assert isinstance(model, DeepTransformerForConditionalGeneration)
-    model.save_pretrained(tmp_path)
-    saved = json.loads((tmp_path / "config.json").read_text())
-    assert saved["auto_map"] == {
-        "AutoConfig": "configuration_deep_transformer.DeepTransformerConfig",
-        "AutoModel": "modeling_deep_transformer.DeepTransformerModel",
-        "AutoModelForSeq2SeqLM": "modeling_deep_transformer.DeepTransformerForConditionalGeneration",
-    }
-    assert saved["custom_pipelines"]["translation"]["impl"] == "pipeline_translation.TranslationPipeline"
-    for name in ("configuration_deep_transformer.py", "modeling_deep_transformer.py", "pipeline_translation.py"):
-        assert (tmp_path / name).exists(), name
-    assert isinstance(AutoConfig.from_pretrained(tmp_path), DeepTransformerConfig)
-    assert isinstance(AutoModelForSeq2SeqLM.from_pretrained(tmp_path), DeepTransformerForConditionalGeneration)
-    base = AutoModel.from_pretrained(tmp_path)  # the base model out of a seq2seq checkpoint
-    assert isinstance(base, DeepTransformerModel)
-    assert torch.equal(base.shared.weight, model.model.shared.weight)
 
 
 def test_bad_value_in_saved_config_fails_at_load_time(tmp_path):
@@ -88,37 +46,7 @@ def test_bad_value_in_saved_config_fails_at_load_time(tmp_path):
         AutoModelForSeq2SeqLM.from_pretrained(tmp_path)
 
 
-def test_config_mutated_after_construction_is_rejected_by_the_model():
-    config = tiny_config()
-    config.decoder_attention_heads = 3
-    with pytest.raises(ValueError, match="decoder_attention_heads"):
-        DeepTransformerForConditionalGeneration(config)
-
-
 # ------------------------------------------------------------------------------------------------ generation
-@pytest.mark.parametrize("switches", GRID)
-def test_greedy_cached_equals_uncached(batch, switches):
-    model = tiny_model(**switches)
-    cached = _generate(model, batch, num_beams=1, do_sample=False, max_new_tokens=12)
-    uncached = _generate(model, batch, num_beams=1, do_sample=False, max_new_tokens=12, use_cache=False)
-    assert cached.shape[1] > 2
-    assert torch.equal(cached, uncached)
-
-
-@pytest.mark.parametrize("switches", GRID[:2])
-def test_beam_search_cached_equals_uncached(batch, switches):
-    model = tiny_model(**switches)
-    kwargs = dict(num_beams=4, num_return_sequences=3, length_penalty=0.6, early_stopping=True, max_new_tokens=10)
-    cached = _generate(model, batch, return_dict_in_generate=True, output_scores=True, **kwargs)
-    uncached = _generate(model, batch, use_cache=False, return_dict_in_generate=True, output_scores=True, **kwargs)
-    assert cached.sequences.shape[0] == 2 * 3
-    assert torch.equal(cached.sequences, uncached.sequences)
-    assert torch.allclose(cached.sequences_scores, uncached.sequences_scores, atol=1e-5)
-    # n-best lists are sorted by score
-    scores = cached.sequences_scores.view(2, 3)
-    assert torch.all(scores[:, :-1] >= scores[:, 1:] - 1e-6)
-
-
 def test_beam_search_length_penalty_divides_the_log_probability_and_changes_the_ranking(batch):
     """Every returned hypothesis scores its summed log-probability (recomputed here by teacher forcing) divided by
     its generated length ** α, the n-best lists are sorted by that score, and a positive α prefers longer
@@ -150,43 +78,6 @@ def test_beam_search_length_penalty_divides_the_log_probability_and_changes_the_
                           for t in top]
     assert all(long >= short for long, short in zip(lengths[2.0], lengths[-2.0]))
     assert lengths[2.0] != lengths[-2.0], lengths  # the penalty changed which hypothesis ranks first
-
-
-def test_sampling_cached_equals_uncached(batch):
-    model = tiny_model()
-    torch.manual_seed(123)
-    cached = _generate(model, batch, do_sample=True, num_beams=1, top_k=20, temperature=0.9, max_new_tokens=10)
-    torch.manual_seed(123)
-    uncached = _generate(model, batch, do_sample=True, num_beams=1, top_k=20, temperature=0.9, max_new_tokens=10,
-                         use_cache=False)
-    assert torch.equal(cached, uncached)
-
-
-@pytest.mark.parametrize("family", ["transformer", "dtmt"])
-def test_generation_continues_from_a_returned_cache(batch, family):
-    """transformers' `test_generate_continue_from_past_key_values`, greedy: 4 new tokens, then 3 more from the
-    returned cache with the full ``decoder_input_ids``, give the 7 tokens and scores of one call. Without
-    `TranslationGenerationMixin.prepare_inputs_for_generation` the cached tokens were consumed twice (scores off by
-    ~0.4 for both families)."""
-    from hf_deepnmt import DTMTConfig, DTMTForConditionalGeneration
-
-    if family == "dtmt":
-        torch.manual_seed(0)
-        model = DTMTForConditionalGeneration(DTMTConfig(vocab_size=99, d_model=16, attention_heads=2,
-                                                        max_position_embeddings=64, init_range=0.5)).eval()
-    else:
-        model = tiny_model(init_std=0.5)
-    inputs = {key: batch[key] for key in ("input_ids", "attention_mask")}
-    settings = dict(do_sample=False, num_beams=1, eos_token_id=None, return_dict_in_generate=True, output_scores=True)
-    whole = _generate(model, inputs, max_new_tokens=7, **settings)
-    first = _generate(model, inputs, max_new_tokens=4, **settings)
-    cache = output_cache(first)
-    assert cache.get_seq_length() == 4  # the start token and 3 generated ones; the 4th is not consumed yet
-    rest = _generate(model, inputs, decoder_input_ids=first.sequences, max_new_tokens=3,
-                     **{CACHE_NAME: cache}, **settings)
-    assert rest.sequences.shape[1] == whole.sequences.shape[1] == 8
-    assert torch.equal(rest.sequences, whole.sequences)
-    torch.testing.assert_close(torch.stack(first.scores + rest.scores), torch.stack(whole.scores), atol=1e-5, rtol=0)
 
 
 def test_default_generation_config_is_mt_sized(batch):
@@ -225,22 +116,6 @@ def test_incremental_decoding_matches_full_forward(batch, switches):
 
 
 # ------------------------------------------------------------------------------------------------ numerics
-@pytest.mark.parametrize("switches", GRID[:2])
-def test_padding_invariance_encoder_and_decoder(switches):
-    """A sentence alone gives the same logits as inside a padded batch (source and target padding)."""
-    model = tiny_model(**switches)
-    source = torch.tensor([[5, 6, 7, 2]])
-    target = torch.tensor([[8, 9, 2]])
-    longer_source = torch.tensor([[10, 11, 12, 13, 14, 15, 16, 2]])
-    longer_target = torch.tensor([[17, 18, 19, 20, 21, 2]])
-    with torch.no_grad():
-        alone = model(input_ids=source, labels=target).logits
-        input_ids = torch.cat([torch.cat([source, torch.zeros(1, 4, dtype=torch.long)], 1), longer_source])
-        labels = torch.cat([torch.cat([target, torch.full((1, 3), -100)], 1), longer_target])
-        padded = model(input_ids=input_ids, attention_mask=(input_ids != 0).long(), labels=labels).logits
-    assert torch.allclose(padded[0, :3], alone[0], atol=1e-5)
-
-
 def test_loss_ignores_padding_whether_pad_id_or_minus_100(batch):
     model = tiny_model()
     with_pad_id = batch["labels"].masked_fill(batch["labels"] == -100, 0)
@@ -285,31 +160,6 @@ def test_encoder_outputs_feed_several_decoder_passes(batch):
         a = model(encoder_outputs=encoder_outputs, attention_mask=batch["attention_mask"], labels=batch["labels"])
         b = model(encoder_outputs=encoder_outputs, attention_mask=batch["attention_mask"], labels=batch["labels"])
     assert torch.equal(a.logits, b.logits)
-
-
-@pytest.mark.parametrize("switches", GRID)
-def test_gradient_reaches_every_parameter(batch, switches):
-    model = tiny_model(**switches).train()
-    model(**batch).loss.backward()
-    missing = [name for name, p in model.named_parameters() if p.grad is None or p.grad.abs().sum() == 0]
-    assert not missing, missing
-
-
-def test_gradient_checkpointing_gives_the_same_gradients(batch):
-    def grads(checkpointing: bool) -> dict[str, torch.Tensor]:
-        model = tiny_model(dropout=0.2).train()
-        if checkpointing:
-            # transformers >= 5.2x renamed it; 5.17 only has the old name
-            enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
-            enable()
-            assert model.model.encoder.gradient_checkpointing and model.model.decoder.gradient_checkpointing
-        torch.manual_seed(7)
-        model(**batch).loss.backward()
-        return {name: p.grad.clone() for name, p in model.named_parameters()}
-
-    plain, checkpointed = grads(False), grads(True)
-    for name, grad in plain.items():
-        assert torch.allclose(grad, checkpointed[name], atol=1e-6), name
 
 
 def _deterministic_init(model: torch.nn.Module) -> None:
@@ -381,54 +231,7 @@ def test_return_dict_false_gives_tuples(batch):
     assert torch.equal(as_tuple[0], as_output.loss) and torch.equal(as_tuple[1], as_output.logits)
 
 
-def test_too_long_input_is_a_clear_error():
-    model = tiny_model()
-    with pytest.raises(ValueError, match="max_position_embeddings=64"):
-        model(input_ids=torch.full((1, 70), 5), decoder_input_ids=torch.tensor([[1]]))
-
-
 # ------------------------------------------------------------------------------------------------ config validation
-BAD_VALUES = [
-    ("vocab_size", 0),
-    ("vocab_size", 12.5),
-    ("d_model", 15),
-    ("d_model", -8),
-    ("encoder_layers", 0),
-    ("decoder_layers", True),
-    ("encoder_attention_heads", 3),
-    ("decoder_attention_heads", 0),
-    ("encoder_ffn_dim", "2048"),
-    ("activation_function", "rleu"),
-    ("dropout", 1.0),
-    ("attention_dropout", -0.1),
-    ("activation_dropout", "0.1"),
-    ("max_position_embeddings", 0),
-    ("scale_embedding", "yes"),
-    ("layer_norm_position", "sandwich"),
-    ("layer_norm_eps", 0.0),
-    ("tie_word_embeddings", 1),
-    ("init_std", -0.02),
-    ("pad_token_id", 99),
-    ("eos_token_id", -1),
-    ("unk_token_id", 0),
-    ("decoder_start_token_id", 0),
-    ("is_encoder_decoder", False),
-    ("residual_scaling", "admn"),
-    ("admin_init", "lazy"),
-    ("admin_omega_trainable", "yes"),
-]
-
-
-@pytest.mark.parametrize("field,value", BAD_VALUES, ids=[f"{f}={v!r}" for f, v in BAD_VALUES])
-def test_bad_config_value_raises_one_sentence_naming_the_field(field, value):
-    with pytest.raises(ValueError) as info:
-        tiny_config(**{field: value})
-    message = str(info.value)
-    assert f"`{field}`" in message or f"`{field}" in message, message
-    assert repr(value) in message, message
-    assert "\n" not in message and message.count(". ") == 0 and message.endswith("."), message
-
-
 # ------------------------------------------------------------------------------------------------ attention interface
 @pytest.mark.parametrize("switches", [dict(), dict(layer_norm_position="pre", cross_attention_drop_depth=1,
                                                     cross_attention_drop_ratio=0.5),

@@ -8,7 +8,6 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-import warnings
 
 import pytest
 import torch
@@ -30,28 +29,6 @@ def _direct(model, tokenizer, text: str, **generate_kwargs) -> str:
 @pytest.fixture(scope="module")
 def loaded(tiny_folder):
     return AutoModelForSeq2SeqLM.from_pretrained(tiny_folder).eval(), AutoTokenizer.from_pretrained(tiny_folder)
-
-
-def test_in_process_pipeline_translates_like_generate(loaded):
-    model, tokenizer = loaded
-    translate = pipeline("translation", model=model, tokenizer=tokenizer)
-    assert isinstance(translate, TranslationPipeline)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        single = translate(SENTENCES[0], num_beams=3, max_new_tokens=8)
-    assert single == [{"translation_text": _direct(model, tokenizer, SENTENCES[0], num_beams=3, max_new_tokens=8)}]
-    assert single[0]["translation_text"] != ""
-
-
-def test_batched_input_equals_one_by_one(loaded):
-    model, tokenizer = loaded
-    translate = pipeline("translation", model=model, tokenizer=tokenizer, num_beams=2, max_new_tokens=6)
-    batched = translate(SENTENCES, batch_size=3)
-    one_by_one = [translate(text)[0] for text in SENTENCES]
-    assert batched == one_by_one
-    assert [r["translation_text"] for r in batched] == [
-        _direct(model, tokenizer, text, num_beams=2, max_new_tokens=6) for text in SENTENCES
-    ]
 
 
 def test_generation_kwargs_reach_generate(loaded):
@@ -138,28 +115,6 @@ FRESH_PROCESS = BLOCK_OUR_PACKAGES + textwrap.dedent(
     }))
     """
 )
-
-
-@pytest.mark.integration
-def test_saved_folder_loads_and_translates_where_hf_deepnmt_is_not_importable(tiny_folder, loaded, tmp_path):
-    model, tokenizer = loaded
-    script = tmp_path / "fresh.py"
-    script.write_text(FRESH_PROCESS)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf_home"), "PYTHONPATH": ""}
-    result = subprocess.run(
-        [sys.executable, "-I", str(script), str(tiny_folder), SENTENCES[0]],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
-    assert report["config_module"].startswith("transformers_modules.")
-    assert report["model_module"].startswith("transformers_modules.")
-    assert report["pipeline_module"].startswith("transformers_modules.")
-    assert report["tokenizer_class"] in ("TokenizersBackend", "PreTrainedTokenizerFast")  # no custom tokenizer code
-    expected = _direct(model, tokenizer, SENTENCES[0], num_beams=3, max_new_tokens=8)
-    assert report["generated"] == expected
-    assert report["pipeline"] == [{"translation_text": expected}, {"translation_text": ""}]
-    assert "Do you wish to run the custom code" not in result.stdout + result.stderr
 
 
 def test_saved_config_names_the_pipeline(tiny_folder):

@@ -643,6 +643,9 @@ def test_every_validated_field_has_a_property():
     dtmt = set(inspect.signature(DTMTConfig.__init__).parameters) - passed_on
     assert deep == set(DEEP_TRANSFORMER_FIELDS)
     assert dtmt == set(DTMT_FIELDS)
+    # and every argument has its rules in the config's one field → rule table, run once at construction
+    assert deep == set(DeepTransformerConfig.field_rules)
+    assert dtmt == set(DTMTConfig.field_rules)
 
 
 # ==============================================================================================================
