@@ -765,6 +765,10 @@ def _serve(results: dict) -> list[str]:
                      f"{'met' if verdict['met'] else 'not met'}")
     exits = {f"{engine} {setting}": cells.get("exit_status") for engine, settings in serve["runs"].items()
              for setting, cells in settings.items()}
+    if serve.get("kept"):
+        kept = serve["kept"]
+        lines += ["", f"The cells of {', '.join(kept['engines'])} come from an earlier run with the same settings "
+                  f"(commit `{kept.get('commit', '?')}`): `{kept.get('command', '?')}`."]
     lines += ([""] if serve.get("goal") else []) + [
         "Every server stopped by SIGTERM exited with status " + ("0." if set(exits.values()) == {0} else f"{exits}."),
         ""]

@@ -271,9 +271,18 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         # `deepnmt serve` processes under load from this process' clients (benchmarks/serve_load.py)
         if args.model_dir and len(args.model_dir) > 1:
             log(f"serve: measuring the first --model-dir only ({args.model_dir[0]})")
+        previous = None
+        if args.merge and (args.out_path / "results.json").exists():  # keep the cells of engines not measured now
+            earlier = json.loads((args.out_path / "results.json").read_text())
+            previous = earlier.get("serve")
+            if previous:
+                measured = earlier.get("merged", {}).get("serve", earlier)
+                previous = {**previous, "measured_by": {"command": measured.get("command"),
+                                                        "commit": measured.get("machine", {}).get("commit")}}
         results["serve"] = serve_load.serve_section(
             args.model_dir[0] if args.model_dir else None, args.engine_threads, cfg["serve_requests"],
-            cfg["serve_clients"], cfg["serve_time_limit_s"], args.quick, log)
+            cfg["serve_clients"], cfg["serve_time_limit_s"], args.quick, log,
+            engines=args.serve_engines.split(",") if args.serve_engines else None, previous=previous)
 
     results["duration_s"] = time.perf_counter() - started
     return results
@@ -359,6 +368,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--serve-time-limit-s", type=float, default=None,
                         help="serve section: stop sending a run's requests after this many seconds (default 300; "
                              "quick: 30)")
+    parser.add_argument("--serve-engines", default=None,
+                        help="serve section: comma-separated subset of torch,onnx_int8,ctranslate2_int8 (default: "
+                             "all the model can run); with --merge the other engines' earlier cells are kept")
     parser.add_argument("--no-before", action="store_true", help="skip the pre-optimisation contender")
     parser.add_argument("--before-ref", default=BEFORE_REF,
                         help=f"git commit whose model is the `before` contender (default {BEFORE_REF}, the code "
@@ -388,6 +400,7 @@ def main(argv: list[str] | None = None) -> None:
     out_dir = Path(args.out_dir) if args.out_dir else (REPO / "runs" / "benchmarks-quick" if args.quick
                                                           else REPO / "benchmarks")
     out_dir.mkdir(parents=True, exist_ok=True)
+    args.out_path = out_dir
 
     from .report import write_report
 

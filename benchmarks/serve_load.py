@@ -42,7 +42,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-ENGINES = {"torch": "torch (the model folder)", "onnx_int8": "ONNX Runtime int8"}
+ENGINES = {"torch": "torch (the model folder)", "onnx_int8": "ONNX Runtime int8",
+           "ctranslate2_int8": "CTranslate2 int8 (a standard Transformer only)"}
 SETTINGS = {"dynamic": 32, "baseline": 1}  # --max_batch_size of each server setting
 GOAL_SPEEDUP, GOAL_P99_S, GOAL_CLIENTS = 3.0, 2.0, 32
 QUICKSTART_COMMAND = "deepnmt quickstart --output_dir runs/quickstart"
@@ -210,11 +211,16 @@ def random_model(folder: Path) -> None:
 
 
 def serve_section(model_dir: str | None, threads: int, requests: int, clients: Sequence[int], time_limit_s: float,
-                  quick: bool, log: Callable[[str], None]) -> dict[str, object]:
-    """Every (engine, server setting, client count) cell; see the module docstring."""
+                  quick: bool, log: Callable[[str], None], engines: Sequence[str] | None = None,
+                  previous: dict[str, object] | None = None) -> dict[str, object]:
+    """Every (engine, server setting, client count) cell; see the module docstring. ``engines``: the subset of
+    `ENGINES` to measure (default: all the model can run; CTranslate2 needs a standard Transformer); ``previous``: a
+    serve section measured before with the same model, threads, requests, clients and time limit, whose other
+    engines' cells are kept."""
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     from hf_deepnmt.export import export_model
+    from hf_deepnmt.export_formats import export_blockers
 
     workload = test_set_requests(requests)
     with tempfile.TemporaryDirectory(prefix="deepnmt_serve_bench_") as scratch:
@@ -227,14 +233,34 @@ def serve_section(model_dir: str | None, threads: int, requests: int, clients: S
             log("serve: no --model-dir, a random tiny model (smoke run)")
             random_model(Path(model_dir))
             parameters = {"max_new_tokens": 8}
-        folders = {"torch": Path(model_dir), "onnx_int8": Path(scratch) / "onnx-int8"}
-        log(f"serve: exporting {model_dir} to ONNX int8")
-        export_model(AutoModelForSeq2SeqLM.from_pretrained(model_dir), AutoTokenizer.from_pretrained(model_dir),
-                     folders["onnx_int8"], "onnx", "int8")
+        model, tokenizer = AutoModelForSeq2SeqLM.from_pretrained(model_dir), AutoTokenizer.from_pretrained(model_dir)
+        wanted = list(engines or ENGINES)
+        unknown = [engine for engine in wanted if engine not in ENGINES]
+        if unknown:
+            raise SystemExit(f"--serve-engines {','.join(unknown)} is not allowed; use some of {','.join(ENGINES)}")
+        folders = {"torch": Path(model_dir)}
+        for engine, export_format in (("onnx_int8", "onnx"), ("ctranslate2_int8", "ctranslate2")):
+            if engine not in wanted:
+                continue
+            blockers = export_blockers(model.config, export_format)
+            if blockers:
+                log(f"serve: {engine} skipped: {blockers[0]}")
+                continue
+            folders[engine] = Path(scratch) / engine
+            log(f"serve: exporting {model_dir} to {export_format} int8")
+            export_model(model, tokenizer, folders[engine], export_format, "int8")
+        folders = {engine: folder for engine, folder in folders.items() if engine in wanted}
         result: dict[str, object] = {
             "model_dir": str(model_dir), "threads": threads, "requests": requests, "clients": list(clients),
             "time_limit_s": time_limit_s, "parameters": parameters, "max_batch_size": dict(SETTINGS),
             "sentences_in_workload": sum(map(len, workload)), "runs": {}}
+        same = ("model_dir", "threads", "requests", "clients", "time_limit_s", "parameters", "max_batch_size")
+        if previous and all(previous.get(key) == result[key] for key in same):
+            result["runs"] = {engine: cells for engine, cells in previous["runs"].items() if engine not in folders}
+            if result["runs"]:
+                log(f"serve: keeping the earlier cells of {', '.join(result['runs'])}")
+                kept = previous.get("kept") or {**previous.get("measured_by", {}), "engines": list(result["runs"])}
+                result["kept"] = {**kept, "engines": list(result["runs"])}
         for engine, folder in folders.items():
             for setting, max_batch_size in SETTINGS.items():
                 log(f"serve: {engine}, {setting} (--max_batch_size {max_batch_size}): starting the server")

@@ -167,7 +167,7 @@ def main() -> None:
     results = Path(args.work_dir) if args.smoke else Path(args.results)
     if args.render_only:
         report = json.loads((results / f"{NAME}.json").read_text())
-        (results / f"{NAME}.md").write_text(render(report), encoding="utf-8")
+        write_markdown(report, results / f"{NAME}.md")
         return
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
@@ -207,7 +207,12 @@ def main() -> None:
         path.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
         print(f"ensemble-tuned: weights {report['runs']['ensemble-tuned']['weights']}, test "
               f"{report['runs']['ensemble-tuned']['test']['bleu']}", file=sys.stderr, flush=True)
-    (results / f"{NAME}.md").write_text(render(report), encoding="utf-8")
+    write_markdown(report, results / f"{NAME}.md")
+
+
+def write_markdown(report: dict, path: Path) -> None:
+    """The results page of ``report`` (`render`) written to ``path``."""
+    path.write_text(render(report), encoding="utf-8")
 
 
 def _bleu(report: dict, name: str) -> float | None:
