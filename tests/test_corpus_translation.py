@@ -35,6 +35,10 @@ class EchoEngine:
         return [list(ids) for ids in sources]
 
 
+def ONE_AFTER_ANOTHER() -> None:
+    """The rendezvous of shares played one after another in one process (a launcher's barrier would wait forever)."""
+
+
 def sentences(count: int) -> list[str]:
     """``count`` sentences of many lengths, every 7th empty."""
     words = " ".join(source for source, _ in PARALLEL).split()
@@ -54,7 +58,7 @@ def test_shares_of_three_processes_merge_back_into_input_order(tiny_tokenizer, t
     for rank in (2, 1, 0):
         engines[rank] = EchoEngine()
         result = translate_corpus(engines[rank], tiny_tokenizer, lines, shared, shard=Shard(rank, 3), batch_size=4,
-                                  window=5, poll_seconds=0.01)
+                                  window=5, poll_seconds=0.01, rendezvous=ONE_AFTER_ANOTHER)
         assert result.merged == (rank == 0)
         if rank:
             assert not shared.exists()  # only rank 0 writes the output, once every share is done
@@ -82,9 +86,10 @@ def test_a_killed_sharded_run_resumes_where_each_process_stopped(tiny_tokenizer,
     part1.with_name(part1.name + ".done").write_text(json.dumps({"lines": len(rest[1::2])}))
     part0.write_text("".join(rest[0::2][:2]) + "half a li", encoding="utf-8")
     engines = [EchoEngine(), EchoEngine()]
-    assert translate_corpus(engines[1], tiny_tokenizer, lines, output, resume=True, shard=Shard(1, 2)).translated == 0
+    assert translate_corpus(engines[1], tiny_tokenizer, lines, output, resume=True, shard=Shard(1, 2),
+                            rendezvous=ONE_AFTER_ANOTHER).translated == 0
     result = translate_corpus(engines[0], tiny_tokenizer, lines, output, resume=True, shard=Shard(0, 2),
-                              poll_seconds=0.01)
+                              poll_seconds=0.01, rendezvous=ONE_AFTER_ANOTHER)
     assert (result.resumed_from, result.translated) == (2, len(rest[0::2]) - 2)
     assert output.read_text(encoding="utf-8") == "".join(expected)
     assert engines[1].translated == [] and len(engines[0].translated) <= len(rest[0::2]) - 2
@@ -93,7 +98,60 @@ def test_a_killed_sharded_run_resumes_where_each_process_stopped(tiny_tokenizer,
     stale.write_text("x\n")
     with pytest.raises(UserInputError, match=r"has parts of a run with another number of processes .*\.part0-of-3\); "
                                              "resume with the processes that run had"):
-        translate_corpus(EchoEngine(), tiny_tokenizer, lines, output, resume=True, shard=Shard(0, 2))
+        translate_corpus(EchoEngine(), tiny_tokenizer, lines, output, resume=True, shard=Shard(0, 2),
+                         rendezvous=ONE_AFTER_ANOTHER)
+
+
+def test_a_process_that_starts_late_resumes_from_the_same_point_as_the_others(tiny_tokenizer, tmp_path):
+    """Two processes resume a run whose rank 1 had finished its share: rank 0 has lines left, rank 1 none. Rank 1
+    starts only once rank 0 is under way (as a slower-loading process under torchrun may). The rendezvous holds rank 0
+    until rank 1 has read the starting point, so rank 1 sees its marker rather than the merged output (whose length
+    it would take as a new starting point, leaving a stray marker behind): both resume from line 4, and the merge
+    equals the uninterrupted output with nothing left beside it."""
+    import threading
+
+    lines = sentences(21)
+    expected_path = tmp_path / "expected.txt"
+    translate_corpus(EchoEngine(), tiny_tokenizer, lines, expected_path, batch_size=4)
+    expected = expected_path.read_text(encoding="utf-8").splitlines(keepends=True)
+    output = tmp_path / "out.txt"
+    output.write_text("".join(expected[:4]), encoding="utf-8")
+    part1 = Shard(1, 2).part(output, 4)
+    part1.write_text("".join(expected[4:][1::2]), encoding="utf-8")
+    part1.with_name(part1.name + ".done").write_text(json.dumps({"lines": len(expected[4:][1::2])}))
+
+    barrier, arrived, results = threading.Barrier(2, timeout=60), [threading.Event(), threading.Event()], {}
+
+    def run(rank: int) -> None:
+        def rendezvous() -> None:
+            arrived[rank].set()
+            barrier.wait()
+
+        results[rank] = translate_corpus(EchoEngine(), tiny_tokenizer, lines, output, resume=True,
+                                         shard=Shard(rank, 2), poll_seconds=0.01, rendezvous=rendezvous)
+
+    first = threading.Thread(target=run, args=(0,))
+    first.start()
+    while first.is_alive() and not arrived[0].wait(0.05):
+        pass  # until rank 0 has read its starting point and waits for the others (or, unheld, has finished)
+    second = threading.Thread(target=run, args=(1,))
+    second.start()
+    first.join(60)
+    second.join(60)
+    assert (results[1].resumed_from, results[1].translated) == (8, 0)  # its marker: nothing to translate
+    assert (results[0].resumed_from, results[0].translated, results[0].merged) == (0, 9, True)
+    assert output.read_text(encoding="utf-8") == "".join(expected)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["expected.txt", "out.txt"]
+
+
+def test_several_processes_without_a_launcher_are_told_to_use_one(tiny_tokenizer, tmp_path, monkeypatch):
+    """RANK / WORLD_SIZE set by hand, without the MASTER_ADDR / MASTER_PORT of a launcher: one sentence, since the
+    processes could not meet before changing the shared files."""
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    with pytest.raises(UserInputError, match=r"^WORLD_SIZE=2 without MASTER_ADDR and MASTER_PORT: several processes "
+                                             r"translate one file only when started by a launcher"):
+        translate_corpus(EchoEngine(), tiny_tokenizer, sentences(5), tmp_path / "out.txt", shard=Shard(1, 2))
 
 
 def test_the_source_side_of_a_training_file_is_one_line_per_record(tmp_path):

@@ -11,7 +11,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -175,6 +175,35 @@ class Shard:
         """This process's part of ``output``, for a run that continues after ``base`` complete lines of it."""
         return output.with_name(f"{output.name}.from{base}.part{self.rank}-of-{self.world}")
 
+    def rendezvous(self) -> None:
+        """Return once every process of the launch has called this (a ``torch.distributed`` barrier on the
+        launcher's rendezvous: an existing process group, else a gloo group made for it and released after, so
+        that a later ``Trainer`` makes its own). `translate_corpus` calls it once every process has read what it
+        resumes from, before any process changes a file: without it, rank 0 could merge (and rewrite the output)
+        before a slower-starting process has read the output's length, which that process would then take as a
+        different starting point (docs/distillation.md, "Several processes"). One process returns at once."""
+        if self.world == 1:
+            return
+        import datetime
+
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()
+            return
+        missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(name)]
+        if missing or not dist.is_available():
+            raise UserInputError(f"WORLD_SIZE={self.world} without {' and '.join(missing) or 'torch.distributed'}: "
+                                 "several processes translate one file only when started by a launcher "
+                                 "(torchrun or accelerate launch), which sets MASTER_ADDR and MASTER_PORT.")
+        # The processes start together (they only load the model before this), so the default timeout is ample;
+        # two hours covers a slow shared file system.
+        dist.init_process_group("gloo", rank=self.rank, world_size=self.world, timeout=datetime.timedelta(hours=2))
+        try:
+            dist.barrier()
+        finally:
+            dist.destroy_process_group()
+
 
 def _done_marker(part: Path) -> Path:
     return part.with_name(part.name + ".done")
@@ -211,7 +240,8 @@ class CorpusTranslation:
 
 def translate_corpus(model: Any, tokenizer: Any, lines: Iterable[str], output: str | os.PathLike, resume: bool = False,
                      shard: Shard | None = None, window: int = 10_000, batch_size: int = 32,
-                     progress: Any = None, poll_seconds: float = 0.5, **options: Any) -> CorpusTranslation:
+                     progress: Any = None, poll_seconds: float = 0.5,
+                     rendezvous: Callable[[], None] | None = None, **options: Any) -> CorpusTranslation:
     """Translate ``lines`` (an iterable of sentences, read once) into the file ``output``, one line per input line,
     in input order — by one process, or by ``shard.world`` processes each translating its strided share (`Shard`).
 
@@ -222,7 +252,11 @@ def translate_corpus(model: Any, tokenizer: Any, lines: Iterable[str], output: s
     its first K lines followed by the parts interleaved back into input order — beside it and renames it into place,
     so ``output`` is never half-written; the parts are removed after. ``resume`` continues every part after its
     complete lines (a part with its marker is not translated again); parts of a run with another number of
-    processes are refused in one sentence. The other processes return once their share is done."""
+    processes are refused in one sentence. The other processes return once their share is done.
+
+    ``rendezvous`` (several processes; default `Shard.rendezvous`) is called by every process after it has read its
+    starting point (the output's complete lines, its part, its marker) and before any file is changed, so that all
+    processes resume from the same K even when one starts late; tests pass their own."""
     shard = shard or Shard()
     output = Path(output)
     lines = iter(lines)
@@ -252,8 +286,10 @@ def translate_corpus(model: Any, tokenizer: Any, lines: Iterable[str], output: s
         for path in (part, marker):
             path.unlink(missing_ok=True)
     done = completed_lines(part) if resume else 0
+    finished = resume and marker.exists()
+    (rendezvous or shard.rendezvous)()  # every process has read its starting point; files change only after this
     count = 0
-    if marker.exists():
+    if finished:
         done = json.loads(marker.read_text(encoding="utf-8"))["lines"]
         print(f"[deepnmt] rank {shard.rank}/{shard.world}: its {done} lines are translated already", file=sys.stderr)
     else:
