@@ -38,11 +38,12 @@ def variant_model(name: str, vocab_size: int, eos_boost: float = 1.0):
 _TRAINED: dict[str, torch.nn.Module] = {}
 
 
-def train_briefly(model: torch.nn.Module, tokenizer, steps: int = 60) -> torch.nn.Module:
-    """``steps`` Adam steps (lr 1e-2, seed 1) on the tiny corpus, then eval mode: a Transformer then ends hypotheses
-    at varied lengths, so the beam search's stopping rule decides outputs (a random model runs every hypothesis to
-    the length limit)."""
-    torch.manual_seed(1)  # seed 1: every variant then ends some hypotheses early and not all (checked by the tests)
+def train_briefly(model: torch.nn.Module, tokenizer, steps: int = 60, seed: int = 1) -> torch.nn.Module:
+    """``steps`` Adam steps (lr 1e-2, ``seed``) on the tiny corpus, then eval mode: a Transformer then ends
+    hypotheses at varied lengths, so the beam search's stopping rule decides outputs (a random model runs every
+    hypothesis to the length limit). Whether it does depends on the CPU's float kernels (60 steps at lr 1e-2 amplify
+    them): `trained_variant` checks it and picks the seed."""
+    torch.manual_seed(seed)
     model.train()
     sources, targets = zip(*PARALLEL)
     batch = tokenizer(list(sources), text_target=list(targets), padding=True, return_tensors="pt")
@@ -56,22 +57,59 @@ def train_briefly(model: torch.nn.Module, tokenizer, steps: int = 60) -> torch.n
     return model.eval()
 
 
+# The new-token limits of the export tests (test_export_ctranslate2: 16, test_export: 24) and their searches.
+LENGTH_LIMITS = (NEW_TOKENS, 24)
+
+
+def ends_at_varied_lengths(model: torch.nn.Module, sources: list[list[int]]) -> bool:
+    """Whether greedy and beam-4 search end at least 2 but not all of ``sources``' hypotheses with </s> within each
+    of `LENGTH_LIMITS` — the property the parity tests need, so that the stopping rule decides outputs."""
+    config = model.config
+    batch = source_batch(sources, config.pad_token_id)
+    for limit in LENGTH_LIMITS:
+        for num_beams in (1, 4):
+            with torch.no_grad():
+                output = model.generate(**batch, num_beams=num_beams, max_new_tokens=limit, do_sample=False)
+            ended = int((output[:, 1:] == config.eos_token_id).any(-1).sum())
+            if not 2 <= ended < len(sources):
+                return False
+    return True
+
+
+def train_until_lengths_vary(make_model, tokenizer, seeds: range = range(1, 21)) -> torch.nn.Module:
+    """`train_briefly` with the first seed whose model `ends_at_varied_lengths` on the shared sources (seed 1 on the
+    CPUs this project first ran on; another CPU's kernels can need another): the property the tests rely on is
+    chosen, not hoped for."""
+    sources = shared_sources(tokenizer)
+    for seed in seeds:
+        model = train_briefly(make_model(), tokenizer, seed=seed)
+        if ends_at_varied_lengths(model, sources):
+            return model
+    raise AssertionError(f"no seed in {seeds} trains a model whose hypotheses end at varied lengths")
+
+
 def trained_variant(name: str, tokenizer) -> torch.nn.Module:
-    """`variant_model` after `train_briefly` (once per variant and test session)."""
+    """`variant_model` after `train_briefly`, with hypotheses that end at varied lengths (once per variant and test
+    session)."""
     if name not in _TRAINED:
-        _TRAINED[name] = train_briefly(variant_model(name, len(tokenizer)), tokenizer)
+        _TRAINED[name] = train_until_lengths_vary(lambda: variant_model(name, len(tokenizer)), tokenizer)
     return _TRAINED[name]
+
+
+def shared_sources(tokenizer) -> list[list[int]]:
+    """The tiny corpus' sentences (both languages) and random id sequences, each ending in </s>."""
+    texts = [text for pair in PARALLEL for text in pair]
+    encoded = tokenizer(texts)["input_ids"]
+    generator = torch.Generator().manual_seed(0)
+    lengths = torch.randint(2, 14, (6,), generator=generator).tolist()
+    encoded += [torch.randint(4, len(tokenizer), (n,), generator=generator).tolist() + [2] for n in lengths]
+    return encoded
 
 
 @pytest.fixture(scope="module")
 def sources(tiny_tokenizer) -> list[list[int]]:
-    """The tiny corpus' sentences (both languages) and random id sequences, each ending in </s>."""
-    texts = [text for pair in PARALLEL for text in pair]
-    encoded = tiny_tokenizer(texts)["input_ids"]
-    generator = torch.Generator().manual_seed(0)
-    lengths = torch.randint(2, 14, (6,), generator=generator).tolist()
-    encoded += [torch.randint(4, len(tiny_tokenizer), (n,), generator=generator).tolist() + [2] for n in lengths]
-    return encoded
+    """`shared_sources` of the tiny tokenizer."""
+    return shared_sources(tiny_tokenizer)
 
 
 def teacher_forced_log_probs(model, source: list[int], target: list[int]) -> np.ndarray:

@@ -19,7 +19,7 @@ import pytest
 import torch
 from conftest import tiny_model
 import export_cases
-from export_cases import VARIANTS, source_batch, train_briefly, trained_variant
+from export_cases import VARIANTS, source_batch, train_until_lengths_vary, trained_variant
 from search_parity import assert_decided_by_margins, assert_same_search, generate_search, trim
 
 
@@ -98,7 +98,8 @@ def trained_case(name: str, tokenizer) -> torch.nn.Module:
         return trained_variant(name, tokenizer)
     if name not in _TRAINED:
         model = case_model(name, len(tokenizer))
-        _TRAINED[name] = model if model.config.model_type == "dtmt" else train_briefly(model, tokenizer)
+        _TRAINED[name] = model if model.config.model_type == "dtmt" else \
+            train_until_lengths_vary(lambda: case_model(name, len(tokenizer)), tokenizer)
     return _TRAINED[name]
 
 
