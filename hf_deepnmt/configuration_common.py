@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from .errors import UserInputError
+from .papers import foreign_fields
 
 
 def fail(config_name: str, field: str, value: Any, allowed: str) -> None:
@@ -65,6 +66,10 @@ class ValidatedConfigMixin:
     fields transformers validates itself reach `PreTrainedConfig.__init__`."""
 
     field_rules: ClassVar[FieldRules] = {}
+    family: ClassVar[str] = ""
+    """The config's family (`hf_deepnmt.papers`): the fields of the other families' papers are refused by name."""
+    foreign_preamble: ClassVar[str] = ""
+    """Words before a foreign field's reason in its refusal (``"DTMT is a recurrent model and "``)."""
 
     def check_fields(self) -> None:
         """Validate every field (`field_rules`); raise one `ValueError` sentence naming the field, the value and what
@@ -73,7 +78,13 @@ class ValidatedConfigMixin:
 
     def _validate_and_init(self, kwargs: dict[str, Any], **transformers_fields: Any) -> None:
         """Set ``transformers_fields`` (special token ids, ``is_encoder_decoder``, ...), check every field, then run
-        `PreTrainedConfig.__init__` with them and the remaining ``kwargs``."""
+        `PreTrainedConfig.__init__` with them and the remaining ``kwargs``. A field of another family's paper
+        (`hf_deepnmt.papers.foreign_fields`) is refused by name: `PreTrainedConfig` would store it silently as an
+        attribute no layer reads."""
+        foreign = foreign_fields(self.family)
+        for field in kwargs:
+            if field in foreign:
+                fail(type(self).__name__, field, kwargs[field], self.foreign_preamble + foreign[field])
         for field, value in transformers_fields.items():
             setattr(self, field, value)
         self.check_fields()  # once, in our words, before transformers' own validators see a value (docs/training.md)

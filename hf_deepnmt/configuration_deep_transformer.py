@@ -40,6 +40,7 @@ from .configuration_common import (
     one_of,
 )
 from .errors import UserInputError
+from .papers import TRANSFORMER
 
 logger = logging.get_logger(__name__)
 
@@ -419,6 +420,7 @@ class DeepTransformerConfig(ValidatedConfigMixin, PreTrainedConfig):
 
     # Every field with its rules, one table per paper (above); a subclass that adds fields extends it.
     field_rules: ClassVar[FieldRules] = {**TRANSFORMER_RULES, **LIU2020_RULES, **LI2022_RULES, **DOU2018_RULES}
+    family: ClassVar[str] = TRANSFORMER  # meng2019's fields are refused by name (hf_deepnmt.papers)
 
     def check_fields(self) -> None:
         """Validate every field (`field_rules`); raise one `ValueError` sentence naming the field, the value and what

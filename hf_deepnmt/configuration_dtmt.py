@@ -23,30 +23,17 @@ from typing import Any, ClassVar
 from transformers import PreTrainedConfig
 
 from .configuration_common import (ENCODER_DECODER_RULES, FLAG, POSITIVE_INT, PROBABILITY, SPECIAL_TOKEN_RULES,
-                                   FieldRules, Rule, ValidatedConfigMixin, divides_d_model, fail, is_int, number_in,
+                                   FieldRules, Rule, ValidatedConfigMixin, divides_d_model, is_int, number_in,
                                    one_of)
+from .papers import DTMT, foreign_fields
 
 ALLOWED_RNN_CELLS: tuple[str, ...] = ("lgru", "gru")
 # modeling_common.LENGTH_PENALTY_FORMS, spelt here so that this file imports no modeling code (tests check they agree)
 ALLOWED_LENGTH_PENALTY_FORMS: tuple[str, ...] = ("power", "gnmt")
 
-# Fields of the Transformer family (its structure and the other papers' mechanisms). PreTrainedConfig would store
-# any of them silently as an unused attribute; on a DTMT config they are a mistake and are refused by name.
-TRANSFORMER_ONLY_FIELDS: dict[str, str] = {
-    **{name: "li2022's cross-attention drop (CAD) acts on Transformer decoder layers"
-       for name in ("cross_attention_drop_depth", "cross_attention_drop_ratio")},
-    **{name: "li2022's collapse-reducing training (DDR/ALD losses) is defined for the deep Transformer decoder"
-       for name in ("ddr_weight", "ald_weight", "ald_unk_ratio", "ald_temperature", "ald_protected_token_ids")},
-    **{name: "liu2020's ADMIN rescales Transformer residual sub-layers, which DTMT does not have"
-       for name in ("residual_scaling", "admin_init", "admin_omega_trainable", "admin_profiled")},
-    **{name: "dou2018's layer aggregation and multi-layer attention combine Transformer layers"
-       for name in ("encoder_layer_aggregation", "decoder_layer_aggregation", "aggregation_activation",
-                    "multi_layer_attention_k", "diversity_weight")},
-    **{name: "it is a Transformer field; DTMT's depth is `transition_depth` and its width `d_model`"
-       for name in ("encoder_layers", "decoder_layers", "encoder_attention_heads", "decoder_attention_heads",
-                    "encoder_ffn_dim", "decoder_ffn_dim", "activation_function", "attention_dropout",
-                    "activation_dropout", "scale_embedding", "layer_norm_position", "init_std")},
-}
+# Fields of the Transformer family (its structure and the other papers' mechanisms), each with why it means nothing
+# here (hf_deepnmt.papers): refused by name at construction (`ValidatedConfigMixin`).
+TRANSFORMER_ONLY_FIELDS: dict[str, str] = foreign_fields(DTMT)
 
 # meng2019's fields with their rules (configuration_common.check_config runs them in this order).
 DTMT_RULES: FieldRules = {
@@ -192,10 +179,6 @@ class DTMTConfig(ValidatedConfigMixin, PreTrainedConfig):
         is_encoder_decoder: bool = True,
         **kwargs: Any,
     ) -> None:
-        for field in kwargs:
-            if field in TRANSFORMER_ONLY_FIELDS:
-                fail(type(self).__name__, field, kwargs[field],
-                     f"DTMT is a recurrent model and {TRANSFORMER_ONLY_FIELDS[field]}")
         self.vocab_size = vocab_size
         self.d_model = d_model
         self.transition_depth = transition_depth
@@ -222,6 +205,8 @@ class DTMTConfig(ValidatedConfigMixin, PreTrainedConfig):
                                 is_encoder_decoder=is_encoder_decoder, tie_word_embeddings=tie_word_embeddings)
 
     field_rules: ClassVar[FieldRules] = DTMT_RULES
+    family: ClassVar[str] = DTMT
+    foreign_preamble: ClassVar[str] = "DTMT is a recurrent model and "
 
     def block_depths(self) -> dict[str, int]:
         """T-GRUs above the bottom unit of each transition module (Fig. 2): ``transition_depth`` where the module's

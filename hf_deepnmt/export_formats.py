@@ -8,7 +8,6 @@ of them.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
@@ -16,7 +15,8 @@ from torch import nn
 from .admin import fold_admin
 from .errors import UserInputError
 from .modeling_common import unwrap_model
-from .registry import MODEL_TYPES, TRANSFORMER, model_type_names
+from .papers import TRANSFORMER, Blocker, papers_of
+from .registry import MODEL_TYPES, model_type_names
 
 EXPORT_FORMATS: tuple[str, ...] = ("ctranslate2", "onnx", "marian")
 ENGINES: tuple[str, ...] = ("torch", "ctranslate2", "onnx")
@@ -66,66 +66,28 @@ CT2_ACTIVATIONS: dict[str, str] = {
 }
 
 
-@dataclass(frozen=True)
-class Blocker:
-    """One thing a model has that an export format cannot express exactly."""
-
-    setting: str
-    """The config's words: ``"multi_layer_attention_k=2"``."""
-    mechanism: str
-    """The paper's: ``"dou2018 multi-layer attention"``."""
-    reason: str
-    """Why a standard Transformer cannot hold it (empty: the mechanism says it)."""
-    formats: tuple[str, ...]
-    """The formats it blocks."""
-    where: str = ""
-    """The stack it acts on, where it matters: ``"encoder"`` names "dou2018 encoder layer aggregation"."""
-
-    def __str__(self) -> str:
-        """The mechanism first, as `export_blockers` and the export's refusal name it."""
-        paper, _, name = self.mechanism.partition(" ") if self.where else ("", "", self.mechanism)
-        mechanism = " ".join(part for part in (paper, self.where, name) if part)
-        return f"{mechanism} ({self.setting}: {self.reason})" if self.reason else f"{mechanism} ({self.setting})"
-
-    def setting_first(self) -> str:
-        """The setting first, as `hf_deepnmt.export_marian.export_marian` names it."""
-        return f"{self.setting} ({self.mechanism})"
-
-
-STANDARD = ("ctranslate2", "marian")  # the formats that hold a standard Transformer only
-
-
 def mechanism_blockers(config: Any) -> list[Blocker]:
     """Every switch of a Transformer ``config`` that some format cannot express, each named once, with the formats
-    it blocks. ADMIN is never one (it folds away, `hf_deepnmt.admin.fold_admin`), nor are li2022's CAD at p_net < 1
-    (it acts only in training), DDR and ALD (losses); fields a config lacks read as their defaults."""
+    it blocks: the Transformer's own (pre-LN, LayerNorm epsilon, activation), then each paper's
+    (`hf_deepnmt.papers.Paper.export_blockers`). ADMIN is never one (it folds away, `hf_deepnmt.admin.fold_admin`),
+    nor are li2022's CAD at p_net < 1 (it acts only in training), DDR and ALD (losses); fields a config lacks read as
+    their defaults."""
+    values = config.to_dict() if hasattr(config, "to_dict") else dict(config)
     blockers = []
-    if getattr(config, "layer_norm_position", "post") != "post":
-        blockers.append(Blocker(f"layer_norm_position={config.layer_norm_position!r}", "pre-LN",
+    # the Transformer's own structure (docs/fast-inference.md)
+    if values.get("layer_norm_position", "post") != "post":
+        blockers.append(Blocker(f"layer_norm_position={values['layer_norm_position']!r}", "pre-LN",
                                 "Marian is post-LN", ("marian",)))
-    eps = getattr(config, "layer_norm_eps", 1e-5)
+    eps = values.get("layer_norm_eps", 1e-5)
     if not math.isclose(eps, 1e-5):
         blockers.append(Blocker(f"layer_norm_eps={eps}", "a LayerNorm epsilon other than 1e-5",
                                 "Marian's LayerNorms use 1e-5", ("marian",)))
-    for stack in ("encoder", "decoder"):
-        kind = getattr(config, f"{stack}_layer_aggregation", "none")
-        if kind not in (None, "none"):
-            blockers.append(Blocker(f"{stack}_layer_aggregation={kind!r}", "dou2018 layer aggregation",
-                                    "the stack's output combines every layer's output", STANDARD, where=stack))
-    k = getattr(config, "multi_layer_attention_k", 1) or 1
-    if k > 1:
-        blockers.append(Blocker(f"multi_layer_attention_k={k}", "dou2018 multi-layer attention",
-                                "self-attention attends to several layers' outputs", STANDARD))
-    depth = getattr(config, "cross_attention_drop_depth", 0)
-    if depth > 0 and getattr(config, "cross_attention_drop_ratio", 0) >= 1:
-        # CTranslate2 writes those layers with a zero cross-attention (hf_deepnmt.export_ctranslate2); Marian cannot
-        blockers.append(Blocker(f"cross_attention_drop_ratio=1.0 on {depth} decoder layers",
-                                "li2022 cross-attention drop", "those layers have no cross-attention; every Marian "
-                                "decoder layer has one", ("marian",)))
-    activation = getattr(config, "activation_function", "relu")
+    activation = values.get("activation_function", "relu")
     if activation not in CT2_ACTIVATIONS:
         blockers.append(Blocker(f"activation_function={activation!r}", "an activation CTranslate2 lacks",
                                 f"CTranslate2 has {', '.join(sorted(CT2_ACTIVATIONS))}", ("ctranslate2",)))
+    for paper in papers_of(TRANSFORMER):  # each paper's switches, as its description names them
+        blockers += paper.export_blockers(values)
     return blockers
 
 

@@ -22,6 +22,7 @@ from .configuration_deep_transformer import (
 )
 from .configuration_dtmt import DTMTConfig
 from .errors import UserInputError
+from .papers import DTMT, PAPERS, TRANSFORMER  # noqa: F401  (the families, and the papers' descriptions)
 from .modeling_deep_transformer import (
     AdminTransformerForConditionalGeneration,
     AdminTransformerModel,
@@ -34,8 +35,6 @@ from .modeling_deep_transformer import (
 )
 from .modeling_dtmt import DTMTForConditionalGeneration, DTMTModel
 
-TRANSFORMER = "transformer"
-DTMT = "dtmt"
 
 
 @dataclass(frozen=True)
@@ -46,7 +45,8 @@ class ModelTypeEntry:
     family: str
     """``"transformer"`` (modeling_deep_transformer.py) or ``"dtmt"`` (modeling_dtmt.py)."""
     paper: str | None
-    """The paper whose defaults the type carries (None: the plain Transformer baseline)."""
+    """The key of the paper (`hf_deepnmt.papers.PAPERS`) whose defaults the type carries (None: the plain
+    Transformer baseline)."""
     summary: str
     """One line for ``--help`` and error messages."""
     config_class: type

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .bibtex import BIBTEX, papers_for_config
 from .licenses import license_problem, normalise_license
 
 if TYPE_CHECKING:
@@ -99,72 +98,12 @@ def _dtmt_summary(config: dict[str, Any]) -> str:
             f"d_model {config.get('d_model', '?')}, {config.get('attention_heads', '?')}-head additive attention)")
 
 
-def _dtmt_methods(config: dict[str, Any]) -> list[str]:
-    lines = []
-    off = [name for name in ("encoder", "query", "decoder") if not config.get(f"{name}_transition", True)]
-    if off and config.get("transition_depth", 4):
-        lines.append(f"ablation (meng2019 Table 4): the {', '.join(off)} transition(s) reduced to a single unit")
-    if not config.get("positional_encoding", True):
-        lines.append("no positional encoding (meng2019 Table 6, Non-PE)")
-    if config.get("share_encoder_decoder_embeddings"):
-        lines.append("one embedding matrix for source and target (not in the paper)")
-    if config.get("tie_word_embeddings"):
-        lines.append("output projection tied to the target embedding (not in the paper)")
-    return lines
-
-
 def _methods(config: dict[str, Any]) -> list[str]:
-    if config.get("model_type") == "dtmt":
-        return _dtmt_methods(config)
-    lines = []
-    if config.get("layer_norm_position") == "pre":
-        lines.append("pre-LN residual blocks with a final LayerNorm per stack")
-    if config.get("residual_scaling") == "admin":
-        how = ("profiled on training data (liu2020 / the authors' recursion)" if config.get("admin_init") == "profiling"
-               else "set by the closed form sqrt((N+1)/ln(N+1) - 1)")
-        lines.append(f"ADMIN residual scaling x_k = LN(ω_k ⊙ x_(k-1) + f_k(x_(k-1))) (liu2020 eq 2), ω {how}, "
-                     f"{'trained' if config.get('admin_omega_trainable', True) else 'fixed'}; "
-                     "`hf_deepnmt.fold_admin` turns it into a standard Transformer")
-    depth, ratio = config.get("cross_attention_drop_depth", 0), config.get("cross_attention_drop_ratio", 0.0)
-    if depth and ratio:
-        inference = ("those layers have no cross-attention at all" if ratio >= 1.0
-                     else "at inference every cross-attention is used")
-        lines.append(f"cross-attention drop (li2022 §3.3): decoder layers 1-{depth} skip cross-attention with "
-                     f"probability p_net = {ratio} in training, layers above always keep it (the paper's formula and prose "
-                     f"disagree on what p means; this reading is the one its §4.3 results support); {inference}")
-    if config.get("ddr_weight", 0):
-        lines.append(f"DDR loss (li2022 §3.4), weight {config['ddr_weight']}: symmetric KL between two decoder passes "
-                     "with independent dropout and drop-net draws; the paper gives no weight, this is our choice "
-                     "(R-Drop used 5)")
-    if config.get("ald_weight", 0):
-        lines.append(f"ALD loss (li2022 eq. 6), weight {config['ald_weight']}, p_ALD = {config.get('ald_unk_ratio')}, "
-                     f"τ = {config.get('ald_temperature')}: contrastive loss between the full source and <unk>-masked "
-                     "copies (X⁺ keeps more of the source than X⁻)")
-    if (depth and ratio) or config.get("ddr_weight", 0) or config.get("ald_weight", 0):
-        lines.append("what cross-attention drop and CRT did in hf_deepnmt's own small-scale study (6-16 layers, d_model "
-                     "128, a 29k-pair corpus, 3,000 steps): no decoder collapsed into a language model; where every "
-                     "model learnt, CAD+CRT cost 1.45 BLEU (mean of 3 seeds) at equal steps and 3.7× the step time; "
-                     "a deep post-LN decoder that stalled (BLEU 0) was repaired by ADMIN, not by CAD or CRT. li2022 "
-                     "reports the collapse at WMT scale (4.5M pairs, 200k steps)")
-    aggregation_names = {"dense": "dense connections (dou2018 eq. 4)",
-                         "linear": "linear combination of all layers at every layer input and the output, "
-                                   "d×d matrices (dou2018 eq. 5)",
-                         "iterative": "iterative aggregation (dou2018 eq. 6-7)",
-                         "hierarchical": "hierarchical aggregation over layer pairs, nodes fed back into the "
-                                         "backbone (dou2018 §3.1.1)"}
-    for stack in ("encoder", "decoder"):
-        kind = config.get(f"{stack}_layer_aggregation", "none")
-        if kind != "none":
-            lines.append(f"{stack} layer aggregation: {aggregation_names[kind]}, AGG activation "
-                         f"{config.get('aggregation_activation', 'sigmoid')}")
-    k = config.get("multi_layer_attention_k", 1)
-    if k > 1:
-        lines.append(f"multi-layer attention, k = {k} (dou2018 eq. 8): in both stacks every layer l ≥ {k + 1} attends "
-                     f"to the {k} layers below it with separate attentions merged by AGG")
-    if config.get("diversity_weight", 0):
-        lines.append(f"layer-diversity regularisation (dou2018 eq. 9-10), λ = {config['diversity_weight']}: the "
-                     "training objective is NLL − λ·L_div (diversity between adjacent layers is maximised)")
-    return lines
+    """The method lines of every paper the model uses, in `hf_deepnmt.papers.PAPERS` order (each paper's
+    description writes its own)."""
+    from hf_deepnmt.papers import papers_used
+
+    return [line for paper in papers_used(config) for line in paper.card_lines(config)]
 
 
 def render_model_card(
@@ -203,6 +142,7 @@ def render_model_card(
     from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
     from hf_deepnmt.errors import UserInputError
+    from hf_deepnmt.papers import papers_used
 
     problem = license_problem(license, "license")
     if problem:
@@ -211,7 +151,8 @@ def render_model_card(
     folder = Path(folder)
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     model_type = config.get("model_type", "deep_transformer")
-    papers = papers_for_config(config)
+    used = papers_used(config)  # hf_deepnmt.papers: what the card cites, tags and describes
+    papers = [paper.key for paper in used]
     results = results or []
     generation = {}
     if (folder / "generation_config.json").exists():
@@ -277,7 +218,7 @@ def render_model_card(
         license=license,
         data_license=data_license or "The license of the training data is not recorded here; it may restrict how "
                                      "this model can be used.",
-        bibtex="\n\n".join(BIBTEX[key] for key in papers),
+        bibtex="\n\n".join(paper.bibtex for paper in used),
     )
 
 

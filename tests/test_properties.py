@@ -37,6 +37,7 @@ from hf_deepnmt.configuration_deep_transformer import (
     ALLOWED_RESIDUAL_SCALINGS,
 )
 from hf_deepnmt.configuration_dtmt import ALLOWED_LENGTH_PENALTY_FORMS, ALLOWED_RNN_CELLS, TRANSFORMER_ONLY_FIELDS
+from hf_deepnmt.papers import TRANSFORMER, foreign_fields
 from hf_deepnmt.errors import UserInputError
 from hf_deepnmt_training.data import DataError, read_parallel_file
 
@@ -631,6 +632,15 @@ def test_dtmt_config_refuses_every_transformer_field_whatever_its_value(field, v
     """A Transformer-only field passed to `DTMTConfig` is refused by name with any value (valid for the
     Transformer or not): a one-line `ValueError` naming the field and the value."""
     check_invalid(build_dtmt, field, value)
+
+
+@pytest.mark.parametrize("field", sorted(foreign_fields(TRANSFORMER)))
+@examples(3)
+@given(value=JSON_VALUES)
+def test_transformer_configs_refuse_every_dtmt_field_whatever_its_value(field, value):
+    """A field of meng2019's DTMT passed to `DeepTransformerConfig` is refused by name with any value (it would
+    otherwise be stored as an attribute no layer reads): a one-line `ValueError` naming the field and the value."""
+    check_invalid(build_deep_transformer, field, value)
 
 
 def test_every_validated_field_has_a_property():

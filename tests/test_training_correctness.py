@@ -244,14 +244,16 @@ def _runtime_nodes(tree: ast.AST):
         yield from _runtime_nodes(node)
 
 
-def _import_graph() -> dict[str, set[str]]:
-    """Module -> the modules of our packages it imports when it runs, function-level imports included."""
+def _import_graph(annotations: bool = False) -> dict[str, set[str]]:
+    """Module -> the modules of our packages it imports when it runs, function-level imports included (and, with
+    ``annotations``, those under ``if TYPE_CHECKING:`` too)."""
     graph: dict[str, set[str]] = {}
     for package in PACKAGES:
         for path in (ROOT / package).rglob("*.py"):
             module = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
             edges = set()
-            for node in _runtime_nodes(ast.parse(path.read_text(encoding="utf-8"))):
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+            for node in (ast.walk(tree) if annotations else _runtime_nodes(tree)):
                 names: list[str] = []
                 if isinstance(node, ast.Import):
                     names = [alias.name for alias in node.names]
@@ -292,6 +294,41 @@ def test_imports_follow_the_layering_and_form_no_circle():
 
     for module in graph:
         visit(module, ())
+
+
+# `deepnmt train`'s stages in the order a run goes through them (docs/architecture.md, "deepnmt train, stage by
+# stage"); `training.train` runs them and imports them all.
+TRAIN_STAGES: tuple[tuple[str, frozenset[str]], ...] = tuple((name, frozenset(f"training.{module}" for module in modules))
+                                                          for name, modules in (
+    ("parse", ("arguments", "train_options")),
+    ("resolve", ("recipes", "defaults", "train_arguments")),
+    ("build", ("build", "schedules", "tokenizer", "preprocess")),
+    ("train", ("trainer", "checkpoints")),
+    ("report", ("report", "plots", "hub")),
+    ("run", ("train",)),
+))
+
+
+def test_deepnmt_train_flows_one_way():
+    """No module of a stage of `deepnmt train` imports a module of a later stage, annotation-only imports included,
+    so the training modules form no circle even under ``TYPE_CHECKING`` (build <-> train_arguments and report <->
+    train did)."""
+    graph = _import_graph(annotations=True)
+    stage_of = {module: index for index, (_, modules) in enumerate(TRAIN_STAGES) for module in modules}
+    assert set(stage_of) <= set(graph)
+    for module, index in stage_of.items():
+        later = sorted(target for target in graph[module] if stage_of.get(target, -1) > index)
+        assert not later, f"{module} ({TRAIN_STAGES[index][0]}) imports {later} of a later stage"
+
+    def visit(module: str, trail: tuple[str, ...]) -> None:
+        assert module not in trail, " -> ".join(trail + (module,))
+        for target in graph.get(module, ()):
+            if target.startswith("training.") and target.count(".") == 1:
+                visit(target, trail + (module,))
+
+    for module in graph:
+        if module.startswith("training.") and module.count(".") == 1:
+            visit(module, ())
 
 
 def test_no_forward_argument_is_mistaken_for_labels_by_the_trainer():

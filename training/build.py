@@ -18,11 +18,10 @@ from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer, Seq2S
 import hf_deepnmt  # noqa: F401  (registers the model types)
 from hf_deepnmt import record_language_pair
 from hf_deepnmt.errors import UserInputError
-from hf_deepnmt.registry import model_type_entry
 
 from .data import DataArguments
 from .errors import hub_lookup
-from .recipes import load_model_config_dict, parse_overrides
+from .recipes import model_fields
 from .schedules import SCHEDULES, rnnplus_scheduler_factory
 from .tokenizer import train_joint_bpe_from_texts
 
@@ -85,39 +84,6 @@ def _joint_bpe(model_args: ModelArguments, data_args: DataArguments, training_ar
     return tokenizer
 
 
-def model_fields(model_args: ModelArguments, recipe_model: dict) -> tuple[str, dict]:
-    """The model type and config fields of a model trained from scratch: preset / recipe, then --config_overrides,
-    --model_type on top."""
-    fields = load_model_config_dict(model_args.config_name, recipe_model)
-    overrides = parse_overrides(model_args.config_overrides)
-    fields.update(overrides)
-    model_type = model_args.model_type or fields.pop("model_type", "deep_transformer")
-    fields.pop("model_type", None)
-    check_override_keys(model_type, overrides)
-    return model_type, fields
-
-
-def check_override_keys(model_type: str, overrides: dict[str, Any]) -> None:
-    """A ``--config_overrides`` key that the model type's config does not have is a typo (transformers would store it
-    beside the real field and nothing would read it): one sentence with the close matches."""
-    import difflib
-    import inspect
-
-    from transformers import CONFIG_MAPPING
-
-    model_type_entry(model_type, "`model_type`")  # one sentence with the closest types for an unknown one
-    config_class = CONFIG_MAPPING[model_type]
-    known = set(inspect.signature(config_class.__init__).parameters) | set(config_class().to_dict())
-    known -= {"self", "kwargs"}
-    for key, value in overrides.items():
-        if key not in known:
-            config_class(**{key: value})  # a config that refuses the field by name says why (e.g. DTMT's refusals)
-            close = difflib.get_close_matches(key, sorted(known), n=3, cutoff=0.6)
-            hint = f"did you mean {', '.join(close)}?" if close else "see `deepnmt train --help` and the presets"
-            raise UserInputError(f"--config_overrides: `{key}` is not a field of {config_class.__name__} "
-                             f"({model_type}); {hint}")
-
-
 def build_model(model_args: ModelArguments, data_args: DataArguments, recipe_model: dict, tokenizer,
                  label_smoothing: float = 0.0):
     """The model to train: fine-tuned, warm-started or new, its config recording the language pair it is trained
@@ -133,7 +99,8 @@ def new_model_config(model_args: ModelArguments, data_args: DataArguments, recip
     and special tokens), checked: one sentence for a field its config refuses, or a position limit shorter than
     --max_source_length / --max_target_length. Builds no weights (`deepnmt distill` checks a student with it before
     anything runs)."""
-    model_type, fields = model_fields(model_args, recipe_model)
+    model_type, fields = model_fields(model_args.config_name, model_args.config_overrides, model_args.model_type,
+                                     recipe_model)
     fields.update(
         vocab_size=len(tokenizer),
         pad_token_id=tokenizer.pad_token_id,

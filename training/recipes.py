@@ -131,3 +131,40 @@ def parse_overrides(text: str | None) -> dict[str, Any]:
         key, raw = (part.strip() for part in item.split("=", 1))
         overrides[key] = yaml.safe_load(raw)
     return overrides
+
+
+def model_fields(config_name: str | None, config_overrides: str | None, model_type: str | None,
+                 recipe_model: dict) -> tuple[str, dict]:
+    """The model type and config fields of a model trained from scratch: the preset (``--config_name``) or the
+    recipe's model section, then ``--config_overrides``, ``--model_type`` on top; an override key the model type's
+    config does not have is one sentence (`check_override_keys`)."""
+    fields = load_model_config_dict(config_name, recipe_model)
+    overrides = parse_overrides(config_overrides)
+    fields.update(overrides)
+    model_type = model_type or fields.pop("model_type", "deep_transformer")
+    fields.pop("model_type", None)
+    check_override_keys(model_type, overrides)
+    return model_type, fields
+
+
+def check_override_keys(model_type: str, overrides: dict[str, Any]) -> None:
+    """A ``--config_overrides`` key that the model type's config does not have is a typo (transformers would store it
+    beside the real field and nothing would read it): one sentence with the close matches."""
+    import difflib
+    import inspect
+
+    from transformers import CONFIG_MAPPING
+
+    from hf_deepnmt.registry import model_type_entry
+
+    model_type_entry(model_type, "`model_type`")  # one sentence with the closest types for an unknown one
+    config_class = CONFIG_MAPPING[model_type]
+    known = set(inspect.signature(config_class.__init__).parameters) | set(config_class().to_dict())
+    known -= {"self", "kwargs"}
+    for key, value in overrides.items():
+        if key not in known:
+            config_class(**{key: value})  # a config that refuses the field by name says why (e.g. DTMT's refusals)
+            close = difflib.get_close_matches(key, sorted(known), n=3, cutoff=0.6)
+            hint = f"did you mean {', '.join(close)}?" if close else "see `deepnmt train --help` and the presets"
+            raise UserInputError(f"--config_overrides: `{key}` is not a field of {config_class.__name__} "
+                             f"({model_type}); {hint}")

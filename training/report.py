@@ -9,22 +9,26 @@ import os
 import platform
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import Seq2SeqTrainingArguments
 
+from hf_deepnmt.papers import papers_used
 from hf_deepnmt_model_cards import EvalRow, hub_dataset_id, write_model_card
 
+from .clock import RunClock
 from .metrics import TranslationMetrics
 from .plots import plot_history
 from .recipes import resolve_path
 
 if TYPE_CHECKING:
-    from .train import TrainOutcome
+    from .data import DataArguments
+    from .metrics import TranslationScores
     from .train_arguments import ModelArguments
+    from .trainer import DeepNMTTrainer
 
 
 # The embedded corpus is no Hub dataset: no dataset id (the card's `datasets` field and model-index stay empty).
@@ -43,6 +47,22 @@ EMBEDDED_DATASET = {
 }
 
 
+@dataclass
+class TrainOutcome:
+    """What `hf_deepnmt_training.train.train` leaves behind: the report's input (defined here, so that the
+    report never imports the training stage)."""
+
+    output_dir: Path
+    trainer: DeepNMTTrainer
+    tokenizer: Any
+    data_args: DataArguments
+    model_args: ModelArguments
+    training_args: Seq2SeqTrainingArguments
+    test_scores: TranslationScores | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+    clock: RunClock = field(default_factory=RunClock)
+
+
 def environment_summary() -> dict[str, str]:
     """Hardware and library versions, for metrics files and cards."""
     import transformers
@@ -56,7 +76,7 @@ def environment_summary() -> dict[str, str]:
     }
 
 
-def print_train_summary(outcome: "TrainOutcome") -> None:
+def print_train_summary(outcome: TrainOutcome) -> None:
     """What `deepnmt train` prints at the end (rank 0): the folder, the run time the card states (the stopped
     `hf_deepnmt_training.clock.RunClock`), the scores and how to use the model."""
     if not outcome.trainer.is_world_process_zero():
@@ -123,12 +143,8 @@ def objective_description(config: Any, auxiliary: Sequence[Any] = ()) -> str:
     """Every term the model was trained with, from its config (the methods section reads the same fields)."""
     smoothing = getattr(config, "label_smoothing", 0.0) or 0.0
     terms = [f"label-smoothed NLL (ε {smoothing})" if smoothing else "NLL (no label smoothing)"]
-    if getattr(config, "ddr_weight", 0.0):
-        terms.append(f"{config.ddr_weight} × DDR (li2022)")
-    if getattr(config, "ald_weight", 0.0):
-        terms.append(f"{config.ald_weight} × ALD (li2022)")
-    if getattr(config, "diversity_weight", 0.0):
-        terms.append(f"− {config.diversity_weight} × L_div (dou2018 layer diversity, maximised)")
+    values = config.to_dict()
+    terms += [term for paper in papers_used(values) for term in paper.loss_terms(values)]  # hf_deepnmt.papers
     terms += [f"{term.weight} × {term.name} (user-defined)" for term in auxiliary]
     return " + ".join(terms).replace("+ −", "−")
 

@@ -10,7 +10,6 @@ import copy
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,33 +27,19 @@ from transformers import (
 from hf_deepnmt.errors import UserInputError
 
 from .arguments import TRAIN_ALIASES, canonical_options, quiet_libraries
-from .build import build_model, load_or_train_tokenizer, lr_scheduler_factory, model_fields, optimizer_setting
+from .build import build_model, load_or_train_tokenizer, lr_scheduler_factory, optimizer_setting
 from .checkpoints import resume_target
 from .clock import RunClock
 from .data import DataArguments, DataError, length_column
 from .defaults import given_options
 from .hub import push_folder
-from .metrics import TranslationMetrics, TranslationScores
+from .metrics import TranslationMetrics
 from .preprocess import ReadSplit, TokenizedSplit, read_split, tokenize_split
-from .report import finish_run
+from .recipes import model_fields
+from .report import TrainOutcome, finish_run
 from .train_arguments import ModelArguments, apply_scratch_defaults, parse_train_args
 from .trainer import DeepNMTTrainer
 from .translate import evaluate_model, new_token_budget
-
-
-@dataclass
-class TrainOutcome:
-    """What `train` leaves behind."""
-
-    output_dir: Path
-    trainer: DeepNMTTrainer
-    tokenizer: Any
-    data_args: DataArguments
-    model_args: ModelArguments
-    training_args: Seq2SeqTrainingArguments
-    test_scores: TranslationScores | None = None
-    timings: dict[str, float] = field(default_factory=dict)
-    clock: RunClock = field(default_factory=RunClock)
 
 
 class _Interval(TrainerCallback):
@@ -188,7 +173,8 @@ def train(argv: Sequence[str], clock: RunClock | None = None) -> TrainOutcome:
     quiet_libraries()
     schedule = lr_scheduler_factory(model_args, training_args)
     if not model_args.model_name_or_path:  # a bad model config fails now, not after the tokenizer is trained
-        model_type, fields = model_fields(model_args, recipe["model"])
+        model_type, fields = model_fields(model_args.config_name, model_args.config_overrides, model_args.model_type,
+                                          recipe["model"])
         AutoConfig.for_model(model_type, **fields)
     push_repo = training_args.hub_model_id if training_args.push_to_hub else None
     if training_args.push_to_hub:

@@ -21,11 +21,10 @@ from hf_deepnmt.registry import MODEL_TYPES
 from hf_deepnmt_model_cards.licenses import normalise_license
 
 from .arguments import TRAIN_ALIASES, canonical_options, unknown_arguments_message
-from .build import model_fields
 from .data import DataArguments
 from .defaults import PARSE_TIME_DEFAULTS, given_options, resolve as resolve_defaults
 from .errors import CommandLineError, is_user_mistake
-from .recipes import load_recipe, parse_overrides, recipe_to_argv, resolve_path
+from .recipes import load_recipe, model_fields, parse_overrides, recipe_to_argv, resolve_path
 from .train_options import check_option_values, store_option_table
 
 
@@ -74,22 +73,12 @@ class _TrainParser(HfArgumentParser):
         raise CommandLineError(f"{message} (see `deepnmt train --help`)")
 
 
-# The switches of each paper, set with --config_overrides (DTMT's with --model_type dtmt); listed in --help with
-# their defaults read from the config classes, so the list cannot drift from the code.
-PAPER_SWITCHES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
-    ("li2022", "deep_transformer", ("cross_attention_drop_depth", "cross_attention_drop_ratio", "ddr_weight",
-                                    "ald_weight", "ald_unk_ratio", "ald_temperature")),
-    ("liu2020", "deep_transformer", ("residual_scaling", "admin_init", "layer_norm_position")),
-    ("dou2018", "deep_transformer", ("encoder_layer_aggregation", "decoder_layer_aggregation",
-                                     "aggregation_activation", "multi_layer_attention_k", "diversity_weight")),
-    ("meng2019", "dtmt", ("rnn_cell", "transition_depth", "attention_heads", "encoder_transition",
-                          "query_transition", "decoder_transition")),
-)
-
-
 def train_help_description() -> str:
     """The top of `deepnmt train --help`: the from-scratch defaults, the paper switches, recipes and presets."""
     from transformers import CONFIG_MAPPING
+
+    from hf_deepnmt.papers import PAPERS
+    from hf_deepnmt.registry import model_type_names
 
     from .recipes import PRESETS_DIR, RECIPES_DIR
 
@@ -103,10 +92,12 @@ def train_help_description() -> str:
         "",
         "Paper switches (--config_overrides KEY=VALUE,...; meng2019's with --model_type dtmt), with their defaults:",
     ]
-    for paper, model_type, fields in PAPER_SWITCHES:
-        defaults = CONFIG_MAPPING[model_type]().to_dict()
-        lines.append(textwrap.fill(f"  {paper}: " + ", ".join(f"{name}={defaults[name]}" for name in fields),
-                                   width=110, subsequent_indent="    ", break_on_hyphens=False))
+    for paper in PAPERS.values():  # each paper's switches (hf_deepnmt.papers), with its family's plain defaults
+        if paper.switches:
+            defaults = CONFIG_MAPPING[model_type_names(paper.family)[0]]().to_dict()
+            lines.append(textwrap.fill(f"  {paper.key}: " + ", ".join(f"{name}={defaults[name]}"
+                                                                      for name in paper.switches),
+                                       width=110, subsequent_indent="    ", break_on_hyphens=False))
     lines += [
         "",
         textwrap.fill("Recipes (--recipe NAME): " + ", ".join(sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))),
@@ -231,7 +222,8 @@ def apply_scratch_defaults(model_args: ModelArguments, data_args: DataArguments,
         setattr(target, key, value)
     if training_args.process_index == 0:
         fixed = {key: getattr(training_args, key) for key in PARSE_TIME_DEFAULTS if key not in given}
-        effective = model_fields(model_args, recipe["model"])[1]
+        effective = model_fields(model_args.config_name, model_args.config_overrides, model_args.model_type,
+                                 recipe["model"])[1]
         print("\n".join(resolution.describe(effective) + [
             "[deepnmt]   " + ", ".join(f"--{key} {getattr(value, 'value', value)}" for key, value in fixed.items()),
             f"[deepnmt]   --label_smoothing_factor {training_args.label_smoothing_factor}"]), file=sys.stderr)
