@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from .common import RESULTS, history, plot_runs, series
+from .common import experiment_parser, history, plot_runs, series
 
 
 def run_args(args: argparse.Namespace, scaling: str, output_dir: Path) -> list[str]:
@@ -41,21 +41,11 @@ def run_args(args: argparse.Namespace, scaling: str, output_dir: Path) -> list[s
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = experiment_parser(__doc__, work_dir="runs/admin_miniature", threads=1, plots=True, max_steps=500,
+                               max_tokens=1024, learning_rate=1e-3, warmup_steps=200, eval_steps=100, test_samples=300)
     parser.add_argument("--encoder_layers", type=int, default=24)
     parser.add_argument("--decoder_layers", type=int, default=12)
     parser.add_argument("--d_model", type=int, default=256)
-    parser.add_argument("--max_steps", type=int, default=500)
-    parser.add_argument("--max_tokens", type=int, default=1024)
-    parser.add_argument("--learning_rate", type=float, default=1e-3)
-    parser.add_argument("--warmup_steps", type=int, default=200)
-    parser.add_argument("--eval_steps", type=int, default=100)
-    parser.add_argument("--test_samples", type=int, default=300)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--work_dir", default="runs/admin_miniature")
-    parser.add_argument("--results", default=str(RESULTS))
-    parser.add_argument("--render_only", action="store_true",
-                        help="Measure nothing: rewrite the markdown and the plot from the results' JSON.")
     args = parser.parse_args()
     if args.render_only:
         results = Path(args.results)

@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from .common import add_output_arguments, history, render_only, series
+from .common import experiment_parser, history, render_only, series
 
 
 def train_command(args: argparse.Namespace, output_dir: Path, bf16: bool) -> list[str]:
@@ -34,11 +34,7 @@ def train_command(args: argparse.Namespace, output_dir: Path, bf16: bool) -> lis
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--max_steps", type=int, default=400)
-    parser.add_argument("--test_samples", type=int, default=200)
-    parser.add_argument("--threads", type=int, default=2)
-    add_output_arguments(parser, "runs/bf16_cpu")
+    parser = experiment_parser(__doc__, work_dir="runs/bf16_cpu", threads=2, max_steps=400, test_samples=200)
     args = parser.parse_args()
     results_dir = Path(args.results)
     if render_only(args, "bf16_cpu", render):

@@ -35,7 +35,7 @@ import sys
 import time
 from pathlib import Path
 
-from .common import RESULTS
+from .common import experiment_parser
 
 NAME = "distill_bible"
 TEST_FILE = "corpus:web-sparv/test.jsonl.gz"
@@ -156,13 +156,9 @@ def smoke_training_file(path: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--work_dir", default="runs/distill_bible")
-    parser.add_argument("--results", default=str(RESULTS))
-    parser.add_argument("--threads", type=int, default=1, help="torch threads of every run (default: 1).")
+    parser = experiment_parser(__doc__, work_dir="runs/distill_bible", threads=1)
     parser.add_argument("--smoke", action="store_true", help="Tiny steps and data: checks the script, measures "
                         "nothing (results go to WORK_DIR, not --results).")
-    parser.add_argument("--render_only", action="store_true", help="Rewrite the markdown from the results' JSON.")
     args = parser.parse_args()
     results = Path(args.work_dir) if args.smoke else Path(args.results)
     if args.render_only:

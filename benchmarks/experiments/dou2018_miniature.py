@@ -34,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-from .common import RESULTS, history, plot_runs, series
+from .common import chosen_rows, experiment_parser, history, plot_runs, series
 
 # dou2018 Table 1 rows as config switches (benchmarks/measure.py times the same rows)
 DOU2018_VARIANTS: dict[str, dict[str, object]] = {
@@ -136,31 +136,23 @@ def run_queue(jobs: list[tuple[str, list[str], Path]], parallel: int, env: dict,
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", default=",".join(ROWS), help=f"Comma-separated subset of {list(ROWS)}.")
+    parser = experiment_parser(__doc__, work_dir="runs/dou2018_miniature", threads=1, plots=True,
+                               rows=",".join(ROWS), row_names=ROWS, seeds="1", max_steps=600, max_tokens=2048,
+                               learning_rate=2e-3, warmup_steps=200, eval_steps=200, eval_samples=100,
+                               test_samples=300, parallel=2,
+                               helps={"max_steps": "Steps of every row after the warm start.",
+                                      "seeds": "Comma-separated seeds of the rows."})
     parser.add_argument("--layers", type=int, default=6, help="Layers of each stack.")
     parser.add_argument("--layer_norm_position", default="pre", choices=("pre", "post"))
     parser.add_argument("--base_steps", type=int, default=800, help="Steps of the vanilla model every row starts from.")
-    parser.add_argument("--max_steps", type=int, default=600, help="Steps of every row after the warm start.")
-    parser.add_argument("--seeds", default="1", help="Comma-separated seeds of the rows.")
     parser.add_argument("--base_seed", type=int, default=None,
                         help="Seed of the vanilla base run (default: the first of --seeds). With --append and no "
                              "--base_dir, the base is trained again and must score exactly the test BLEU recorded in "
                              "the results' JSON, or nothing else runs.")
-    parser.add_argument("--max_tokens", type=int, default=2048)
-    parser.add_argument("--learning_rate", type=float, default=2e-3)
-    parser.add_argument("--warmup_steps", type=int, default=200)
-    parser.add_argument("--eval_steps", type=int, default=200)
-    parser.add_argument("--eval_samples", type=int, default=100)
-    parser.add_argument("--test_samples", type=int, default=300)
     parser.add_argument("--diversity_pairs", type=int, default=100)
-    parser.add_argument("--parallel", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--base_dir", default=None,
                         help="Reuse a vanilla model this script trained before (its output folder) instead of "
                              "training the base again.")
-    parser.add_argument("--work_dir", default="runs/dou2018_miniature")
-    parser.add_argument("--results", default=str(RESULTS))
     parser.add_argument("--order", choices=("slow_first", "rows"), default="slow_first",
                         help="Queue order: the slowest rows first (shortest wall time), or seed by seed in --rows order "
                              "(a run cut short still has whole seeds; see --collect).")
@@ -170,8 +162,6 @@ def main() -> None:
     parser.add_argument("--append", action="store_true",
                         help="Keep the runs already in the results' JSON (e.g. add seeds with --seeds 2,3 and the "
                              "same --base_dir) and add these.")
-    parser.add_argument("--render_only", action="store_true",
-                        help="Measure nothing: rewrite the markdown and the plot from the results' JSON.")
     args = parser.parse_args()
     results = Path(args.results)
     if args.render_only:
@@ -179,10 +169,7 @@ def main() -> None:
         write_markdown(report, results / "dou2018_miniature.md")
         plot(report, results / "dou2018_miniature.png")
         return
-    rows = [row.strip() for row in args.rows.split(",") if row.strip()]
-    unknown = [row for row in rows if row not in ROWS]
-    if unknown:
-        parser.error(f"--rows: {unknown} are not rows; use some of {list(ROWS)}.")
+    rows = chosen_rows(parser, args.rows, ROWS)
     seeds = [int(seed) for seed in args.seeds.split(",")]
     base_seed = seeds[0] if args.base_seed is None else args.base_seed
     work = Path(args.work_dir)

@@ -33,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-from .common import RESULTS, history, series
+from .common import chosen_rows, experiment_parser, history, series
 from .dou2018_miniature import DOU2018_VARIANTS, measured_diversity, run_queue
 
 # dou2018 Table 1: every row as config switches, with the paper's BLEU (Base, WMT14 En-De).
@@ -175,10 +175,12 @@ def collect_run(folder: Path, args: argparse.Namespace) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", default=",".join(TABLE_1), help=f"Comma-separated subset of {list(TABLE_1)}.")
+    parser = experiment_parser(__doc__, work_dir="runs/dou2018_postln", threads=1, rows=",".join(TABLE_1),
+                               row_names=TABLE_1, seeds="1,2,3", max_steps=300, max_tokens=2048, learning_rate=1e-3,
+                               warmup_steps=100, eval_steps=150, eval_samples=100, test_samples=300, device=True,
+                               parallel=2, helps={"max_steps": "Steps of every row after the warm start.",
+                                                  "threads": "Torch threads of each row's run."})
     parser.add_argument("--ways", default="plain,lr0.1", help="Comma-separated: plain, lr<scale>, freeze<steps>.")
-    parser.add_argument("--seeds", default="1,2,3")
     parser.add_argument("--d_model", type=int, default=128)
     parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--base_steps", type=int, default=2000)
@@ -187,36 +189,20 @@ def main() -> None:
     parser.add_argument("--base_admin", action="store_true",
                         help="Train the base with ADMIN (liu2020) and fold it into the plain post-LN model of the same "
                              "function before any warm start: plain post-LN stalls at this batch size.")
-    parser.add_argument("--max_steps", type=int, default=300, help="Steps of every row after the warm start.")
-    parser.add_argument("--learning_rate", type=float, default=1e-3)
-    parser.add_argument("--warmup_steps", type=int, default=100)
-    parser.add_argument("--max_tokens", type=int, default=2048)
-    parser.add_argument("--eval_steps", type=int, default=150)
-    parser.add_argument("--eval_samples", type=int, default=100)
-    parser.add_argument("--test_samples", type=int, default=300)
     parser.add_argument("--diversity_pairs", type=int, default=100)
     parser.add_argument("--step0_pairs", type=int, default=200)
-    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    parser.add_argument("--parallel", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=1, help="Torch threads of each row's run.")
     parser.add_argument("--base_threads", type=int, default=2, help="Torch threads of the base run (it runs alone).")
     parser.add_argument("--base_dir", default=None, help="Reuse a base this script trained (its folder).")
     parser.add_argument("--collect", action="store_true",
                         help="Train nothing: build the results from the finished runs in --work_dir (needs --base_dir).")
-    parser.add_argument("--work_dir", default="runs/dou2018_postln")
-    parser.add_argument("--results", default=str(RESULTS))
     parser.add_argument("--name", default=None, help="Results file name (default dou2018_postln_d<d_model>).")
-    parser.add_argument("--render_only", action="store_true", help="Rewrite the markdown from the results' JSON.")
     args = parser.parse_args()
     name = args.name or f"dou2018_postln_d{args.d_model}"
     results = Path(args.results)
     if args.render_only:
         write_markdown(json.loads((results / f"{name}.json").read_text()), results / f"{name}.md")
         return
-    rows = [row.strip() for row in args.rows.split(",") if row.strip()]
-    unknown = [row for row in rows if row not in TABLE_1]
-    if unknown:
-        parser.error(f"--rows: {unknown} are not rows; use some of {list(TABLE_1)}.")
+    rows = chosen_rows(parser, args.rows, TABLE_1)
     ways = [way.strip() for way in args.ways.split(",") if way.strip()]
     for way in ways:
         try:

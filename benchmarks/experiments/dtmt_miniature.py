@@ -36,7 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-from .common import RESULTS, history, miniature_recipe, plot_runs, series
+from .common import chosen_rows, experiment_parser, history, miniature_recipe, plot_runs, series
 
 ROWS = ("gru", "lgru", "dtmt1", "dtmt4", "transformer")
 LABELS = {"gru": "ShallowRNMT (GRU)", "lgru": "ShallowRNMT + L-GRU", "dtmt1": "DTMT#1", "dtmt4": "DTMT#4",
@@ -94,22 +94,12 @@ def _numel(shape: list[int]) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", default=",".join(ROWS), help=f"Comma-separated subset of {list(ROWS)}.")
-    parser.add_argument("--seeds", default="1", help="Comma-separated seeds; every row runs once per seed.")
+    parser = experiment_parser(__doc__, work_dir="runs/dtmt_miniature", threads=1, plots=True, rows=",".join(ROWS),
+                               row_names=ROWS, seeds="1", max_steps=1500, max_tokens=2048, eval_steps=500,
+                               eval_samples=200, test_samples=500)
     parser.add_argument("--d_model", type=int, default=128)
-    parser.add_argument("--max_steps", type=int, default=1500)
-    parser.add_argument("--max_tokens", type=int, default=2048)
-    parser.add_argument("--eval_steps", type=int, default=500)
-    parser.add_argument("--eval_samples", type=int, default=200)
-    parser.add_argument("--test_samples", type=int, default=500)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--work_dir", default="runs/dtmt_miniature")
-    parser.add_argument("--results", default=str(RESULTS))
     parser.add_argument("--append", action="store_true",
                         help="Keep the runs already in the results' JSON (e.g. add seeds) and add these.")
-    parser.add_argument("--render_only", action="store_true",
-                        help="Measure nothing: rewrite the markdown and the plot from the results' JSON.")
     args = parser.parse_args()
     results = Path(args.results)
     if args.render_only:
@@ -117,10 +107,7 @@ def main() -> None:
         write_markdown(report, results / f"{NAME}.md")
         plot(report, results / f"{NAME}.png")
         return
-    rows = [row.strip() for row in args.rows.split(",") if row.strip()]
-    unknown = [row for row in rows if row not in ROWS]
-    if unknown:
-        parser.error(f"--rows: {unknown} are not rows; use some of {list(ROWS)}.")
+    rows = chosen_rows(parser, args.rows, ROWS)
     seeds = [int(seed) for seed in args.seeds.split(",")]
 
     work = Path(args.work_dir)

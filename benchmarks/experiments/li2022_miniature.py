@@ -36,7 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-from .common import RESULTS, history, miniature_recipe, plot_runs, series
+from .common import chosen_rows, experiment_parser, history, miniature_recipe, plot_runs, series
 
 ROWS = ("shallow", "deep", "cad", "full", "crt", "full-ddr", "full-ald")
 DEFAULT_ROWS = "shallow,deep,cad,full,crt"
@@ -91,26 +91,14 @@ def final_source_reliance(folder: Path, pairs: int) -> float | None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", default=DEFAULT_ROWS, help=f"Comma-separated subset of {list(ROWS)}.")
+    parser = experiment_parser(__doc__, work_dir="runs/li2022_miniature", threads=1, plots=True, rows=DEFAULT_ROWS,
+                               row_names=ROWS, max_steps=600, max_tokens=1024, learning_rate=3e-3, warmup_steps=200,
+                               eval_steps=200, eval_samples=100, test_samples=300, parallel=2)
     parser.add_argument("--encoder_layers", type=int, default=6)
     parser.add_argument("--decoder_layers", type=int, default=12, help="D, the deep decoder's depth.")
     parser.add_argument("--layer_norm_position", default="pre", choices=("pre", "post"))
     parser.add_argument("--drop_ratio", type=float, default=0.5, help="CAD's p_net.")
-    parser.add_argument("--max_steps", type=int, default=600)
-    parser.add_argument("--max_tokens", type=int, default=1024)
-    parser.add_argument("--learning_rate", type=float, default=3e-3)
-    parser.add_argument("--warmup_steps", type=int, default=200)
-    parser.add_argument("--eval_steps", type=int, default=200)
-    parser.add_argument("--eval_samples", type=int, default=100)
-    parser.add_argument("--test_samples", type=int, default=300)
     parser.add_argument("--reliance_pairs", type=int, default=200)
-    parser.add_argument("--parallel", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--work_dir", default="runs/li2022_miniature")
-    parser.add_argument("--results", default=str(RESULTS))
-    parser.add_argument("--render_only", action="store_true",
-                        help="Measure nothing: rewrite the markdown and the plot from the results' JSON.")
     args = parser.parse_args()
     if args.render_only:
         results = Path(args.results)
@@ -118,10 +106,7 @@ def main() -> None:
         write_markdown(report, results / "li2022_miniature.md")
         plot(report, results / "li2022_miniature.png")
         return
-    rows = [row.strip() for row in args.rows.split(",") if row.strip()]
-    unknown = [row for row in rows if row not in ROWS]
-    if unknown:
-        parser.error(f"--rows: {unknown} are not rows; use some of {list(ROWS)}.")
+    rows = chosen_rows(parser, args.rows, ROWS)
 
     work, results = Path(args.work_dir), Path(args.results)
     results.mkdir(parents=True, exist_ok=True)

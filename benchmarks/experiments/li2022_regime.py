@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from .common import RESULTS, history, merge_generated, plot_runs, series
+from .common import experiment_parser, history, merge_generated, plot_runs, series
 
 DEEP = 16  # the deep decoder's depth (li2022 collapses at 15 and 27 decoder layers)
 SMALL_DATA = 3000  # training pairs of the small-data rows (the target side can be memorised)
@@ -95,21 +95,12 @@ def train_command(name: str, folder: Path, args: argparse.Namespace, seed: int) 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", default="shallow,deep-pre,deep-post,deep-post-hot,shallow-small,deep-post-small")
-    parser.add_argument("--seeds", default="1")
-    parser.add_argument("--max_steps", type=int, default=3000)
-    parser.add_argument("--max_tokens", type=int, default=2048)
-    parser.add_argument("--eval_steps", type=int, default=500)
-    parser.add_argument("--eval_samples", type=int, default=100)
-    parser.add_argument("--test_samples", type=int, default=300)
-    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    parser.add_argument("--parallel", type=int, default=1)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--work_dir", default="runs/li2022_regime")
-    parser.add_argument("--results", default=str(RESULTS))
+    parser = experiment_parser(
+        __doc__, work_dir="runs/li2022_regime", threads=2, plots=True,
+        rows="shallow,deep-pre,deep-post,deep-post-hot,shallow-small,deep-post-small", seeds="1", max_steps=3000,
+        max_tokens=2048, eval_steps=500, eval_samples=100, test_samples=300, device=True, parallel=1,
+        helps={"rows": f"Comma-separated rows: each one of {list(ROWS)}, optionally +{'/+'.join(REMEDIES)}."})
     parser.add_argument("--name", default="li2022_regime", help="Base name of the result files.")
-    parser.add_argument("--render_only", action="store_true")
     parser.add_argument("--render_report", action="store_true",
                         help=f"Rewrite the tables of {CPU_SCALE_REPORT} in --results from its JSONs, nothing else.")
     parser.add_argument("--from_logs", default=None, help="Build the report from a folder of run logs (the "

@@ -15,14 +15,13 @@ Writes ``quickstart_probes.json`` / ``.md`` under ``results/`` next to this scri
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-from .common import add_output_arguments, history, render_only, series
+from .common import experiment_parser, history, render_only, series
 
 # name -> the options added to the old quickstart recipe
 OLD_RECIPE = ["--config_overrides", "dropout=0.1,encoder_layers=6,decoder_layers=2"]
@@ -56,11 +55,9 @@ def command(name: str, work: Path) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = experiment_parser(__doc__, work_dir="runs/probe", threads=1)
     parser.add_argument("--probes", default="", help=f"Comma-separated probes to train, of {list(PROBES)}.")
     parser.add_argument("--collect", action="store_true", help="Only build the table from finished probes.")
-    parser.add_argument("--threads", type=int, default=1)
-    add_output_arguments(parser, "runs/probe")
     args = parser.parse_args()
     if render_only(args, "quickstart_probes", render):
         return

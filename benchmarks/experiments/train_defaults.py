@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from .common import add_output_arguments, history, render_only, series
+from .common import experiment_parser, history, render_only, series
 
 SETUPS = {
     "nmt_defaults": ["--nmt_defaults", "true"],
@@ -49,13 +49,11 @@ def train_command(args: argparse.Namespace, output_dir: Path, setup: str) -> lis
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = experiment_parser(__doc__, work_dir="runs/train_defaults", threads=1, test_samples=500,
+                               helps={"threads": "CPU threads of each run (they run at once)."})
     parser.add_argument("--minutes", type=float, default=10.0, help="Training budget of each run (wall clock).")
-    parser.add_argument("--test_samples", type=int, default=500)
     parser.add_argument("--source_lang", default="es")
     parser.add_argument("--target_lang", default="en")
-    parser.add_argument("--threads", type=int, default=1, help="CPU threads of each run (they run at once).")
-    add_output_arguments(parser, "runs/train_defaults")
     args = parser.parse_args()
     results_dir = Path(args.results)
     if render_only(args, "train_defaults", render):
