@@ -1,6 +1,6 @@
 """Decoding speed of issue 37's teachers and distilled student, and translation of a corpus by 1 vs 2 processes.
 
-Reads the folders ``python -m hf_deepnmt_training.experiments.distill_bible`` leaves in ``--work_dir`` and measures, on a quiet
+Reads the folders ``python -m benchmarks.experiments.distill_bible`` leaves in ``--work_dir`` and measures, on a quiet
 machine:
 
 * ``decode``: sentences/s of beam-4 translation of the first ``--sentences`` test verses (the embedded corpus'
@@ -15,7 +15,7 @@ machine:
   ``torchrun --nproc_per_node 2`` with 1 thread per process, end to end (interpreter start and model load
   included, as a user sees it).
 
-Writes ``speed`` into ``training/experiments/results/distill_bible.json`` (``--results``) and re-renders its markdown.
+Writes ``speed`` into ``benchmarks/experiments/results/distill_bible.json`` (``--results``) and re-renders its markdown.
 
     python -m benchmarks.distill_speed --work_dir runs/distill_bible                   # both sections
     python -m benchmarks.distill_speed --work_dir runs/distill_bible --sections shards  # one
@@ -37,8 +37,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from .common import REPO, machine_info  # noqa: E402
+from .experiments.common import RESULTS  # noqa: E402
 
-RESULTS = REPO / "training" / "experiments" / "results"
 TEST_FILE = "corpus:web-sparv/test.jsonl.gz"
 TRAIN_FILE = "corpus:web-sparv/train.jsonl.gz"
 BATCH_SIZES = (16, 1)
@@ -191,7 +191,7 @@ def main() -> None:
     report["speed"] = speed
     results.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
-    from hf_deepnmt_training.experiments.distill_bible import render
+    from benchmarks.experiments.distill_bible import render
 
     (results / "distill_bible.md").write_text(render(report), encoding="utf-8")
     print("\n".join(speed["table"]))

@@ -232,7 +232,7 @@ def _flash3_available() -> bool:
 
 def deep_rows(cfg: dict[str, Any], device: torch.device, log: Callable[[str], None]) -> dict[str, Any]:
     """liu2020 60L-12L ADMIN memory and time (± checkpointing); li2022 CRT, dou2018 rows, DTMT#4 step ratios."""
-    from hf_deepnmt_training.experiments.dou2018_miniature import DOU2018_VARIANTS
+    from benchmarks.experiments.dou2018_miniature import DOU2018_VARIANTS
 
     from .common import build_dtmt
 

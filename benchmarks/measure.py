@@ -11,7 +11,7 @@ import torch
 from hf_deepnmt.modeling_common import output_cache
 
 # dou2018's rows (switches) and its Table 1 speeds live with the miniature experiment that trains the same rows
-from hf_deepnmt_training.experiments.dou2018_miniature import DOU2018_TABLE_1, DOU2018_VARIANTS
+from benchmarks.experiments.dou2018_miniature import DOU2018_TABLE_1, DOU2018_VARIANTS
 
 from .common import BOS, Batch, fixed_generation_config, interleaved, median, synthetic_batch
 

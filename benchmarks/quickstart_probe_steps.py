@@ -1,14 +1,14 @@
-"""Step times of the quickstart probes' models (`hf_deepnmt_training.experiments.quickstart_probes`), with this harness.
+"""Step times of the quickstart probes' models (`benchmarks.experiments.quickstart_probes`), with this harness.
 
 Median seconds of one training step (forward, backward, AdamW) of each probe's model, its steps interleaved with the
 others' (so load affects all alike), on the synthetic 2048-source-token batch and 8000-token vocabulary, 1 thread.
-Written into ``training/experiments/results/quickstart_probes.json`` (``step_seconds``), which the experiment's table
-reads (``python -m hf_deepnmt_training.experiments.quickstart_probes --collect``)::
+Written into ``benchmarks/experiments/results/quickstart_probes.json`` (``step_seconds``), which the experiment's table
+reads (``python -m benchmarks.experiments.quickstart_probes --collect``)::
 
     python -m benchmarks.quickstart_probe_steps [--repeats 8]
 
-Kept in `benchmarks` because `training` never imports `benchmarks`: the experiment runs from an installed wheel, the
-timing needs this repository's harness.
+A module of its own, not an option of the experiment: it times the models with this harness (``benchmarks.common``,
+``benchmarks.measure``) instead of training them.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import argparse
 import json
 from pathlib import Path
 
-from hf_deepnmt_training.experiments.common import RESULTS
-from hf_deepnmt_training.experiments.quickstart_probes import PROBES
+from benchmarks.experiments.common import RESULTS
+from benchmarks.experiments.quickstart_probes import PROBES
 
 from .common import build_ours, synthetic_batch
 from .measure import training_throughput

@@ -1,7 +1,7 @@
 """The committed results files are what their renderers make of the committed measurements, and a re-run of the
 benchmarks replaces only the measured blocks of benchmarks/RESULTS.md, never the hand-written text around them.
 
-Every markdown of training/experiments/results is its script's rendering of a committed JSON, byte for byte; the
+Every markdown of benchmarks/experiments/results is its script's rendering of a committed JSON, byte for byte; the
 hand-written li2022-cpu-scale.md holds its tables in generated blocks rendered from its JSONs, and its narrative
 quotes only numbers those tables show (or that it takes, recomputed here, from a named source)."""
 
@@ -20,8 +20,8 @@ import pytest
 import yaml
 
 from benchmarks import report
-from hf_deepnmt_training.experiments import li2022_regime
-from hf_deepnmt_training.experiments.common import merge_generated
+from benchmarks.experiments import li2022_regime
+from benchmarks.experiments.common import merge_generated
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -73,13 +73,13 @@ def test_the_data_scale_block_is_its_json_rendered():
     assert report.merge_blocks(text, [("data_scale", data_scale.render(results))]) == text
 
 
-# --- training/experiments/results: every markdown is what its script renders from the committed JSON -------------
+# --- benchmarks/experiments/results: every markdown is what its script renders from the committed JSON -----------
 
-RESULTS = ROOT / "training" / "experiments" / "results"
+RESULTS = ROOT / "benchmarks" / "experiments" / "results"
 
 
 class Renderer(NamedTuple):
-    """How one results markdown is made: ``hf_deepnmt_training.experiments.<module>.<function>`` renders ``json``; it takes the
+    """How one results markdown is made: ``benchmarks.experiments.<module>.<function>`` renders ``json``; it takes the
     markdown's path (``takes="markdown"``) or the results folder (``takes="folder"``), and reads the committed files
     of ``inputs`` from that folder too."""
 
@@ -121,12 +121,12 @@ def test_results_markdown_is_its_json_rendered(markdown, tmp_path):
     renderer = RENDERED[markdown]
     for name in renderer.inputs:
         shutil.copy(RESULTS / name, tmp_path / name)
-    render = getattr(importlib.import_module(f"hf_deepnmt_training.experiments.{renderer.module}"), renderer.function)
+    render = getattr(importlib.import_module(f"benchmarks.experiments.{renderer.module}"), renderer.function)
     render(json.loads((RESULTS / renderer.json).read_text()), tmp_path / markdown if renderer.takes == "markdown"
            else tmp_path)
     assert (tmp_path / markdown).read_bytes() == (RESULTS / markdown).read_bytes(), (
         f"{markdown} is not what its script renders from {renderer.json}: re-render it "
-        f"(python -m hf_deepnmt_training.experiments.{renderer.module} --render_only …)")
+        f"(python -m benchmarks.experiments.{renderer.module} --render_only …)")
 
 
 # --- li2022-cpu-scale.md: tables generated from its JSONs, narrative quoting only their numbers --------------------
@@ -174,7 +174,7 @@ def test_li2022_report_tables_are_its_jsons_rendered():
     for name, _ in blocks:
         assert text.count(f"<!-- generated:{name} -->") == 1 and text.count(f"<!-- /generated:{name} -->") == 1
     assert merge_generated(text, blocks) == text, (
-        "li2022-cpu-scale.md's tables differ from its JSONs: python -m hf_deepnmt_training.experiments.li2022_regime "
+        "li2022-cpu-scale.md's tables differ from its JSONs: python -m benchmarks.experiments.li2022_regime "
         "--render_report")
 
 

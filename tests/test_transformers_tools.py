@@ -12,7 +12,7 @@ from conftest import tiny_model
 from hf_deepnmt import DTMTConfig, DTMTForConditionalGeneration
 from hf_deepnmt.errors import UserInputError
 
-from hf_deepnmt_training.experiments.dou2018_miniature import DOU2018_VARIANTS  # dou2018 Table 1 rows
+from benchmarks.experiments.dou2018_miniature import DOU2018_VARIANTS  # dou2018 Table 1 rows
 
 # Every mechanism whose layers are called differently (dou2018 passes the lower layers' outputs to a layer, li2022
 # CAD draws per layer, ADMIN scales the residual) and the DTMT family.

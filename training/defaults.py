@@ -62,7 +62,7 @@ def _transformer(d_model: int, layers: tuple[int, int], heads: int, ffn: int, dr
 
 
 # CPU: the model must learn something in minutes to hours on a few cores. The first row is the quickstart's model,
-# chosen by measurement on this project's 2-core CPU (training/experiments/results/quickstart_probes.md): a shallow
+# chosen by measurement on this project's 2-core CPU (benchmarks/experiments/results/quickstart_probes.md): a shallow
 # encoder and a deep decoder learn fastest per step at equal cost, and dropout only slows a run this short down.
 CPU_SIZES: tuple[SizeClass, ...] = (
     SizeClass("cpu-small", 200_000, _transformer(128, (2, 6), 4, 512, 0.0), 3e-3, 200, 2048, 4000, 500,

@@ -1,0 +1,276 @@
+"""Issue 37 on the embedded corpus: two quickstart teachers, their ensemble, and a distilled student.
+
+Runs, one after the other (each skipped when its folder is already complete, so a killed run continues):
+
+1. teacher A: ``deepnmt train --recipe quickstart --seed 42`` (test BLEU on the 998 test verses, beam 4, at its end);
+2. teacher B: the same recipe with ``--seed 43`` and A's tokenizer (an ensemble needs one vocabulary);
+3. the ensemble: ``deepnmt evaluate --model A B`` on the same 998 verses, beam 4;
+4. ``deepnmt distill --teachers A B`` with the ``student`` recipe (6-layer encoder, 2-layer decoder; the teachers'
+   beam-4 translation of the 29,024 training sources, then 1,400 student steps, then int8 exports);
+5. the same student trained on the original data for the same steps (``deepnmt train --recipe student
+   --tokenizer_name A``);
+6. the distilled student's int8 exports (ONNX Runtime, CTranslate2) translating the test verses (``deepnmt
+   translate --engine``), scored as ``deepnmt evaluate`` scores.
+
+Then writes ``results/distill_bible.json`` and ``results/distill_bible.md``: every test score with the command that
+produced it, and the issue's goals (ensemble ≥ best member + 0.5 BLEU; distilled student ≥ the student on the
+original data, within 1 BLEU of the ensemble). Decoding speed (teacher vs student, torch and int8, beam 4, batch 16
+and 1) is measured apart, on a quiet machine: ``python -m benchmarks.distill_speed --work_dir WORK_DIR`` adds it to
+the same results.
+
+    python -m benchmarks.experiments.distill_bible                       # the whole study, ~2-3 h of one CPU thread
+    python -m benchmarks.experiments.distill_bible --smoke               # minutes: tiny steps and 200 sentences
+    python -m benchmarks.experiments.distill_bible --render_only         # the markdown from the JSON
+
+Report whatever happens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .common import experiment_parser
+
+NAME = "distill_bible"
+TEST_FILE = "corpus:web-sparv/test.jsonl.gz"
+
+
+def steps(args: argparse.Namespace) -> list[tuple[str, Path, list[str]]]:
+    """``(name, folder, deepnmt arguments)`` of every run, in order; a run is done when its folder holds its
+    result (`done`)."""
+    work = Path(args.work_dir)
+    teacher_a, teacher_b = work / "teacher-a", work / "teacher-b"
+    small = ["--max_steps", "20", "--eval_steps", "10", "--save_steps", "10", "--max_train_samples", "400",
+             "--max_eval_samples", "20", "--max_predict_samples", "40"] if args.smoke else []
+    threads = ["--threads", str(args.threads)]
+    return [
+        ("teacher-a", teacher_a, ["train", "--recipe", "quickstart", "--output_dir", str(teacher_a), "--seed", "42",
+                                  *small]),
+        ("teacher-b", teacher_b, ["train", "--recipe", "quickstart", "--output_dir", str(teacher_b), "--seed", "43",
+                                  "--tokenizer_name", str(teacher_a), *small]),
+        ("ensemble", work / "ensemble", ["evaluate", "--model", str(teacher_a), str(teacher_b), "--test_file",
+                                         TEST_FILE, "--num_beams", "4", "--output_json",
+                                         str(work / "ensemble" / "scores.json"),
+                                         *(["--max_samples", "40"] if args.smoke else [])]),
+        ("distilled-student", work / "distill", ["distill", "--teachers", str(teacher_a), str(teacher_b),
+                                                 "--output_dir", str(work / "distill"), "--seed", "42", *threads,
+                                                 *(["--train_file", str(work / "smoke-train.jsonl")] if args.smoke
+                                                   else []), *small]),
+        ("original-student", work / "student-original", ["train", "--recipe", "student", "--tokenizer_name",
+                                                         str(teacher_a), "--output_dir",
+                                                         str(work / "student-original"), "--seed", "42", *small]),
+        *[(f"distilled-student-{engine}-int8", work / f"student-{engine}-int8",
+           ["translate", "--model", str(work / "distill" / folder), "--engine", engine, "--input", TEST_FILE,
+            "--source_lang", "en", "--target_lang", "es", "--num_beams", "4", *threads, "--output",
+            str(work / f"student-{engine}-int8" / "test_translations.txt"),
+            *(["--max_samples", "40"] if args.smoke else [])])
+          for engine, folder in (("onnx", "student/onnx"), ("ctranslate2", "student-ctranslate2"))],
+    ]
+
+
+def done(name: str, folder: Path) -> bool:
+    if name == "ensemble":
+        return (folder / "scores.json").is_file()
+    if name.endswith("-int8"):
+        return (folder / "scores.json").is_file()
+    if name == "distilled-student":
+        manifest = folder / "distill.json"
+        return manifest.is_file() and len(json.loads(manifest.read_text())["completed"]) == 4
+    return (folder / "metrics.json").is_file()
+
+
+def test_scores(name: str, folder: Path) -> dict | None:
+    """The test scores of a finished run (beam 4 on the test verses)."""
+    if name == "ensemble" or name.endswith("-int8"):
+        path = folder / "scores.json"
+        return json.loads(path.read_text()) if path.is_file() else None
+    metrics = (folder / "student" if name == "distilled-student" else folder) / "metrics.json"
+    return json.loads(metrics.read_text()).get("test") if metrics.is_file() else None
+
+
+def score_export(folder: Path, max_samples: int | None) -> None:
+    """BLEU/chrF/TER of an export's test translations (`deepnmt translate --engine`), as `deepnmt evaluate` scores
+    a model folder, into ``scores.json``."""
+    import itertools
+
+    from hf_deepnmt_training.data import iter_local_pairs
+    from hf_deepnmt_training.metrics import score_translations
+    from hf_deepnmt_training.recipes import resolve_path
+
+    pairs = itertools.islice(iter_local_pairs(Path(resolve_path(TEST_FILE)), "en", "es"), max_samples)
+    hypotheses = (folder / "test_translations.txt").read_text(encoding="utf-8").splitlines()
+    kept = [(hypothesis, target) for (source, target), hypothesis in zip(pairs, hypotheses) if source and target]
+    scores = score_translations([hypothesis for hypothesis, _ in kept], [target for _, target in kept])
+    (folder / "scores.json").write_text(json.dumps({**scores.as_dict(), "sentences": scores.num_sentences,
+                                                    "signatures": scores.signatures}, indent=2) + "\n")
+
+
+VALIDATION_FILE = "corpus:web-sparv/valid.jsonl.gz"
+# Ensemble weights tried on the validation verses (teacher A first: the stronger member on validation).
+WEIGHT_GRID: tuple[tuple[int, int], ...] = ((1, 1), (2, 1), (3, 1))
+
+
+def tune_ensemble_weights(args: argparse.Namespace, env: dict) -> dict:
+    """Choose the ensemble's weights as a practitioner does, on held-out data: each of `WEIGHT_GRID` scored on the
+    validation verses (beam 4), the best one then scored once on the test verses. Each evaluation is a `deepnmt
+    evaluate` run whose scores file is kept in ``WORK_DIR/ensemble-tuned`` (a rerun reuses it)."""
+    work = Path(args.work_dir)
+    folder = work / "ensemble-tuned"
+    folder.mkdir(parents=True, exist_ok=True)
+    teachers = [str(work / "teacher-a"), str(work / "teacher-b")]
+    smoke = ["--max_samples", "40"] if args.smoke else []
+
+    def evaluate(split: str, data: str, weights: tuple[int, int] | None) -> tuple[dict, str]:
+        label = "-".join(map(str, weights)) if weights else "member"
+        path = folder / f"{split}-{label}.json"
+        argv = ["evaluate", *teachers, "--test_file", data, "--num_beams", "4", "--reliance_pairs", "1",
+                "--weights", *map(str, weights), "--output_json", str(path), *smoke]
+        if not path.is_file():
+            with open(work / "ensemble-tuned.log", "a") as log:
+                subprocess.run([sys.executable, "-m", "hf_deepnmt_training.cli", *argv], env=env, stdout=log,
+                               stderr=log, check=True)
+        return json.loads(path.read_text()), "deepnmt " + " ".join(argv)
+
+    validation = {weights: evaluate("valid", VALIDATION_FILE, weights) for weights in WEIGHT_GRID}
+    best = max(WEIGHT_GRID, key=lambda weights: validation[weights][0]["bleu"])
+    test, command = evaluate("test", TEST_FILE, best)
+    return {"weights": list(best), "command": command, "test": test,
+            "validation": {":".join(map(str, weights)): {"bleu": scores["bleu"], "command": used}
+                           for weights, (scores, used) in validation.items()}}
+
+
+def smoke_training_file(path: Path) -> None:
+    """The first 200 training pairs, for ``--smoke``."""
+    import gzip
+
+    from hf_deepnmt_training.corpus import corpus_dir
+
+    with gzip.open(corpus_dir() / "train.jsonl.gz", "rt", encoding="utf-8") as handle:
+        path.write_text("".join(line for _, line in zip(range(200), handle)), encoding="utf-8")
+
+
+def main() -> None:
+    parser = experiment_parser(__doc__, work_dir="runs/distill_bible", threads=1)
+    parser.add_argument("--smoke", action="store_true", help="Tiny steps and data: checks the script, measures "
+                        "nothing (results go to WORK_DIR, not --results).")
+    args = parser.parse_args()
+    results = Path(args.work_dir) if args.smoke else Path(args.results)
+    if args.render_only:
+        report = json.loads((results / f"{NAME}.json").read_text())
+        write_markdown(report, results / f"{NAME}.md")
+        return
+    work = Path(args.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    results.mkdir(parents=True, exist_ok=True)
+    if args.smoke:
+        smoke_training_file(work / "smoke-train.jsonl")
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "HF_HUB_OFFLINE": "1",
+           "TOKENIZERS_PARALLELISM": "false"}
+    path = results / f"{NAME}.json"
+    report = json.loads(path.read_text()) if path.is_file() else {"runs": {}}
+    report["command"] = " ".join(["python", "-m", "benchmarks.experiments.distill_bible", *sys.argv[1:]])
+    report["threads"] = args.threads
+    for name, folder, deepnmt in steps(args):
+        entry = report["runs"].get(name, {})
+        if not done(name, folder):
+            (folder if name == "ensemble" or name.endswith("-int8") else folder.parent).mkdir(parents=True,
+                                                                                           exist_ok=True)
+            begun = time.time()
+            with open(work / f"{name}.log", "a") as log:
+                code = subprocess.run([sys.executable, "-m", "hf_deepnmt_training.cli", *deepnmt], env=env, stdout=log,
+                                      stderr=log).returncode
+            if code == 0 and name.endswith("-int8"):
+                score_export(folder, 40 if args.smoke else None)
+            entry = {"exit_code": code, "wall_minutes": round((time.time() - begun) / 60, 1)}
+            if code != 0:
+                print(f"{name}: exit {code}; see {work / f'{name}.log'}", file=sys.stderr)
+        entry.update(command="deepnmt " + " ".join(deepnmt), folder=str(folder), test=test_scores(name, folder))
+        if name == "distilled-student" and (folder / "distill.json").is_file():
+            entry["distill"] = json.loads((folder / "distill.json").read_text())["completed"]
+        report["runs"][name] = entry
+        path.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+        print(f"{name}: test {(entry.get('test') or {}).get('bleu')}", file=sys.stderr, flush=True)
+        if entry.get("exit_code", 0) != 0:
+            break
+    else:
+        report["runs"]["ensemble-tuned"] = tune_ensemble_weights(args, env)
+        path.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+        print(f"ensemble-tuned: weights {report['runs']['ensemble-tuned']['weights']}, test "
+              f"{report['runs']['ensemble-tuned']['test']['bleu']}", file=sys.stderr, flush=True)
+    write_markdown(report, results / f"{NAME}.md")
+
+
+def write_markdown(report: dict, path: Path) -> None:
+    """The results page of ``report`` (`render`) written to ``path``."""
+    path.write_text(render(report), encoding="utf-8")
+
+
+def _bleu(report: dict, name: str) -> float | None:
+    return ((report["runs"].get(name) or {}).get("test") or {}).get("bleu")
+
+
+def render(report: dict) -> str:
+    """The results page: the scores with their commands, the goals, the speed section when measured."""
+    runs = report["runs"]
+    rows = [("teacher A (quickstart, seed 42)", "teacher-a"), ("teacher B (quickstart, seed 43)", "teacher-b"),
+            ("ensemble A + B (mean of probabilities)", "ensemble"),
+            ("ensemble A + B, weights chosen on the validation verses", "ensemble-tuned"),
+            ("student 6-2 on the distilled data", "distilled-student"),
+            ("student 6-2 on the original data", "original-student"),
+            ("the distilled student, ONNX Runtime int8", "distilled-student-onnx-int8"),
+            ("the distilled student, CTranslate2 int8", "distilled-student-ctranslate2-int8")]
+    lines = ["# Distillation on the embedded corpus: two teachers, their ensemble, a distilled student", "",
+             f"Command: `{report.get('command')}` ({report.get('threads')} CPU thread per run, one run at a time). "
+             "Test: the 998 verses of the held-out books, beam 4. Every command below ran as written "
+             "(`deepnmt` = `python -m hf_deepnmt_training.cli`).", "",
+             "| model | test BLEU | chrF | minutes | command |", "|---|---|---|---|---|"]
+    for label, name in rows:
+        entry = runs.get(name) or {}
+        test = entry.get("test") or {}
+        lines.append(f"| {label} | {test.get('bleu', 'n/a')} | {test.get('chrf', 'n/a')} | "
+                     f"{entry.get('wall_minutes', 'n/a')} | `{entry.get('command', '')}` |")
+    a, b, ensemble = _bleu(report, "teacher-a"), _bleu(report, "teacher-b"), _bleu(report, "ensemble")
+    distilled, original = _bleu(report, "distilled-student"), _bleu(report, "original-student")
+    lines += ["", "Goals of issue 37 (met / not met, from the rows above):", ""]
+    if None not in (a, b, ensemble):
+        best = max(a, b)
+        lines.append(f"- ensemble ≥ best member + 0.5 BLEU: {ensemble} vs {best} + 0.5 → "
+                     f"{'met' if ensemble >= best + 0.5 else 'not met'} (Δ {ensemble - best:+.2f})")
+    tuned = (runs.get("ensemble-tuned") or {})
+    if None not in (a, b) and tuned.get("test"):
+        best = max(a, b)
+        tried = ", ".join(f"{weights} → {entry['bleu']}" for weights, entry in tuned["validation"].items())
+        lines.append(f"- the same with weights chosen on the validation verses (A:B {tried} validation BLEU; chosen "
+                     f"{':'.join(map(str, tuned['weights']))}): {tuned['test']['bleu']} vs {best} + 0.5 → "
+                     f"{'met' if tuned['test']['bleu'] >= best + 0.5 else 'not met'} "
+                     f"(Δ {tuned['test']['bleu'] - best:+.2f})")
+    if None not in (distilled, original):
+        lines.append(f"- distilled student ≥ student on the original data: {distilled} vs {original} → "
+                     f"{'met' if distilled >= original else 'not met'} (Δ {distilled - original:+.2f})")
+    if None not in (distilled, ensemble):
+        lines.append(f"- distilled student within 1 BLEU of the ensemble: {distilled} vs {ensemble} → "
+                     f"{'met' if distilled >= ensemble - 1 else 'not met'} (Δ {distilled - ensemble:+.2f})")
+    stages = (runs.get("distilled-student") or {}).get("distill") or {}
+    if stages:
+        lines += ["", "Distillation stages (`distill.json`): " + "; ".join(
+            f"{stage} {info.get('seconds', '?')} s" for stage, info in stages.items())
+            + (f"; {stages['dataset']['pairs']:,} distilled pairs, {stages['dataset']['same_as_original']:,} equal "
+               "to their original target" if "dataset" in stages else "")]
+    speed = report.get("speed")
+    lines += ["", "## Decoding speed", ""]
+    if speed:
+        lines += [f"Command: `{speed['command']}` ({speed['machine']}).", "", *speed["table"]]
+    else:
+        lines.append("Not measured yet (it needs a quiet machine): `python -m benchmarks.distill_speed --work_dir "
+                     "runs/distill_bible` adds the table here.")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
