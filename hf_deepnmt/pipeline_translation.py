@@ -17,7 +17,10 @@ back in two ways:
 Behaviour: a string gives ``[{"translation_text": ...}]``, a list of strings gives one dict per string (a list of
 dicts per string when ``num_return_sequences > 1``); generation keyword arguments (``num_beams``,
 ``max_new_tokens``, …) pass through to ``generate``; an empty or blank string translates to ``""`` without calling
-the model; an input longer than the model accepts is truncated with a warning.
+the model; an input longer than the model accepts is truncated with a warning. Unless the call (or the pipeline's
+construction) sets ``max_new_tokens`` or ``max_length``, each text's translation may have `new_token_budget` tokens
+(1.5 × its source + 10), as `deepnmt translate` decodes: a hypothesis that never ends stops there instead of at the
+generation config's limit, and a text's translation does not depend on the texts batched with it.
 
 Languages: a model is trained for one language pair, which ``deepnmt train`` records in the config the way
 transformers' T5 checkpoints do, as a ``task_specific_params`` key ``"translation_<src>_to_<tgt>"``
@@ -52,6 +55,20 @@ TRANSLATION_PIPELINE_SPEC: dict[str, Any] = {
     "pt": ["AutoModelForSeq2SeqLM"],
     "type": "text",
 }
+
+
+BUDGET_STEP = 8  # new-token budgets are multiples of this, so that sentences of similar length share one search
+
+
+def new_token_budget(source_tokens: int, limit: int) -> int:
+    """How many tokens a translation of a ``source_tokens``-token source may have: 1.5 × the source + 10, rounded up
+    to a multiple of ``BUDGET_STEP``, at most ``limit`` − 1 (the decoder start token takes one position). It
+    depends on the sentence alone, never on the sentences translated with it (docs/training.md, "Translating"): the
+    default of this pipeline (so of ``handler.py`` and `deepnmt serve`), `deepnmt translate` and `deepnmt evaluate`,
+    and, applied to the longest validation source, the NMT default ``generation_max_length`` (= this + 1) of
+    evaluation in training. A ``max_new_tokens`` or ``max_length`` given to the call replaces it."""
+    budget = -(-(int(1.5 * source_tokens) + 10) // BUDGET_STEP) * BUDGET_STEP
+    return min(limit - 1, budget)
 
 
 # "translation_en_to_es" -> ("en", "es"): the task name of transformers 4 and the key T5 configs use in
@@ -255,16 +272,42 @@ class TranslationPipeline(Pipeline):
             encoded = self.tokenizer(text, return_tensors="pt", truncation=True, max_length=limit)
         return {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
 
+    def _length_given(self, generate_kwargs: dict[str, Any]) -> bool:
+        """Whether the call or the construction set the output length (``max_new_tokens`` / ``max_length``, also
+        inside a passed ``generation_config``)."""
+        given = {**(getattr(self, "_generate_kwargs", None) or {}), **generate_kwargs}
+        config = given.get("generation_config")
+        lengths = {"max_new_tokens", "max_length"}
+        return bool(lengths & given.keys()) or (config is not None and bool(lengths & config.to_diff_dict().keys()))
+
     def _forward(self, model_inputs: dict[str, torch.Tensor], **generate_kwargs: Any) -> dict[str, torch.Tensor]:
+        budgeted = not self._length_given(generate_kwargs)
         if hasattr(self, "_prepare_generate_kwargs"):  # transformers >= 5.2x
             generate_kwargs = self._prepare_generate_kwargs(generate_kwargs)
         else:
             generate_kwargs = self._legacy_generate_kwargs(generate_kwargs)
         batch = model_inputs["input_ids"].shape[0]
-        output_ids = self.model.generate(**model_inputs, **generate_kwargs)
-        # (B * n, T) -> (B, n, T): the pipeline un-batches along dim 0.
-        output_ids = output_ids.reshape(batch, output_ids.shape[0] // batch, *output_ids.shape[1:])
-        return {"output_ids": output_ids}
+        if not budgeted:
+            output_ids = self.model.generate(**model_inputs, **generate_kwargs)
+            # (B * n, T) -> (B, n, T): the pipeline un-batches along dim 0.
+            return {"output_ids": output_ids.reshape(batch, output_ids.shape[0] // batch, *output_ids.shape[1:])}
+        # Each source's own new-token budget (`new_token_budget`), as `deepnmt translate` decodes: the rows of one
+        # budget are one `generate` call, so a translation never depends on the sentences batched with it.
+        positions = getattr(self.model.config, "max_position_embeddings", None) or 1024
+        budgets = [new_token_budget(int(n), positions) for n in model_inputs["attention_mask"].sum(-1)]
+        outputs: list[torch.Tensor] = [torch.empty(0)] * batch
+        for budget in sorted(set(budgets)):
+            rows = [row for row, own in enumerate(budgets) if own == budget]
+            index = torch.tensor(rows, device=model_inputs["input_ids"].device)
+            inputs = {name: value[index] for name, value in model_inputs.items()}
+            output_ids = self.model.generate(**inputs, **{**generate_kwargs, "max_new_tokens": budget})
+            output_ids = output_ids.reshape(len(rows), output_ids.shape[0] // len(rows), -1)  # (rows, n, T)
+            for row, ids in zip(rows, output_ids):
+                outputs[row] = ids
+        width = max(ids.shape[-1] for ids in outputs)
+        pad = self.model.config.pad_token_id if self.model.config.pad_token_id is not None else 0
+        padded = [torch.nn.functional.pad(ids, (0, width - ids.shape[-1]), value=pad) for ids in outputs]
+        return {"output_ids": torch.stack(padded)}  # (B, n, T)
 
     def _legacy_generate_kwargs(self, generate_kwargs: dict[str, Any]) -> dict[str, Any]:
         """transformers < 5.2x keeps the parameters given at construction in ``self.generation_config`` (with the

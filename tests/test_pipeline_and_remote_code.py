@@ -428,8 +428,14 @@ ENDPOINT_PROCESS = BLOCK_OUR_PACKAGES + textwrap.dedent(
 
 
 def _generated(model, tokenizer, text: str, **generate_kwargs) -> list[str]:
-    """Every returned sequence of the torch model's `generate`, decoded."""
+    """Every returned sequence of the torch model's `generate`, decoded; without a length of the request's own, with
+    the text's new-token budget (`new_token_budget`), as the pipeline decodes."""
+    from hf_deepnmt.pipeline_translation import new_token_budget
+
     inputs = tokenizer(text, return_tensors="pt")
+    if not {"max_new_tokens", "max_length"} & generate_kwargs.keys():
+        generate_kwargs["max_new_tokens"] = new_token_budget(inputs["input_ids"].shape[-1],
+                                                             model.config.max_position_embeddings)
     with torch.no_grad():
         ids = model.generate(**inputs, **generate_kwargs)
     return tokenizer.batch_decode(ids, skip_special_tokens=True)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextlib
 import functools
 
+import pytest
+
 from conftest import PARALLEL
 from export_cases import train_until, variant_model
 from search_parity import assert_same_search
@@ -33,26 +35,35 @@ def jittered(model, jitter):
         model.generate = original
 
 
-def test_translations_do_not_depend_on_the_batch_size(tiny_tokenizer):
+SENTENCES = [" ".join(sentence[:n]) for n in (1, 2, 3, 5, 8, 12)
+             for sentence in [text.split() for pair in PARALLEL for text in pair]][:40]
+
+
+def unfinished(model, encoded: list[list[int]]) -> int:
+    """How many sentences' beam-4 translations run to their budget without ending."""
+    engine = TorchEngine(model)
+    return sum(engine.generate([ids], num_beams=4, max_new_tokens=new_token_budget(len(ids), 64))[0][-1]
+               != model.config.eos_token_id for ids in encoded)
+
+
+@pytest.fixture(scope="module")
+def budget_model(tiny_tokenizer):
+    """A briefly trained model some of whose translations of `SENTENCES` run to their budget without ending (there
+    the budget decides the output) while most end: chosen by that property (`export_cases.train_until`)."""
+    encoded = tiny_tokenizer(SENTENCES)["input_ids"]
+    return train_until(lambda: variant_model("post_ln", len(tiny_tokenizer)), tiny_tokenizer,
+                       lambda model: 3 <= unfinished(model, encoded) <= len(encoded) - 3)
+
+
+def test_translations_do_not_depend_on_the_batch_size(budget_model, tiny_tokenizer):
     """Beam-4 translations of sentences of many lengths are the same for batch sizes 1, 7 and 64 (all 40 in one
     batch), as float32 noise allows (tests/search_parity.py). Before each sentence had its own new-token budget, a batch took
     its longest source's: a short sentence whose hypotheses run long was cut at its own budget alone and not in a
     batch with a long one (BLEU 0.81 vs 0.67 for one model at the default batch size and 64)."""
-    words = [text.split() for pair in PARALLEL for text in pair]
-    sentences = [" ".join(sentence[:n]) for n in (1, 2, 3, 5, 8, 12) for sentence in words][:40]
+    model, sentences = budget_model, SENTENCES
     encoded = tiny_tokenizer(sentences)["input_ids"]
     lengths = [len(ids) for ids in encoded]
     assert len({new_token_budget(n, 64) for n in lengths}) >= 4  # the batches mix budgets
-
-    def unfinished(model) -> int:
-        """How many sentences' beam-4 translations run to their budget without ending."""
-        engine = TorchEngine(model)
-        return sum(engine.generate([ids], num_beams=4, max_new_tokens=new_token_budget(len(ids), 64))[0][-1]
-                   != model.config.eos_token_id for ids in encoded)
-
-    # some translations run to their budget without ending (there the budget decides the output), most end
-    model = train_until(lambda: variant_model("post_ln", len(tiny_tokenizer)), tiny_tokenizer,
-                        lambda model: 3 <= unfinished(model) <= len(encoded) - 3)
 
     def translate(batch_size: int, jitter=None) -> list[tuple[str]]:
         with jittered(model, jitter):
@@ -61,7 +72,37 @@ def test_translations_do_not_depend_on_the_batch_size(tiny_tokenizer):
         return [(text,) for text in texts]
 
     alone = translate(1)
-    assert unfinished(model) >= 3
+    assert unfinished(model, encoded) >= 3
     for batch_size in (7, 64):
         assert_same_search(functools.partial(translate, 1), translate(batch_size), what=f"batch size {batch_size}",
                            expected=alone)
+
+
+def test_the_pipeline_and_the_server_decode_each_text_with_its_own_budget(budget_model, tiny_tokenizer):
+    """Without a length of the call's own, ``pipeline("translation")`` (so ``handler.py`` and `deepnmt serve`) gives
+    each text `new_token_budget` new tokens, as `deepnmt translate` does: the same translations, whatever the
+    pipeline's batch size; texts that run on are cut at their own budget, not at the generation config's
+    ``max_new_tokens``; an explicit ``max_new_tokens`` replaces the budget."""
+    from hf_deepnmt.pipeline_translation import TranslationPipeline
+
+    model = budget_model
+    assert model.generation_config.max_new_tokens is None or model.generation_config.max_new_tokens > 40
+    translate = TranslationPipeline(model=model, tokenizer=tiny_tokenizer)
+
+    def reference(jitter=None) -> list[tuple[str]]:  # deepnmt translate's decoding
+        with jittered(model, jitter):
+            return [(text,) for text in translate_sentences(model, tiny_tokenizer, SENTENCES, num_beams=4,
+                                                            progress=False)]
+
+    expected = reference()
+    for batch_size in (1, 8):
+        got = [row["translation_text"] for row in translate(SENTENCES, num_beams=4, batch_size=batch_size)]
+        assert_same_search(reference, [(text,) for text in got], what=f"pipeline batch {batch_size}",
+                           expected=expected)
+    encoded = tiny_tokenizer(SENTENCES)["input_ids"]
+    cut = [text for text, ids in zip(SENTENCES, encoded)
+           if TorchEngine(model).generate([ids], num_beams=4, max_new_tokens=new_token_budget(len(ids), 64))[0][-1]
+           != model.config.eos_token_id]
+    longer = translate(cut, num_beams=4, max_new_tokens=62)
+    assert any(len(tiny_tokenizer(row["translation_text"])["input_ids"]) > len(tiny_tokenizer(short)["input_ids"])
+               for row, short in zip(longer, [row["translation_text"] for row in translate(cut, num_beams=4)]))

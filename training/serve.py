@@ -306,8 +306,7 @@ class CTranslate2Translator:
                                  f"({self.model_limit} tokens); use {self.model_limit} or less.")
         self.max_input_tokens = max_input_tokens or self.model_limit
         generation = engine.manifest.get("generation", {})
-        self.defaults = {"num_beams": generation.get("num_beams") or 1,
-                         "max_new_tokens": generation.get("max_new_tokens") or engine.max_positions - 1}
+        self.defaults = {"num_beams": generation.get("num_beams") or 1}  # the length: each text's own budget
         self.tokenizer_lock = threading.Lock()
 
     def prepare(self, parameters: dict[str, Any]) -> Settings:
@@ -317,7 +316,7 @@ class CTranslate2Translator:
         check_parameter_types(parameters, allowed, self.engine)
         forward = {**self.defaults, **{k: v for k, v in parameters.items() if k != "clean_up_tokenization_spaces"}}
         for name in ("num_beams", "max_new_tokens"):
-            if forward[name] < 1:
+            if forward.get(name, 1) < 1:
                 raise UserInputError(f"`parameters.{name}` = {forward[name]} is not allowed; it must be an integer ≥ 1.")
         if forward.get("min_new_tokens", 0) < 0:
             raise UserInputError(f"`parameters.min_new_tokens` = {forward['min_new_tokens']} is not allowed; it must "
@@ -338,7 +337,18 @@ class CTranslate2Translator:
         return Source(len(ids), ids)
 
     def translate(self, sources: Sequence[Source], settings: Settings) -> list[list[str]]:
-        outputs = self.ct2.generate([source.inputs for source in sources], **settings.forward)
+        from hf_deepnmt.pipeline_translation import new_token_budget
+
+        if "max_new_tokens" in settings.forward:
+            outputs = self.ct2.generate([source.inputs for source in sources], **settings.forward)
+        else:  # each text's own budget, one call per budget, as the pipeline of the torch and onnx engines decodes
+            budgets = [new_token_budget(source.length, self.ct2.max_positions) for source in sources]
+            outputs = [[]] * len(sources)
+            for budget in sorted(set(budgets)):
+                rows = [row for row, own in enumerate(budgets) if own == budget]
+                for row, ids in zip(rows, self.ct2.generate([sources[row].inputs for row in rows],
+                                                           **settings.forward, max_new_tokens=budget)):
+                    outputs[row] = ids
         with self.tokenizer_lock:
             return [[self.tokenizer.decode(ids, skip_special_tokens=True, **settings.postprocess)] for ids in outputs]
 

@@ -22,24 +22,12 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 import hf_deepnmt  # noqa: F401  (registers the model types)
 from hf_deepnmt import load_ensemble
 from hf_deepnmt.errors import UserInputError
+from hf_deepnmt.pipeline_translation import BUDGET_STEP, new_token_budget  # noqa: F401  (re-exported)
 
 from .data import iter_local_pairs, read_parallel_file
 from .errors import CommandLineError, hub_lookup
 from .metrics import TranslationScores, score_translations
 from .recipes import resolve_path
-
-
-BUDGET_STEP = 8  # new-token budgets are multiples of this, so that sentences of similar length share one search
-
-
-def new_token_budget(source_tokens: int, limit: int) -> int:
-    """How many tokens a translation of a ``source_tokens``-token source may have: 1.5 × the source + 10, rounded up
-    to a multiple of ``BUDGET_STEP``, at most ``limit`` − 1 (the decoder start token takes one position). It
-    depends on the sentence alone, never on the sentences translated with it (docs/training.md, "Translating"):
-    `deepnmt translate`'s and `deepnmt evaluate`'s default and, applied to the longest validation source, the NMT
-    default ``generation_max_length`` (= this + 1) of evaluation in training."""
-    budget = -(-(int(1.5 * source_tokens) + 10) // BUDGET_STEP) * BUDGET_STEP
-    return min(limit - 1, budget)
 
 
 @torch.no_grad()
