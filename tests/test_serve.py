@@ -473,9 +473,10 @@ def test_a_ctranslate2_export_is_served_by_ctranslate2(engine_servers):
 
 
 # ------------------------------------------------------------------------------------------------ batching rules
-def _run_batcher(jobs: list[tuple[str, list[int]]], max_batch_size: int) -> list[list[tuple[str, int]]]:
+def _run_batcher(jobs: list[tuple[str, list[int]]], max_batch_size: int,
+                 budget=lambda length: None) -> list[list[tuple[str, int]]]:
     """Submit ``(parameters key, source lengths)`` jobs at once to a `Batcher` whose translation records its calls;
-    the calls as ``(key, length)`` lists."""
+    the calls as ``(key, length)`` lists. ``budget`` gives each source's new-token budget."""
     calls: list[list[tuple[str, int]]] = []
 
     def translate(sources, settings):
@@ -485,7 +486,8 @@ def _run_batcher(jobs: list[tuple[str, list[int]]], max_batch_size: int) -> list
     async def scenario():
         batcher = Batcher(translate, Metrics(), max_batch_size=max_batch_size, max_wait_ms=50, max_queue=100)
         submitted = [batcher.submit(Settings(key=key, parameters={}, num_return_sequences=1),
-                                    [(i, Source(length, None)) for i, length in enumerate(lengths)], len(lengths))
+                                    [(i, Source(length, None, budget(length))) for i, length in enumerate(lengths)],
+                                    len(lengths))
                      for key, lengths in jobs]
         batcher.start()
         results = await asyncio.gather(*(job.future for job in submitted))
@@ -504,6 +506,17 @@ def test_batches_never_mix_parameters_and_group_the_closest_lengths_with_the_old
     assert calls[0] == [("a", 29), ("a", 30), ("a", 31)]
     assert sorted(map(sorted, calls)) == sorted(map(sorted, [[("a", 29), ("a", 30), ("a", 31)],
                                                              [("a", 4), ("a", 5), ("a", 6)], [("b", 7)]]))
+
+
+def test_a_batch_holds_texts_of_one_new_token_budget():
+    """Sentences of different new-token budgets (`new_token_budget` of their lengths: 1 → 16, 5 → 24, 12 → 32) are
+    never batched together, since the engine would decode them in separate calls; those of one budget are."""
+    from hf_deepnmt.pipeline_translation import new_token_budget
+
+    calls = _run_batcher([("a", [1, 5, 12, 2]), ("a", [4, 12, 6])], max_batch_size=8,
+                         budget=lambda length: new_token_budget(length, 512))
+    assert sorted(map(sorted, calls)) == sorted(map(sorted, [[("a", 1), ("a", 2), ("a", 4)], [("a", 5), ("a", 6)],
+                                                             [("a", 12), ("a", 12)]]))
 
 
 def test_a_full_batch_does_not_wait_for_an_older_sentence_of_other_parameters():

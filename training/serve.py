@@ -13,8 +13,10 @@ How a request is served:
 * the event loop checks the request (`hf_deepnmt.handler.check_request`, then the parameters: names, types, values)
   and tokenizes each text with the pipeline's own ``preprocess``; a text over ``--max_input_tokens`` is refused
   with 413 (the server never truncates); a request that does not fit in the queue gets 503 with ``Retry-After``;
-* its sentences join the queue of their *generation parameters*: requests with different parameters are never
-  decoded in one call;
+* its sentences join the queue of their *generation parameters* and, when the request sets no length, of their
+  *new-token budget* (1.5 × the source + 10, `hf_deepnmt.pipeline_translation.new_token_budget`, as every decoding
+  path of the package gives a text): requests with different parameters are never decoded in one call, and a batch
+  is one `generate` call whose length its sentences' own budget bounds;
 * `Batcher` hands one batch at a time to one worker thread: the oldest waiting sentence's parameters, as soon as
   ``--max_batch_size`` sentences of them wait or the oldest has waited ``--max_wait_ms`` (meanwhile, a full batch of
   other parameters goes first); when more wait than fit,
@@ -157,6 +159,16 @@ class Source:
 
     length: int
     inputs: Any
+    budget: int | None = None
+    """Its new-token budget when the request sets no length (`hf_deepnmt.pipeline_translation.new_token_budget`):
+    the batcher batches texts of one budget, which the engine decodes in one call."""
+
+
+def budget_of(length: int, forward: dict[str, Any], positions: int) -> int | None:
+    """A source's new-token budget, or None when the request's parameters set the length themselves."""
+    from hf_deepnmt.pipeline_translation import new_token_budget
+
+    return None if {"max_new_tokens", "max_length"} & forward.keys() else new_token_budget(length, positions)
 
 
 class Translator(Protocol):
@@ -275,7 +287,9 @@ class PipelineTranslator:
             length = len(pipeline.tokenizer((pipeline.prefix or "") + text)["input_ids"])
             if length > self.max_input_tokens:
                 raise _too_long(index, length, self.max_input_tokens, self.model_limit)
-            return Source(length, pipeline.preprocess(text, **settings.preprocess))
+            positions = getattr(pipeline.model.config, "max_position_embeddings", None) or 1024
+            return Source(length, pipeline.preprocess(text, **settings.preprocess),
+                          budget_of(length, settings.forward, positions))
 
     def translate(self, sources: Sequence[Source], settings: Settings) -> list[list[str]]:
         pipeline = self.pipeline
@@ -334,7 +348,7 @@ class CTranslate2Translator:
             ids = self.tokenizer(text)["input_ids"]
         if len(ids) > self.max_input_tokens:
             raise _too_long(index, len(ids), self.max_input_tokens, self.model_limit)
-        return Source(len(ids), ids)
+        return Source(len(ids), ids, budget_of(len(ids), settings.forward, self.ct2.max_positions))
 
     def translate(self, sources: Sequence[Source], settings: Settings) -> list[list[str]]:
         from hf_deepnmt.pipeline_translation import new_token_budget
@@ -504,11 +518,17 @@ class Item:
     sequence: int  # arrival order
     arrived: float  # time.monotonic()
 
+    @property
+    def queue(self) -> tuple[str, int | None]:
+        """Its queue: the request's generation parameters and the sentence's new-token budget (texts of one budget
+        are decoded in one call, and a batch of several budgets would be several calls)."""
+        return self.job.settings.key, self.source.budget
+
 
 class Batcher:
-    """Dynamic batching (see the module docstring): a queue per generation-parameter key, one batch at a time on a
-    single worker thread (the model is not run on the event loop, so the server answers /health and /metrics and
-    takes requests while it translates)."""
+    """Dynamic batching (see the module docstring): a queue per generation-parameter key and new-token budget, one
+    batch at a time on a single worker thread (the model is not run on the event loop, so the server answers /health
+    and /metrics and takes requests while it translates)."""
 
     def __init__(self, translate: Callable[[Sequence[Source], Settings], list[list[str]]], metrics: Metrics,
                  max_batch_size: int = 32, max_wait_ms: float = 10.0, max_queue: int = 256,
@@ -519,7 +539,7 @@ class Batcher:
         self.max_wait_s = max_wait_ms / 1000
         self.max_queue = max_queue
         self.executor = executor or ThreadPoolExecutor(max_workers=1, thread_name_prefix="deepnmt-translate")
-        self.pending: dict[str, list[Item]] = {}  # key -> its sentences in arrival order
+        self.pending: dict[tuple[str, int | None], list[Item]] = {}  # `Item.queue` -> its sentences, in arrival order
         self.waiting = 0  # sentences in `pending`
         self.sequence = 0
         self.batch_number = 0
@@ -547,10 +567,10 @@ class Batcher:
         future = asyncio.get_running_loop().create_future()
         job = Job(settings, future, [None] * texts, len(sources))
         now = time.monotonic()
-        queue = self.pending.setdefault(settings.key, [])
         for index, source in sources:
             self.sequence += 1
-            queue.append(Item(job, index, source, self.sequence, now))
+            item = Item(job, index, source, self.sequence, now)
+            self.pending.setdefault(item.queue, []).append(item)
         self.waiting += len(sources)
         self.wakeup.set()
         return job
@@ -558,20 +578,22 @@ class Batcher:
     def withdraw(self, job: Job) -> int:
         """Take a job's waiting sentences out of the queue (its client left, or another of its batches failed);
         returns how many. Its sentences already in the running batch are translated and dropped."""
-        queue = self.pending.get(job.settings.key, [])
-        kept = [item for item in queue if item.job is not job]
-        removed = len(queue) - len(kept)
+        removed = 0
+        for key, queue in list(self.pending.items()):
+            kept = [item for item in queue if item.job is not job]
+            if len(kept) < len(queue):
+                removed += len(queue) - len(kept)
+                if kept:
+                    self.pending[key] = kept
+                else:
+                    del self.pending[key]
         if removed:
             self.waiting -= removed
-            if kept:
-                self.pending[job.settings.key] = kept
-            else:
-                del self.pending[job.settings.key]
             self.wakeup.set()
         return removed
 
     async def next_batch(self) -> list[Item] | None:
-        """Wait for the next batch: the oldest sentence's key, once it has ``max_batch_size`` sentences waiting or
+        """Wait for the next batch: the oldest sentence's queue (`Item.queue`), once it has ``max_batch_size`` sentences waiting or
         the oldest has waited ``max_wait_ms``; before that, another key's full batch (ready, and it delays the oldest
         by one batch at most, since the oldest goes first once its wait is over); ``None`` when stopping with nothing
         left."""
@@ -583,7 +605,7 @@ class Batcher:
                 await self.wakeup.wait()
                 continue
             oldest = min((queue[0] for queue in self.pending.values()), key=lambda item: item.sequence)
-            queue = self.pending[oldest.job.settings.key]
+            queue = self.pending[oldest.queue]
             wait = oldest.arrived + self.max_wait_s - time.monotonic()
             if len(queue) >= self.max_batch_size or wait <= 0 or self.stopping:
                 return self.take(oldest, queue)
@@ -606,7 +628,7 @@ class Batcher:
             by_length = by_length[start:start + size]
         chosen = set(map(id, by_length))
         kept = [item for item in queue if id(item) not in chosen]
-        key = oldest.job.settings.key
+        key = oldest.queue
         if kept:
             self.pending[key] = kept
         else:
