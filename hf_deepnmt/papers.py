@@ -101,7 +101,8 @@ class Paper:
 
 # ------------------------------------------------------------------------------------------------ vaswani2017
 def _transformer_card(config: Config) -> list[str]:
-    return ["pre-LN residual blocks with a final LayerNorm per stack"] if config.get("layer_norm_position") == "pre" else []
+    pre_ln = config.get("layer_norm_position") == "pre"
+    return ["pre-LN residual blocks with a final LayerNorm per stack"] if pre_ln else []
 
 
 VASWANI2017 = Paper(

@@ -71,6 +71,13 @@ def new_token_budget(source_tokens: int, limit: int) -> int:
     return min(limit - 1, budget)
 
 
+def rows_by_budget(budgets: list[int | None]) -> list[tuple[int | None, list[int]]]:
+    """The row indices of each distinct budget (smallest first; ``None``, a length the call set, last): the rows
+    that one decoding call takes."""
+    distinct = sorted(set(budgets), key=lambda budget: (budget is None, budget or 0))
+    return [(budget, [row for row, own in enumerate(budgets) if own == budget]) for budget in distinct]
+
+
 # "translation_en_to_es" -> ("en", "es"): the task name of transformers 4 and the key T5 configs use in
 # `task_specific_params`. The source code is the shortest prefix before "_to_", so codes may hold underscores
 # ("pt_BR") but not "_to_" (`record_language_pair` refuses that).
@@ -296,8 +303,7 @@ class TranslationPipeline(Pipeline):
         positions = getattr(self.model.config, "max_position_embeddings", None) or 1024
         budgets = [new_token_budget(int(n), positions) for n in model_inputs["attention_mask"].sum(-1)]
         outputs: list[torch.Tensor] = [torch.empty(0)] * batch
-        for budget in sorted(set(budgets)):
-            rows = [row for row, own in enumerate(budgets) if own == budget]
+        for budget, rows in rows_by_budget(budgets):
             index = torch.tensor(rows, device=model_inputs["input_ids"].device)
             inputs = {name: value[index] for name, value in model_inputs.items()}
             output_ids = self.model.generate(**inputs, **{**generate_kwargs, "max_new_tokens": budget})

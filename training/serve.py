@@ -351,18 +351,16 @@ class CTranslate2Translator:
         return Source(len(ids), ids, budget_of(len(ids), settings.forward, self.ct2.max_positions))
 
     def translate(self, sources: Sequence[Source], settings: Settings) -> list[list[str]]:
-        from hf_deepnmt.pipeline_translation import new_token_budget
+        from hf_deepnmt.pipeline_translation import rows_by_budget
 
-        if "max_new_tokens" in settings.forward:
-            outputs = self.ct2.generate([source.inputs for source in sources], **settings.forward)
-        else:  # each text's own budget, one call per budget, as the pipeline of the torch and onnx engines decodes
-            budgets = [new_token_budget(source.length, self.ct2.max_positions) for source in sources]
-            outputs = [[]] * len(sources)
-            for budget in sorted(set(budgets)):
-                rows = [row for row, own in enumerate(budgets) if own == budget]
-                for row, ids in zip(rows, self.ct2.generate([sources[row].inputs for row in rows],
-                                                           **settings.forward, max_new_tokens=budget)):
-                    outputs[row] = ids
+        # each text's own budget (`Source.budget`; None: the request's max_new_tokens), one call per budget, as the
+        # pipeline of the torch and onnx engines decodes (the batcher already hands over texts of one budget)
+        outputs: list[list[int]] = [[]] * len(sources)
+        for budget, rows in rows_by_budget([source.budget for source in sources]):
+            length = {} if budget is None else {"max_new_tokens": budget}
+            for row, ids in zip(rows, self.ct2.generate([sources[row].inputs for row in rows], **settings.forward,
+                                                       **length)):
+                outputs[row] = ids
         with self.tokenizer_lock:
             return [[self.tokenizer.decode(ids, skip_special_tokens=True, **settings.postprocess)] for ids in outputs]
 
@@ -593,10 +591,10 @@ class Batcher:
         return removed
 
     async def next_batch(self) -> list[Item] | None:
-        """Wait for the next batch: the oldest sentence's queue (`Item.queue`), once it has ``max_batch_size`` sentences waiting or
-        the oldest has waited ``max_wait_ms``; before that, another key's full batch (ready, and it delays the oldest
-        by one batch at most, since the oldest goes first once its wait is over); ``None`` when stopping with nothing
-        left."""
+        """Wait for the next batch: the oldest sentence's queue (`Item.queue`), once it has ``max_batch_size``
+        sentences waiting or the oldest has waited ``max_wait_ms``; before that, another queue's full batch (ready,
+        and it delays the oldest by one batch at most, since the oldest goes first once its wait is over); ``None``
+        when stopping with nothing left."""
         while True:
             if not self.pending:
                 if self.stopping:

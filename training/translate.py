@@ -184,8 +184,8 @@ class Shard:
             raise UserInputError(f"WORLD_SIZE={self.world} without {' and '.join(missing) or 'torch.distributed'}: "
                                  "several processes translate one file only when started by a launcher "
                                  "(torchrun or accelerate launch), which sets MASTER_ADDR and MASTER_PORT.")
-        # The processes start together (they only load the model before this), so the default timeout is ample;
-        # two hours covers a slow shared file system.
+        # The processes meet right after loading the model; the two hours cover a slow load from a shared file system
+        # (gloo's default is 30 minutes).
         dist.init_process_group("gloo", rank=self.rank, world_size=self.world, timeout=datetime.timedelta(hours=2))
         try:
             dist.barrier()
