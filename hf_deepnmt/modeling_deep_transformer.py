@@ -518,6 +518,8 @@ class DeepTransformerDecoder(_DeepTransformerStack):
         decoder passes with independent drop-net draws in one batched call); a layer whose groups disagree gets a
         ``(R, 1, 1)`` 0/1 row mask instead of a bool. ``drop=False`` draws nothing: every existing cross-attention
         runs, as at inference (liu2020's ADMIN profiles that network, docs/liu2020.md).
+
+        Under `torch.compile` a drawn decision is always a 0/1 tensor (`_compiled_draw`), never a bool.
         """
         sizes = list(group_sizes) if group_sizes else [0]
         decisions: list[bool | torch.Tensor] = []
@@ -526,6 +528,9 @@ class DeepTransformerDecoder(_DeepTransformerStack):
             if not self.training or not drop or keep >= 1.0 or keep <= 0.0:
                 decisions.append(layer.encoder_attn is not None)
                 continue
+            if torch.compiler.is_compiling():
+                decisions.append(self._compiled_draw(keep, sizes, device))
+                continue
             draws = (torch.rand(len(sizes)) < keep).tolist()
             if all(draws) or not any(draws):
                 decisions.append(draws[0])
@@ -533,6 +538,24 @@ class DeepTransformerDecoder(_DeepTransformerStack):
             mask = torch.repeat_interleave(torch.tensor(draws, dtype=torch.float32), torch.tensor(sizes))
             decisions.append(mask.to(device)[:, None, None])  # (R, 1, 1)
         return decisions
+
+    @staticmethod
+    def _compiled_draw(keep: float, sizes: list[int], device: torch.device | None) -> torch.Tensor:
+        """li2022 §3.3's drop-net draw inside a `torch.compile` graph: the same U^l < keep_l per group, kept as a 0/1
+        tensor ``(R, 1, 1)`` (``(1, 1, 1)`` for one group) that multiplies the cross-attention's output.
+
+        Departure from the eager path, compiled only (docs/li2022.md): a Python branch on a random number would break
+        the graph (`.tolist()`, then ``if``), so the cross-attention of a dropped layer is computed and multiplied by
+        0 — the same forward value, LN(Ĥ + 0) = LN(Ĥ) (pre-LN: Ĥ + 0) — instead of being skipped; its parameters then
+        get zero gradients where eager leaves them without one, as the per-row path above already does when groups
+        disagree. The draws come from the compiled graph's random numbers (as its dropout's do), on ``device``, not
+        from the CPU generator eager draws from.
+        """
+        draws = (torch.rand(len(sizes), device=device) < keep).to(torch.float32)  # (groups,) U^l < 1 − p_net
+        if len(sizes) == 1:
+            return draws.view(1, 1, 1)  # one group: broadcasts over every row
+        rows = torch.cat([draws[group].expand(size) for group, size in enumerate(sizes)])  # (R,)
+        return rows[:, None, None]  # (R, 1, 1)
 
     def project_memory(self, encoder_hidden_states: torch.Tensor, cache: EncoderDecoderCache) -> None:
         """Project the encoder states into the keys and values of every cross-attention and keep them in ``cache``,
@@ -923,8 +946,9 @@ class DeepTransformerForConditionalGeneration(TranslationGenerationMixin, DeepTr
         return self._lm_output(outputs, logits, loss, components, counts, return_dict)
 
     def _warn_if_auxiliary_losses_go_untrained(self) -> None:
-        """A training-mode forward without labels computes no loss: li2022's DDR/ALD terms are not trained."""
-        if self.config.ddr_weight > 0 or self.config.ald_weight > 0:
+        """A training-mode forward without labels computes no loss: li2022's DDR/ALD terms are not trained. (Not under
+        `torch.compile`, where a logging call would break the graph: the eager forward warns.)"""
+        if (self.config.ddr_weight > 0 or self.config.ald_weight > 0) and not torch.compiler.is_compiling():
             logger.warning_once(
                 f"{type(self).__name__}: a training-mode forward without `labels` computes no loss, so the ddr/ald "
                 "terms of the config are not trained. A stock Trainer with label_smoothing_factor > 0 does this (it "
@@ -1068,7 +1092,11 @@ class DeepTransformerForConditionalGeneration(TranslationGenerationMixin, DeepTr
 
     def _warn_if_trainer_counts_pad_labels(self, labels: torch.Tensor, num_items_in_batch: Any,
                                            loss_normalizers: LossNormalizers | None) -> None:
+        """Warn when transformers' Trainer counted pad labels. Not under `torch.compile`: the test reads the labels'
+        values, a data-dependent branch that would break the graph (the eager forward warns)."""
         pad = self.config.pad_token_id
+        if torch.compiler.is_compiling():
+            return
         if num_items_in_batch is not None and loss_normalizers is None and pad is not None and bool(
                 (labels == pad).any()):
             logger.warning_once(

@@ -1,36 +1,124 @@
-"""torch.compile (inductor, CPU) works on the model: no graph break, the eager results, and Seq2SeqTrainer's
-``torch_compile=True``. Speed is measured by the benchmarks (benchmarks/RESULTS.md), never asserted here."""
+"""torch.compile (inductor, CPU) works on every model family: ``fullgraph=True`` (a graph break is an error) for a
+training step (forward with labels + backward) and for a decoding step (one new token on a cache), each giving the
+eager results; Seq2SeqTrainer's ``torch_compile=True`` and `deepnmt train --torch_compile`. Speed is measured by the
+benchmarks (benchmarks/RESULTS.md), never asserted here.
+
+The Transformer cases switch several papers on at once (the switches compose, docs/transformer.md), so that three
+tiny models cover every code path a switch adds: post-LN, pre-LN, liu2020 ADMIN, li2022 cross-attention drop (drawn
+per forward, and p_net = 1 layers without cross-attention) with DDR and ALD, dou2018 dense / linear / iterative /
+hierarchical aggregation, multi-layer attention and layer diversity; the plain post-LN Transformer is the
+Seq2SeqTrainer test's. Compiling is slow on 2 CPU cores (10-30 s per training graph), hence so few models."""
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
 from conftest import tiny_model
+from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+
+TRANSFORMER_CASES = {
+    "post-ln+dou2018-linear-iterative-diversity": dict(
+        encoder_layer_aggregation="linear", decoder_layer_aggregation="iterative", aggregation_activation="relu",
+        diversity_weight=1.0),
+    "pre-ln+dou2018-dense-hierarchical-mla+li2022-without-cross-attention": dict(
+        layer_norm_position="pre", encoder_layers=3, decoder_layers=3, encoder_layer_aggregation="dense",
+        decoder_layer_aggregation="hierarchical", multi_layer_attention_k=2, diversity_weight=1.0,
+        cross_attention_drop_depth=1, cross_attention_drop_ratio=1.0),  # p_net = 1: the bottom layer has none
+    "liu2020-admin+li2022-cad-ddr-ald": dict(
+        residual_scaling="admin", admin_init="closed_form", encoder_layers=1, decoder_layers=2,
+        cross_attention_drop_depth=1, cross_attention_drop_ratio=0.5, ddr_weight=1.0, ald_weight=0.5),
+}
+
+
+def transformer(name: str, **overrides) -> torch.nn.Module:
+    model = tiny_model(**{**TRANSFORMER_CASES[name], **overrides})
+    with torch.no_grad():  # linear aggregation starts as the vanilla stack (W = I for the newest layer): perturb it
+        for parameter_name, parameter in model.named_parameters():
+            if "layer_inputs" in parameter_name or "output_combination" in parameter_name:
+                parameter.add_(0.1 * torch.randn_like(parameter))
+    return model
+
+
+@pytest.fixture
+def eager_random_numbers():
+    """Compiled graphs draw the eager random numbers (inductor's ``fallback_random``), so that a training step with
+    dropout, li2022's drop-net and ALD draws can be compared with the eager one number for number."""
+    import torch._inductor.config as inductor_config
+
+    torch._dynamo.reset()
+    with inductor_config.patch(fallback_random=True):
+        yield
+    torch._dynamo.reset()
+
+
+# ------------------------------------------------------------------------------------------------ Transformer
+@pytest.mark.integration
+@pytest.mark.parametrize("name", TRANSFORMER_CASES)
+def test_compiled_transformer_training_step_matches_eager(name, batch, eager_random_numbers):
+    """Forward with labels in training mode (the full objective of the config, with transformers' Trainer's
+    ``num_items_in_batch``) and backward compile as one graph, and give the eager loss and gradients."""
+    eager = transformer(name).train()  # residual dropout 0.1
+    compiled_model = copy.deepcopy(eager)
+    compiled = torch.compile(compiled_model, fullgraph=True)  # fullgraph: a graph break is an error
+    losses = []
+    for model in (eager, compiled):
+        torch.manual_seed(7)  # the same dropout, drop-net and ALD draws
+        loss = model(**batch, num_items_in_batch=torch.tensor(7)).loss
+        loss.backward()
+        losses.append(loss.detach())
+    assert torch.isfinite(losses[0])
+    assert torch.allclose(losses[1], losses[0], atol=1e-5), losses
+    for (parameter_name, p), q in zip(eager.named_parameters(), compiled_model.parameters()):
+        if p.grad is None:  # compiled, li2022's dropped cross-attention is multiplied by 0 instead of skipped
+            assert q.grad is None or not q.grad.any(), parameter_name
+            continue
+        assert q.grad is not None, parameter_name
+        assert torch.allclose(q.grad, p.grad, atol=1e-5), parameter_name
+
+
+def decoding_step_logits(model: torch.nn.Module, step: torch.nn.Module, batch: dict[str, torch.Tensor],
+                         tokens: torch.Tensor) -> torch.Tensor:
+    """The logits of ``step`` (the model or its compiled wrapper) for ``tokens`` ``(B, 1)``, after a first step of
+    ``model`` filled the cache as `generate` builds it (the cross-attention memory and one self-attention entry)."""
+    encoder_outputs = model.get_encoder()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+    cache = EncoderDecoderCache(DynamicCache(config=model.config), DynamicCache(config=model.config))
+    start = torch.full_like(tokens, model.config.decoder_start_token_id)
+    cache = model(encoder_outputs=encoder_outputs, attention_mask=batch["attention_mask"], decoder_input_ids=start,
+                  cache=cache, use_cache=True).cache
+    return step(encoder_outputs=encoder_outputs, attention_mask=batch["attention_mask"], decoder_input_ids=tokens,
+                cache=cache, use_cache=True).logits  # (B, 1, V)
 
 
 @pytest.mark.integration
-def test_compiled_training_step_matches_eager(batch):
-    """A training forward + backward compiles as one graph (dropout on: inductor draws its own random numbers, so
-    the losses are not compared); the compiled model in eval mode gives the eager logits."""
-    eager = tiny_model().train()
-    compiled_model = tiny_model().train()
-    compiled = torch.compile(compiled_model, fullgraph=True)  # fullgraph: a graph break is an error
-    eager(**batch).loss.backward()
-    compiled_loss = compiled(**batch).loss
-    compiled_loss.backward()
-    assert torch.isfinite(compiled_loss)
-    eager.eval(), compiled.eval()
+@pytest.mark.parametrize("name", TRANSFORMER_CASES)
+def test_compiled_transformer_decoding_step_matches_eager(name, batch):
+    """One incremental decoding step (evaluation mode, a cache from a previous call) compiles as one graph and gives
+    the eager next-token logits."""
+    torch._dynamo.reset()
+    model = transformer(name).eval()
+    tokens = torch.tensor([[7], [8]])
     with torch.no_grad():
-        assert torch.allclose(compiled(**batch).logits, eager(**batch).logits, atol=1e-5)
-    for (name, p), q in zip(eager.named_parameters(), compiled_model.parameters()):
-        assert q.grad is not None and q.grad.shape == p.grad.shape, name
+        eager = decoding_step_logits(model, model, batch, tokens)
+        compiled = decoding_step_logits(model, torch.compile(model, fullgraph=True), batch, tokens)
+    assert torch.allclose(compiled, eager, atol=1e-5)
 
 
+# ------------------------------------------------------------------------------------------------ DTMT
+# DTMT's cases (its recurrence compiled per time step, `DTMTPreTrainedModel.compile_recurrence`) go here.
+
+
+# ------------------------------------------------------------------------------------------------ trainers
 @pytest.mark.integration
 def test_seq2seq_trainer_with_torch_compile_runs(batch, tmp_path):
-    """About 30 s from a cold inductor cache on 2 CPU cores (1 s after the test above, which warms it)."""
+    """The plain post-LN Transformer under transformers' own ``torch_compile=True`` (inductor, no fullgraph): two
+    steps, one graph, no graph break."""
+    from torch._dynamo.utils import counters
     from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
 
+    torch._dynamo.reset()
+    counters.clear()
     rows = [{key: value[i] for key, value in batch.items()} for i in range(batch["input_ids"].size(0))]
     args = Seq2SeqTrainingArguments(output_dir=str(tmp_path), torch_compile=True, max_steps=2,
                                     per_device_train_batch_size=2, report_to="none", use_cpu=True,
@@ -38,3 +126,5 @@ def test_seq2seq_trainer_with_torch_compile_runs(batch, tmp_path):
     result = Seq2SeqTrainer(model=tiny_model().train(), args=args, train_dataset=rows).train()
     assert result.global_step == 2
     assert torch.isfinite(torch.tensor(result.training_loss))
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    assert counters["stats"]["unique_graphs"] == 1
