@@ -103,7 +103,9 @@ def resolve_normalizers(
     """
     reference = local["target_tokens"]
     if step is not None:
-        return {unit: torch.as_tensor(float(getattr(step, unit)), dtype=torch.float32, device=reference.device)
+        # no float() on the counts: a 0-d tensor stays one, so that a compiled model (`deepnmt train --torch_compile`)
+        # takes each step's counts as graph inputs instead of guarding on their values (a recompile per step)
+        return {unit: torch.as_tensor(getattr(step, unit), dtype=torch.float32, device=reference.device)
                 .clamp(min=1) for unit in UNITS}
     local = {unit: value.to(torch.float32).clamp(min=1) for unit, value in local.items()}
     if num_items_in_batch is None:

@@ -15,8 +15,13 @@ import copy
 
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import dtmt_config, dtmt_model, tiny_model, train_argv
+from torch._dynamo.utils import counters
+from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+
+from hf_deepnmt import DTMTForConditionalGeneration
+from hf_deepnmt.errors import UserInputError
 
 TRANSFORMER_CASES = {
     "post-ln+dou2018-linear-iterative-diversity": dict(
@@ -114,9 +119,6 @@ def test_compiled_transformer_decoding_step_matches_eager(name, batch):
 def test_seq2seq_trainer_with_torch_compile_runs(batch, tmp_path):
     """The plain post-LN Transformer under transformers' own ``torch_compile=True`` (inductor, no fullgraph): two
     steps, one graph, no graph break."""
-    from torch._dynamo.utils import counters
-    from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
-
     torch._dynamo.reset()
     counters.clear()
     rows = [{key: value[i] for key, value in batch.items()} for i in range(batch["input_ids"].size(0))]
@@ -128,3 +130,113 @@ def test_seq2seq_trainer_with_torch_compile_runs(batch, tmp_path):
     assert torch.isfinite(torch.tensor(result.training_loss))
     assert not counters["graph_break"], dict(counters["graph_break"])
     assert counters["stats"]["unique_graphs"] == 1
+
+
+# ------------------------------------------------------------------------------------------------ deepnmt train
+def compile_args(tmp_path, **overrides) -> Seq2SeqTrainingArguments:
+    return Seq2SeqTrainingArguments(**{**dict(output_dir=str(tmp_path), torch_compile=True, use_cpu=True,
+                                              report_to="none", save_strategy="no", disable_tqdm=True),
+                                       **overrides})
+
+
+def test_deepnmt_train_documents_and_parses_torch_compile(capsys):
+    from hf_deepnmt_training.train_arguments import parse_train_args
+
+    base = ["--train_file", "x.jsonl", "--output_dir", "runs/x"]
+    assert parse_train_args(base + ["--torch_compile", "true"])[2].torch_compile is True
+    assert parse_train_args(base)[2].torch_compile is False
+    with pytest.raises(SystemExit):
+        parse_train_args(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "A Transformer is compiled whole by the Trainer" in help_text
+    assert "a DTMT model compiles each timestep of its recurrence instead (compile_recurrence" in help_text
+
+
+def test_torch_compile_of_a_transformer_is_the_trainers_and_new_batch_shapes_reuse_its_graph(tmp_path, tiny_tokenizer):
+    """`deepnmt train --torch_compile` on a Transformer: the Trainer compiles the whole model, and token-budget batches
+    of other lengths and sizes run on the first graph (dynamo's own ``eager`` backend: the graphs are what is
+    counted here, inductor's code is the tests above)."""
+    from datasets import Dataset
+
+    from hf_deepnmt_training.build import prepare_torch_compile
+    from hf_deepnmt_training.trainer import DeepNMTTrainer
+
+    generator = torch.Generator().manual_seed(0)
+    rows = []
+    for length in [4, 5, 6, 7, 9, 11, 13, 16, 19, 23] * 2:  # sources of 4-23 tokens, targets one shorter
+        ids = torch.randint(4, 99, (length,), generator=generator).tolist()
+        rows.append({"input_ids": ids, "attention_mask": [1] * length, "labels": ids[1:], "length": length})
+    model = tiny_model(vocab_size=len(tiny_tokenizer)).train()
+    args = compile_args(tmp_path, torch_compile_backend="eager", max_steps=5, learning_rate=1e-3,
+                        dataloader_num_workers=0)
+    assert "the Trainer compiles the whole model (eager)" in prepare_torch_compile(model, args)
+    assert args.torch_compile
+    collator = DataCollatorForSeq2Seq(tiny_tokenizer, model=model, label_pad_token_id=-100)
+    shapes = []
+
+    def recording_collator(features):
+        collated = collator(features)
+        shapes.append((tuple(collated["input_ids"].shape), tuple(collated["labels"].shape)))
+        return collated
+
+    torch._dynamo.reset()
+    counters.clear()
+    trainer = DeepNMTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows),
+                             data_collator=recording_collator, processing_class=tiny_tokenizer, max_tokens=48)
+    trainer.train()
+    torch._dynamo.reset()
+    assert len({batch for batch, _ in shapes}) >= 3 and len({size for (size, _), _ in shapes}) >= 2, shapes
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    assert counters["stats"]["unique_graphs"] == 1, shapes
+
+
+@pytest.mark.integration
+def test_deepnmt_train_torch_compile_trains_the_compiled_model(small_corpus, tmp_path, capsys):
+    """The flag through the whole command: the Trainer trains the compiled model, one graph, no graph break
+    (dynamo's ``eager`` backend, so that no code is generated)."""
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    from hf_deepnmt_training.train import train
+
+    torch._dynamo.reset()
+    counters.clear()
+    outcome = train(train_argv(small_corpus, tmp_path / "run", "--max_steps", "2", "--torch_compile", "true",
+                               "--torch_compile_backend", "eager", "--max_predict_samples", "4"))
+    torch._dynamo.reset()
+    assert isinstance(outcome.trainer.model_wrapped, OptimizedModule)
+    assert "[deepnmt] --torch_compile: the Trainer compiles the whole model (eager)" in capsys.readouterr().err
+    assert counters["stats"]["unique_graphs"] >= 1 and not counters["graph_break"], dict(counters["graph_break"])
+
+
+def test_torch_compile_of_a_dtmt_model_compiles_its_recurrence_not_the_whole_model(tmp_path, monkeypatch):
+    """DTMT: `compile_recurrence` with ``--torch_compile_mode``, and nothing for the Trainer to compile (a stand-in
+    records the call: the recurrence itself is compiled by DTMT's own tests)."""
+    from accelerate.utils import DynamoBackend
+
+    from hf_deepnmt_training.build import prepare_torch_compile
+    from hf_deepnmt_training.trainer import DeepNMTTrainer
+
+    calls = []
+    monkeypatch.setattr(DTMTForConditionalGeneration, "compile_recurrence",
+                        lambda self, **kwargs: calls.append(kwargs), raising=False)
+    model = dtmt_model().train()
+    args = compile_args(tmp_path, torch_compile_mode="max-autotune-no-cudagraphs")
+    assert "DTMT's recurrence is compiled per timestep" in prepare_torch_compile(model, args)
+    assert calls == [{"mode": "max-autotune-no-cudagraphs"}]
+    assert (args.torch_compile, args.torch_compile_backend, args.torch_compile_mode) == (False, None, None)
+    trainer = DeepNMTTrainer(model=model, args=args, train_dataset=[{"input_ids": [5, 2], "labels": [6, 2]}])
+    assert trainer.accelerator.state.dynamo_plugin.backend == DynamoBackend.NO
+
+
+def test_torch_compile_refuses_what_cannot_work_for_dtmt(tmp_path):
+    from hf_deepnmt_training.build import prepare_torch_compile
+
+    with pytest.raises(UserInputError, match="`--torch_compile_backend` = 'aot_eager' is not allowed for a DTMT "
+                                             "model"):
+        prepare_torch_compile(dtmt_model(), compile_args(tmp_path, torch_compile_backend="aot_eager"))
+
+    class SavedByAnOlderRelease(torch.nn.Module):  # a DTMT model whose code has no compile_recurrence
+        config = dtmt_config()
+
+    with pytest.raises(UserInputError, match="has no `compile_recurrence`"):
+        prepare_torch_compile(SavedByAnOlderRelease(), compile_args(tmp_path))

@@ -1,6 +1,6 @@
 """What `deepnmt train` builds before training: the tokenizer (loaded, or a joint BPE trained on the training data), the
-model (fine-tuned, warm-started or new, from a preset / recipe / ``--config_overrides``), the optimizer and the
-learning-rate schedule.
+model (fine-tuned, warm-started or new, from a preset / recipe / ``--config_overrides``), how ``--torch_compile``
+compiles it, the optimizer and the learning-rate schedule.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer, Seq2S
 import hf_deepnmt  # noqa: F401  (registers the model types)
 from hf_deepnmt import record_language_pair
 from hf_deepnmt.errors import UserInputError
+from hf_deepnmt.papers import DTMT
+from hf_deepnmt.registry import MODEL_TYPES
 
 from .data import DataArguments
 from .errors import hub_lookup
@@ -141,6 +143,41 @@ def new_or_loaded_model(model_args: ModelArguments, data_args: DataArguments, re
               file=sys.stderr)
         return model
     return AutoModelForSeq2SeqLM.from_config(config)
+
+
+def prepare_torch_compile(model: torch.nn.Module, training_args: Seq2SeqTrainingArguments) -> str | None:
+    """What ``--torch_compile`` compiles, set up on ``model`` and ``training_args`` before the Trainer is built; returns
+    the sentence `deepnmt train` prints (None: no compilation). docs/training.md, "Compiling".
+
+    * A Transformer (and any other model): transformers' Trainer compiles the whole model (``torch_compile=True``, one
+      graph for forward and backward, ``fullgraph``-clean: tests/test_compile.py); `DeepNMTTrainer` marks the batch and
+      length dimensions of every batch dynamic, so batches of other shapes reuse the graph instead of compiling again.
+    * DTMT: its time loop would be unrolled into the graph and compiled again for every new length, so the Trainer
+      compiles nothing (``torch_compile`` is switched off, with its backend, which accelerate would otherwise still
+      apply) and each timestep of the recurrence is compiled instead (``DTMTPreTrainedModel.compile_recurrence``,
+      with ``--torch_compile_mode``). Its recurrence is compiled with inductor: another ``--torch_compile_backend`` is
+      refused.
+    """
+    if not training_args.torch_compile:
+        return None
+    backend, mode = training_args.torch_compile_backend or "inductor", training_args.torch_compile_mode
+    entry = MODEL_TYPES.get(getattr(model.config, "model_type", None))
+    if entry is None or entry.family != DTMT:
+        return (f"--torch_compile: the Trainer compiles the whole model ({backend}"
+                + (f", mode {mode}" if mode else "") + "); batch and length dimensions are dynamic")
+    if backend != "inductor":
+        raise UserInputError(f"`--torch_compile_backend` = {backend!r} is not allowed for a DTMT model: --torch_compile "
+                             "compiles its recurrence per timestep with inductor (compile_recurrence); leave the "
+                             "backend unset.")
+    compile_recurrence = getattr(model, "compile_recurrence", None)
+    if compile_recurrence is None:
+        raise UserInputError(f"--torch_compile: this {type(model).__name__} has no `compile_recurrence` (code saved by "
+                             "an older hf_deepnmt?); train it without --torch_compile, or load it with this hf_deepnmt.")
+    compile_recurrence(mode=mode)
+    training_args.torch_compile = False  # the Trainer must not compile the whole model (an unrolled time loop)
+    training_args.torch_compile_backend = training_args.torch_compile_mode = None
+    return "--torch_compile: DTMT's recurrence is compiled per timestep (inductor" + (
+        f", mode {mode}" if mode else "") + "); the time loop stays in Python, so new lengths do not recompile"
 
 
 def lr_scheduler_factory(model_args: ModelArguments, training_args: Seq2SeqTrainingArguments):

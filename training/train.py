@@ -27,7 +27,7 @@ from transformers import (
 from hf_deepnmt.errors import UserInputError
 
 from .arguments import TRAIN_ALIASES, canonical_options, quiet_libraries
-from .build import build_model, load_or_train_tokenizer, lr_scheduler_factory, optimizer_setting
+from .build import build_model, load_or_train_tokenizer, lr_scheduler_factory, optimizer_setting, prepare_torch_compile
 from .checkpoints import resume_target
 from .clock import RunClock
 from .data import DataArguments, DataError, length_column
@@ -192,6 +192,9 @@ def train(argv: Sequence[str], clock: RunClock | None = None) -> TrainOutcome:
     model.generation_config.num_beams = model_args.eval_num_beams
     if model_args.eval_num_beams == 1:  # greedy: transformers refuses to save a beam-only setting beside it
         model.generation_config.early_stopping = False
+    compiling = prepare_torch_compile(model, training_args)  # before the Trainer reads --torch_compile
+    if compiling and training_args.process_index == 0:
+        print(f"[deepnmt] {compiling}", file=sys.stderr)
     prepared = tokenize_corpora(corpora, tokenizer, model_args, data_args, training_args)
     datasets = {split: entry.dataset for split, entry in prepared.items()}
     run_until_budget(model_args, training_args)

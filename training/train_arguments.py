@@ -124,6 +124,14 @@ def train_argument_parser(scratch_defaults: dict[str, Any] | None = None) -> HfA
             action.help = ("Label smoothing ε of the training NLL (deepnmt's default 0.1, the value of every paper "
                            "of this package; transformers' own default is 0.0). Recorded in the model config as "
                            "`label_smoothing`. Evaluation losses are never smoothed.")
+        elif action.dest == "torch_compile":
+            action.help = ("Compile the model with torch.compile for training (docs/training.md, 'Compiling'). A "
+                           "Transformer is compiled whole by the Trainer, as one graph whose batch and length "
+                           "dimensions are dynamic (batches of new shapes do not recompile); a DTMT model compiles "
+                           "each timestep of its recurrence instead (compile_recurrence: the time loop stays in "
+                           "Python, so new lengths do not recompile), with inductor only. Compiling takes seconds "
+                           "to minutes before the first step; on CPU the compiled Transformer step was measured "
+                           "slower than eager (benchmarks/RESULTS.md, 'torch.compile').")
     return parser
 
 

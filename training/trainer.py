@@ -22,6 +22,9 @@ What it adds to `Seq2SeqTrainer`:
   training data before the first step (`hf_deepnmt.admin_profile`);
 * atomic checkpoints: written to ``<output_dir>/.incomplete/checkpoint-N`` and renamed into place when complete,
   so a run killed while saving never leaves a half-written ``checkpoint-N`` that resuming would pick up;
+* ``torch_compile``: the batch and length dimensions of every batch are marked dynamic and the step's unit counts
+  reach the model as tensors, so the compiled model serves every batch shape and step from one graph
+  (docs/training.md, "Compiling");
 * refuses ``nn.DataParallel`` (several GPUs visible to one process): launch with torchrun or accelerate;
 * FSDP (``training/configs/accelerate_fsdp.yaml``): parameters that a process leaves unused in a step (li2022's
   cross-attention drop) get zero gradients, so every process reduce-scatters the same tensors; a run that asked for
@@ -44,7 +47,7 @@ from transformers import Seq2SeqTrainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
 from hf_deepnmt.admin import admin_profile
-from hf_deepnmt.losses import AuxiliaryLoss, LossNormalizers, batch_normalizers, compute_losses, source_reliance
+from hf_deepnmt.losses import UNITS, AuxiliaryLoss, LossNormalizers, batch_normalizers, compute_losses, source_reliance
 from hf_deepnmt.errors import UserInputError
 
 from .checkpoints import fsync_dir, fsync_tree, last_checkpoint
@@ -149,6 +152,18 @@ class TrainerInternals(Seq2SeqTrainer):
                     setattr(self.state, attribute, value.replace(staging_root, run_dir, 1))
             rotate_checkpoints(run_dir, self.args.save_total_limit, self.state.best_model_checkpoint, use_mtime=False)
         self.accelerator.wait_for_everyone()
+
+
+def mark_batch_dynamic(inputs: dict[str, Any]) -> None:
+    """Mark the batch and length dimensions of a batch's token tensors (``(B, T)``: ids, masks, labels) dynamic for
+    ``--torch_compile``, so that the first compilation already serves every batch shape. Without it torch compiles
+    the first shape statically and again for each dimension that later changes (measured on a tiny model: three steps,
+    new lengths at the second and a new batch size at the third, compiled 3 graphs; marked: 1). A batch of one
+    sentence still gets a graph of its own (torch specialises sizes 0 and 1). docs/training.md, "Compiling"."""
+    for value in inputs.values():
+        if isinstance(value, torch.Tensor) and value.dim() == 2:
+            torch._dynamo.maybe_mark_dynamic(value, 0)
+            torch._dynamo.maybe_mark_dynamic(value, 1)
 
 
 def check_new_parameter_options(lr_scale: float, freeze_steps: int) -> None:
@@ -377,13 +392,15 @@ class DeepNMTTrainer(TrainerInternals):
         num_items_in_batch: torch.Tensor | int | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, Any]:
         training = model.training
+        if training and self.args.torch_compile:
+            mark_batch_dynamic(inputs)
         result = compute_losses(
             model,
             inputs,
             label_smoothing=self.args.label_smoothing_factor,
             auxiliary=self.auxiliary_losses,
             num_items_in_batch=num_items_in_batch if training else None,
-            loss_normalizers=self._step_normalizers if training else None,
+            loss_normalizers=self._model_normalizers() if training else None,
         )
         loss = result.loss
         if training:
@@ -393,6 +410,15 @@ class DeepNMTTrainer(TrainerInternals):
                 # DDP averages gradients over processes; the divisors already count every process' units.
                 loss = loss * self.accelerator.num_processes
         return (loss, result.outputs) if return_outputs else loss
+
+    def _model_normalizers(self) -> LossNormalizers | None:
+        """The step's unit counts as the model receives them: 0-d float64 tensors (the same values as the floats), so
+        that a compiled model (``--torch_compile``) reads them as inputs; as Python floats it would guard on them and
+        compile again for every step (docs/training.md, "Compiling")."""
+        counts = self._step_normalizers
+        if counts is None:
+            return None
+        return LossNormalizers(*(torch.tensor(float(getattr(counts, unit)), dtype=torch.float64) for unit in UNITS))
 
     def _stop_if_not_finite(self, loss: torch.Tensor, components: dict[str, torch.Tensor]) -> None:
         bad = (~torch.isfinite(loss.detach())).float()
