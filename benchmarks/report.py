@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .dtmt_recurrence import render as dtmt_recurrence_block
 from .gpu import render as gpu_block
 
 DECODE_ROWS = (("greedy_b1", "greedy, batch 1"), ("greedy_b32", "greedy, batch 32"),
@@ -477,9 +478,12 @@ def _compile(results: dict) -> list[str]:
     return ["## torch.compile", "",
             "`torch.compile(model)` (inductor, CPU) on the d256 model, the same training step as above, interleaved "
             "with the eager model of the same weights:", "",
-            *_table(["eager step (s)", "compiled step (s)", "speedup", "compile time (s)"],
-                    [[f"{c['median_s']['eager']:.3f}", f"{c['median_s']['compiled']:.3f}", f"{c['speedup']:.2f}×",
-                      f"{c['compile_s']:.0f}"]]),
+            *_table(["model", "eager step (s)", "compiled step (s)", "speedup", "compile time (s)"],
+                    [[name, f"{r['median_s']['eager']:.3f}", f"{r['median_s']['compiled']:.3f}", f"{r['speedup']:.2f}×",
+                      f"{r['compile_s']:.0f}"] for name, r in [("baseline (post-LN)", c), *c.get("papers", {}).items()]]),
+            *(["", "Each paper's row: the same model and batch with that paper's switches (`benchmarks.run.COMPILE_ROWS`); "
+               "DTMT, which compiles its recurrence instead of the whole model, is in the `dtmt_recurrence` section."]
+              if c.get("papers") else []),
             "", f"`Seq2SeqTrainer(args=Seq2SeqTrainingArguments(torch_compile=True, ...))` on a tiny model: "
             f"{'ran' if smoke.get('ok') else 'did not run'} {smoke.get('steps', 0)} steps "
             f"(loss {smoke.get('train_loss', float('nan')):.3f}, {smoke.get('wall_s', 0):.0f} s including "
@@ -808,6 +812,8 @@ BLOCKS: tuple[tuple[str, object], ...] = (
     ("crt_cost", _crt_cost), ("dou2018", _dou2018), ("dtmt", _dtmt), ("engines", _engines), ("serve", _serve),
     ("profile", _profile),
     ("gpu", gpu_block),
+    ("dtmt_recurrence", lambda results: dtmt_recurrence_block(results, "dtmt_recurrence")),
+    ("gpu_dtmt", lambda results: dtmt_recurrence_block(results, "gpu_dtmt")),
 )
 TITLE = "# Benchmarks: hf_deepnmt DeepTransformer vs transformers.MarianMTModel"
 

@@ -47,7 +47,15 @@ from .probe_runner import run_probe  # noqa: E402
 
 SECTIONS = ("equivalence", "train", "decode", "flat", "memory", "scaling", "profile", "flops", "compile", "deep_memory",
             "crt_cost", "dou2018", "dou2018_flops", "dtmt", "engines", "engines_deep", "engine_quality", "bf16_train",
-            "decode_limit", "ct2_stock", "gpu", "serve")
+            "decode_limit", "ct2_stock", "gpu", "dtmt_recurrence", "gpu_dtmt", "serve")
+# The compile section's rows beyond the baseline: each paper's switches on the d256 6-6 model (issue 36 item 5).
+COMPILE_ROWS: dict[str, dict[str, object]] = {
+    "liu2020 ADMIN": {"residual_scaling": "admin", "admin_init": "closed_form"},
+    "li2022 CAD + DDR + ALD": {"cross_attention_drop_depth": 3, "cross_attention_drop_ratio": 0.5, "ddr_weight": 1.0,
+                               "ald_weight": 1.0},
+    "dou2018 hierarchical + MLA k=2": {"encoder_layer_aggregation": "hierarchical",
+                                       "decoder_layer_aggregation": "hierarchical", "multi_layer_attention_k": 2},
+}
 QUICK_SECTIONS = ("equivalence", "train", "decode", "flat", "memory", "scaling", "profile", "flops")
 
 
@@ -175,6 +183,12 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         log("torch.compile: eager vs compiled training step (d256), and Seq2SeqTrainer(torch_compile=True)")
         dims = model_dims("d256")
         compiled = measure.compiled_training(lambda: build_ours(dims), train_batch, cfg["compile_repeats"])
+        # issue 36 item 5: every paper's switches compile too; one row each (the same d256 6-6 and batch)
+        compiled["papers"] = {}
+        for name, switches in COMPILE_ROWS.items():
+            log(f"torch.compile: eager vs compiled training step, d256 6-6 with {name}")
+            compiled["papers"][name] = measure.compiled_training(lambda switches=switches: build_ours(dims, **switches),
+                                                                 train_batch, cfg["compile_repeats"])
         tiny = dict(d_model=64, encoder_ffn_dim=128, decoder_ffn_dim=128, encoder_attention_heads=4,
                     decoder_attention_heads=4, vocab_size=8000, encoder_layers=2, decoder_layers=2,
                     max_position_embeddings=128)
@@ -219,6 +233,18 @@ def run(args: argparse.Namespace) -> dict[str, object]:
             f"{', plus torch.compile rows' if cfg['dtmt_compile'] else ''}")
         results["dtmt"] = measure.dtmt_speed(cfg["dtmt_size"], train_batch, sources[32], cfg["dtmt_repeats"],
                                              cfg["dtmt_decode_repeats"], cfg["new_tokens"], cfg["dtmt_compile"])
+    if "dtmt_recurrence" in args.sections:
+        from .dtmt_recurrence import dtmt_recurrence
+
+        # issue 36 item 4: DTMT#4's recurrence before / after / compiled vs the Transformer, and its operator counts
+        results["dtmt_recurrence"] = dtmt_recurrence(torch.device("cpu"), cfg["dtmt_size"], cfg["train_tokens"],
+                                                     cfg["dtmt_repeats"], log)
+    if "gpu_dtmt" in args.sections:
+        from .dtmt_recurrence import dtmt_recurrence
+
+        on_gpu = torch.cuda.is_available() and not args.quick
+        results["gpu_dtmt"] = dtmt_recurrence(torch.device("cuda" if on_gpu else "cpu"), "d512" if on_gpu else "d256",
+                                              4096 if on_gpu else cfg["train_tokens"], 10 if on_gpu else 2, log)
     if "gpu" in args.sections:
         from . import gpu
 
@@ -389,7 +415,7 @@ def main(argv: list[str] | None = None) -> None:
     args.command_line = "python -m benchmarks.run" + "".join(f" {shlex.quote(a)}" for a in (argv or sys.argv[1:]))
     # `serve` (tens of minutes, a trained model) runs only when named
     default = QUICK_SECTIONS if args.quick else [s for s in SECTIONS if s != "serve" and
-                                                 (s != "gpu" or torch.cuda.is_available())]
+                                                 (s not in ("gpu", "gpu_dtmt") or torch.cuda.is_available())]
     args.sections = args.sections.split(",") if args.sections else list(default)
     unknown = set(args.sections) - set(SECTIONS)
     if unknown:

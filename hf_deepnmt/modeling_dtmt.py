@@ -140,22 +140,33 @@ class DTMTTransitionGRU(_RecurrentUnit):
         super().__init__(hidden_size, num_gates=2)
 
 
+def _keep_dtype(x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Under mixed precision the candidate and gates may come out in another dtype than the state, which keeps its
+    own; in one precision this is no operator at all (fewer operators per timestep, docs/meng2019-dtmt.md, "Speed")."""
+    return x if x.dtype == like.dtype else x.to(like.dtype)
+
+
 def gated_unit_step(xp: torch.Tensor, h: torch.Tensor, p: PackedUnit, num_gates: int, linear_transformation: bool,
                     rnn_dropout: float, training: bool, eps: float) -> torch.Tensor:
     """One L-GRU/GRU step of ``D`` parallel units. ``xp`` ``(D, B, K_in)``: the unit's input projections of this
-    timestep (precomputed); ``h`` ``(D, B, d)``. Gate order: r, z, l."""
+    timestep (precomputed); ``h`` ``(D, B, d)``. Gate order: r, z, l.
+
+    Each tensor is cut with one ``split``/``unbind`` rather than several slices: autograd then joins the pieces'
+    gradients with one ``cat``/``stack`` instead of zero-filling a full-size tensor per slice."""
     d = h.size(-1)
     g_rows = num_gates * d
     hp = torch.baddbmm(p.bias, h, p.weight)  # (D, B, (n+1)·d): [W_h· h for the gates; W_hh h + b]
+    h_gates, h_candidate = hp.split([g_rows, d], dim=-1)
+    x_parts = xp.split([g_rows, d, d] if linear_transformation else [g_rows, d], dim=-1)  # [W_x·x; W_xh x; (W_x x)]
     # (D, B, n, d); a view with -1 for B, not unflatten, which the ONNX export's traced loop cannot decompose
-    pre = (xp[..., :g_rows] + hp[..., :g_rows]).view(h.size(0), -1, num_gates, d)
+    pre = (x_parts[0] + h_gates).view(h.size(0), -1, num_gates, d)
     gates = torch.sigmoid(torch.addcmul(p.norm_bias, F.layer_norm(pre, (d,), eps=eps), p.norm_weight))  # Eq. (8), (9), (16)
-    candidate = torch.tanh(torch.addcmul(xp[..., g_rows:g_rows + d], gates[:, :, 0], hp[..., g_rows:]))  # Eq. (7)/(15)
+    gate = gates.unbind(2)  # r, z(, l): each (D, B, d)
+    candidate = torch.tanh(torch.addcmul(x_parts[1], gate[0], h_candidate))  # Eq. (7)/(15)
     if linear_transformation:
-        candidate = torch.addcmul(candidate, gates[:, :, 2], xp[..., g_rows + d:])  # Eq. (15): + l ⊙ H(x), H(x) = W_x x
+        candidate = torch.addcmul(candidate, gate[2], x_parts[2])  # Eq. (15): + l ⊙ H(x), H(x) = W_x x
     candidate = F.dropout(candidate, rnn_dropout, training)  # §Advanced Techniques: dropout on the candidate activation
-    # under mixed precision the candidate and gates may come out in another dtype than the state: the state keeps its own
-    return torch.lerp(h, candidate.to(h.dtype), gates[:, :, 1].to(h.dtype))  # Eq. (6)/(14): (1 − z) ⊙ h + z ⊙ h̃
+    return torch.lerp(h, _keep_dtype(candidate, h), _keep_dtype(gate[1], h))  # Eq. (6)/(14): (1 − z) ⊙ h + z ⊙ h̃
 
 
 def transition_gru_step(h: torch.Tensor, p: PackedUnit, rnn_dropout: float, training: bool,
@@ -163,11 +174,13 @@ def transition_gru_step(h: torch.Tensor, p: PackedUnit, rnn_dropout: float, trai
     """One T-GRU step of ``D`` parallel units; ``h`` ``(D, B, d)``. Gate order: r, z."""
     d = h.size(-1)
     hp = torch.baddbmm(p.bias, h, p.weight)  # (D, B, 3d): [W_hr h; W_hz h; W_hh h + b]
-    pre = hp[..., :2 * d].view(h.size(0), -1, 2, d)  # (D, B, 2, d), as in `gated_unit_step`
+    h_gates, h_candidate = hp.split([2 * d, d], dim=-1)
+    pre = h_gates.view(h.size(0), -1, 2, d)  # (D, B, 2, d), as in `gated_unit_step`
     gates = torch.sigmoid(torch.addcmul(p.norm_bias, F.layer_norm(pre, (d,), eps=eps), p.norm_weight))  # Eq. (12), (13)
-    candidate = torch.tanh(gates[:, :, 0] * hp[..., 2 * d:])  # Eq. (11)
+    reset, update = gates.unbind(2)  # each (D, B, d)
+    candidate = torch.tanh(reset * h_candidate)  # Eq. (11)
     candidate = F.dropout(candidate, rnn_dropout, training)
-    return torch.lerp(h, candidate.to(h.dtype), gates[:, :, 1].to(h.dtype))  # Eq. (10)
+    return torch.lerp(h, _keep_dtype(candidate, h), _keep_dtype(update, h))  # Eq. (10)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -198,15 +211,16 @@ class DTMTTransition(nn.Module):
         return torch.bmm(inputs, weight)
 
     @staticmethod
-    def step_function(blocks: Sequence[DTMTTransition], training: bool) -> Callable[[torch.Tensor, torch.Tensor],
-                                                                                    torch.Tensor]:
+    def step_function(blocks: Sequence[DTMTTransition], training: bool, compiled: bool = False,
+                      mode: str | None = None) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
         """``step(xp, h) -> h'``: one timestep of ``D`` parallel blocks (bottom unit, then every T-GRU), with the
-        parameters packed once for the whole sequence."""
+        parameters packed once for the whole sequence; ``compiled``: the step as one `torch.compile` graph of
+        ``mode`` (`DTMTPreTrainedModel.compile_recurrence`)."""
         first = blocks[0]
         unit = _RecurrentUnit.pack([block.unit for block in blocks])
         t_grus = [_RecurrentUnit.pack([block.t_grus[i] for block in blocks]) for i in range(len(first.t_grus))]
         return functools.partial(
-            _block_step, unit=unit, t_grus=t_grus, num_gates=first.unit.num_gates,
+            compiled_function(_block_step, mode) if compiled else _block_step, unit=unit, t_grus=t_grus, num_gates=first.unit.num_gates,
             linear_transformation=first.unit.linear_transformation, rnn_dropout=first.rnn_dropout,
             training=training, eps=first.eps)
 
@@ -218,6 +232,19 @@ def _block_step(xp: torch.Tensor, h: torch.Tensor, unit: PackedUnit, t_grus: lis
     for packed in t_grus:
         h = transition_gru_step(h, packed, rnn_dropout, training, eps)
     return h
+
+
+@functools.cache
+def compiled_function(function: Callable[..., Any], mode: str | None = None) -> Callable[..., Any]:
+    """``function`` (one timestep, a module-level function of tensors) as one `torch.compile` graph, made once per
+    process: the time loop stays in Python and every timestep of every length calls the same compiled step, so a new
+    target length never recompiles (compiling the whole model instead would unroll the loop, one graph per length).
+    The parameters are arguments, so models of one shape share the graph; a new batch size or source length
+    recompiles once, after which that size is symbolic (torch's automatic dynamic shapes); a new mode (training or
+    not, gradients on or off, autocast) adds a graph. The steps compile as one graph each (tests/test_compile.py
+    checks ``fullgraph=True``); should a run ever pass torch's recompile limit, torch warns and runs that step
+    eagerly instead of failing. docs/meng2019-dtmt.md, "Speed"."""
+    return torch.compile(function, mode=mode)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -259,6 +286,13 @@ class _DTMTStack(nn.Module):
         # The authors add a learned bias vector to the embeddings of both sides (docs/meng2019-dtmt.md).
         self.embed_bias = nn.Parameter(torch.zeros(config.d_model))
         self.gradient_checkpointing = False
+        self.compiled_recurrence = False  # set by `DTMTPreTrainedModel.compile_recurrence`
+        self.compile_mode: str | None = None  # its ``mode``: None (inductor's default) or a `torch.compile` mode
+
+    def _compiled_steps(self) -> bool:
+        """Whether this call runs the compiled timestep: asked for, and not already inside a compiled (or exported)
+        graph, which traces the plain step itself."""
+        return self.compiled_recurrence and not torch.compiler.is_compiling()
 
     def _embed(self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None,
                start: int | torch.Tensor) -> torch.Tensor:
@@ -282,7 +316,11 @@ class _DTMTStack(nn.Module):
 
     def _step(self, step: Callable[..., Any], *args: torch.Tensor) -> Any:
         """One timestep; with gradient checkpointing only the step's inputs are kept for the backward pass and its
-        inside (gates, LayerNorm statistics, candidates) is recomputed."""
+        inside (gates, LayerNorm statistics, candidates) is recomputed. The compiled step is given tensors of their
+        own rather than views into the whole sequence's projections: a view's offset and base would be guarded and
+        recompile the step."""
+        if self._compiled_steps():
+            args = tuple(arg.clone() if arg._base is not None else arg for arg in args)
         if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
             # transformers' `activation_checkpointing_enable(...)` sets the function with the user's options
             # (``use_reentrant`` True or False); every tensor the step reads is a positional argument
@@ -331,8 +369,10 @@ class DTMTEncoder(_DTMTStack):
         index = reverse_index(lengths, length).unsqueeze(-1)  # (B, S, 1)
         x_backward = x.gather(1, index.expand(-1, -1, d))  # (B, S, d): each sentence reversed within its length
         blocks = (self.forward_transition, self.backward_transition)
-        step = DTMTTransition.step_function(blocks, self.training)
-        h = x.new_zeros(2, batch, d)
+        step = DTMTTransition.step_function(blocks, self.training, self._compiled_steps(), self.compile_mode)
+        h = x.new_zeros(2, batch, d)  # s_0 = 0
+        if step.func is not _block_step:  # compiled: a leaf that asks for a gradient whenever the steps' inputs do,
+            h.requires_grad_(x.requires_grad)  # so every step (the first too) sees one kind of state (`compiled_function`)
         if torch.compiler.is_exporting():  # torch.onnx.export: one traced loop over the symbolic length
             inputs = torch.stack([x, x_backward]).permute(2, 0, 1, 3)  # (S, 2, B, d) time-major
             stacked = exported_recurrence(step, inputs, h, lambda xt: DTMTTransition.project_inputs(blocks, xt))
@@ -342,8 +382,8 @@ class DTMTEncoder(_DTMTStack):
             projected = DTMTTransition.project_inputs(blocks, directions)  # (2, S·B, K_in): all steps in one matmul
             projected = projected.view(2, length, batch, -1).transpose(0, 1)  # (S, 2, B, K_in)
             states = []
-            for t in range(length):
-                h = self._step(step, projected[t], h)  # (2, B, d): both directions in one batched step
+            for xp in projected.unbind(0):  # one UnbindBackward for all steps, not a full-size zero fill per step
+                h = self._step(step, xp, h)  # (2, B, d): both directions in one batched step
                 states.append(h)
             stacked = torch.stack(states, dim=2)  # (2, B, S, d)
         backward = stacked[1].gather(1, index.expand(-1, -1, d))  # (B, S, d), back in left-to-right order
@@ -388,19 +428,60 @@ class DTMTAttention(nn.Module):
             mask_bias = mask_bias.masked_fill(~attention_mask.bool()[:, None, :], torch.finfo(mask_bias.dtype).min)
         return keys, values, mask_bias
 
+    def packed(self) -> AttentionWeights:
+        """The per-step parameters, for the module-level (compilable) `additive_attention`."""
+        return AttentionWeights(self.q_proj.weight, self.score, self.out_proj.weight, self.out_proj.bias, self.num_heads)
+
     def forward(self, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask_bias: torch.Tensor,
                 weights: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """``query`` ``(B, d)`` -> context c_t ``(B, 2d)`` and the weights α ``(B, H, S)``. Given ``weights``
         (α of this step computed before, see `DTMTDecoder.forward`), the context is built from them."""
-        batch = query.size(0)
-        if weights is None:
-            q = self.q_proj(query).view(batch, self.num_heads, 1, -1)  # (B, H, 1, d/H)
-            # (B, H, S): Eq. (5) e = vᵀ tanh(W s + U h); v as a (d/H, 1) matrix: ONNX Runtime runs the batched
-            # matrix-vector form of this product ~9x slower (measured, docs/fast-inference.md), torch alike
-            scores = torch.matmul(torch.tanh(keys + q), self.score[:, None])[..., 0]
-            weights = torch.softmax(scores + mask_bias, dim=-1)  # (B, H, S): Eq. (5) a = softmax(e)
-        heads = torch.matmul(weights.unsqueeze(-2), values)  # (B, H, 1, 2d/H): Eq. (3) c = Σ_j a_j h_j per head
-        return self.out_proj(heads.view(batch, -1)), weights  # (B, 2d)
+        return additive_attention(query, self.packed(), keys, values, mask_bias, weights)
+
+
+class AttentionWeights(NamedTuple):
+    """`DTMTAttention`'s per-step parameters."""
+
+    query: torch.Tensor
+    """``(d, d)``: W_q."""
+    score: torch.Tensor
+    """``(d/H,)``: v, shared by the heads."""
+    out_weight: torch.Tensor
+    """``(2d, 2d)``: the output transformation of the concatenated heads."""
+    out_bias: torch.Tensor
+    """``(2d,)``."""
+    num_heads: int
+
+
+def additive_attention(query: torch.Tensor, p: AttentionWeights, keys: torch.Tensor, values: torch.Tensor,
+                       mask_bias: torch.Tensor, weights: torch.Tensor | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`DTMTAttention.forward` as a function of tensors: ``query`` ``(B, d)``, keys ``(B, H, S, d/H)``, values
+    ``(B, H, S, 2d/H)``, mask bias ``(B, 1, S)`` -> context ``(B, 2d)`` and weights α ``(B, H, S)``."""
+    batch = query.size(0)
+    if weights is None:
+        q = F.linear(query, p.query).view(batch, p.num_heads, 1, -1)  # (B, H, 1, d/H)
+        # (B, H, S): Eq. (5) e = vᵀ tanh(W s + U h); v as a (d/H, 1) matrix: ONNX Runtime runs the batched
+        # matrix-vector form of this product ~9x slower (measured, docs/fast-inference.md), torch alike
+        scores = torch.matmul(torch.tanh(keys + q), p.score[:, None])[..., 0]
+        weights = torch.softmax(scores + mask_bias, dim=-1)  # (B, H, S): Eq. (5) a = softmax(e)
+    heads = torch.matmul(weights.unsqueeze(-2), values)  # (B, H, 1, 2d/H): Eq. (3) c = Σ_j a_j h_j per head
+    return F.linear(heads.view(batch, -1), p.out_weight, p.out_bias), weights  # (B, 2d)
+
+
+def decoder_step_function(yp: torch.Tensor, state: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                          mask_bias: torch.Tensor, *given: torch.Tensor, query_step: Callable,
+                          attention: AttentionWeights, context_weight: torch.Tensor, decoder_step: Callable
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One target step of `DTMTDecoder` from s_{t-1} ``(1, B, d)`` and the query block's input projection of
+    y_{t-1} ``(1, B, K_in)`` (``given``: this step's α, when the decoder replays weights it returns, see
+    `DTMTDecoder.forward`). A module-level function of tensors, so that `compiled_function` makes one graph of it
+    for every model and every length."""
+    query = query_step(yp, state)  # (1, B, d): s_{t,Lq}, query transition
+    context, weights = additive_attention(query[0], attention, keys, values, mask_bias, *given)  # (B, 2d): c_t
+    cp = F.linear(context, context_weight).unsqueeze(0)  # (1, B, K_in): the decoder L-GRU's input projection of c_t
+    state = decoder_step(cp, query)  # (1, B, d): s_t, decoder transition whose L-GRU input is c_t
+    return state, context, weights
 
 
 class DTMTDecoder(_DTMTStack):
@@ -442,16 +523,6 @@ class DTMTDecoder(_DTMTStack):
         state = torch.tanh(self.init_proj(mean))  # (B, d): s_0
         return DTMTCache(state, keys, values, mask_bias, seen_tokens=0)
 
-    def _decoder_step(self, yp: torch.Tensor, state: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                      mask_bias: torch.Tensor, *given: torch.Tensor, query_step: Callable, decoder_step: Callable
-                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One target step from s_{t-1} ``(1, B, d)`` and the query block's input projection of y_{t-1}
-        (``given``: this step's α, when the decoder replays weights it returns, see `forward`)."""
-        query = query_step(yp, state)  # (1, B, d): s_{t,Lq}, query transition
-        context, weights = self.attention(query[0], keys, values, mask_bias, *given)  # (B, 2d): c_t
-        cp = F.linear(context, self.decoder_transition.unit.input_proj.weight).unsqueeze(0)  # (1, B, K_in)
-        state = decoder_step(cp, query)  # (1, B, d): s_t, decoder transition whose L-GRU input is c_t
-        return state, context, weights
 
     def forward(
         self,
@@ -505,13 +576,17 @@ class DTMTDecoder(_DTMTStack):
         projected = DTMTTransition.project_inputs([self.query_transition], y.transpose(0, 1))  # (T, B, K_in)
         query_step = DTMTTransition.step_function([self.query_transition], self.training)
         decoder_step = DTMTTransition.step_function([self.decoder_transition], self.training)
-        step = functools.partial(self._decoder_step, query_step=query_step, decoder_step=decoder_step)
+        step = functools.partial(compiled_function(decoder_step_function, self.compile_mode) if self._compiled_steps()
+                                 else decoder_step_function, query_step=query_step, attention=self.attention.packed(),
+                                 context_weight=self.decoder_transition.unit.input_proj.weight,
+                                 decoder_step=decoder_step)
         state = cache.state.unsqueeze(0)  # (1, B, d)
         states, contexts, all_weights = [], [], []
-        for t in range(y.size(1)):
-            given = () if weights is None else (weights[:, :, t],)
-            state, context, step_weights = self._step(step, projected[t].unsqueeze(0), state, cache.keys,
-                                                      cache.values, cache.mask_bias, *given)
+        given_weights = weights.unbind(2) if weights is not None else None  # each (B, H, S)
+        for t, yp in enumerate(projected.unsqueeze(1).unbind(0)):  # each (1, B, K_in); one UnbindBackward
+            given = () if given_weights is None else (given_weights[t],)
+            state, context, step_weights = self._step(step, yp, state, cache.keys, cache.values, cache.mask_bias,
+                                                      *given)
             states.append(state[0])
             contexts.append(context)
             all_weights.append(step_weights)
@@ -540,6 +615,19 @@ class DTMTPreTrainedModel(HubReadyMixin, PreTrainedModel):
     def __init__(self, config: DTMTConfig, *args: Any, **kwargs: Any) -> None:
         config.check_fields()  # a config mutated after construction is re-validated here
         super().__init__(config, *args, **kwargs)
+
+    def compile_recurrence(self, enabled: bool = True, mode: str | None = None) -> None:
+        """Run every timestep of the encoder and the decoder as one `torch.compile` graph (``fullgraph=True``):
+        the encoder's transition blocks, and the decoder's query transition + attention + decoder transition. The
+        way to compile a recurrent model: the time loop stays in Python, so lengths never recompile; on a GPU the
+        dozens of small kernels of a timestep become a few (benchmarks/RESULTS.md, "DTMT"). `deepnmt train
+        --torch_compile` calls it. The numbers equal eager's up to float rounding (dropout draws its own random
+        numbers). ``mode``: `torch.compile`'s (None: inductor's default). ``enabled=False`` returns to the eager
+        steps."""
+        for module in self.modules():
+            if isinstance(module, _DTMTStack):
+                module.compiled_recurrence = enabled
+                module.compile_mode = mode
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
