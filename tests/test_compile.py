@@ -20,7 +20,6 @@ from torch._dynamo.utils import counters
 from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
-from hf_deepnmt import DTMTForConditionalGeneration
 from hf_deepnmt.errors import UserInputError
 
 TRANSFORMER_CASES = {
@@ -208,21 +207,21 @@ def test_deepnmt_train_torch_compile_trains_the_compiled_model(small_corpus, tmp
     assert counters["stats"]["unique_graphs"] >= 1 and not counters["graph_break"], dict(counters["graph_break"])
 
 
-def test_torch_compile_of_a_dtmt_model_compiles_its_recurrence_not_the_whole_model(tmp_path, monkeypatch):
-    """DTMT: `compile_recurrence` with ``--torch_compile_mode``, and nothing for the Trainer to compile (a stand-in
-    records the call: the recurrence itself is compiled by DTMT's own tests)."""
+def test_torch_compile_of_a_dtmt_model_compiles_its_recurrence_not_the_whole_model(tmp_path):
+    """DTMT: `compile_recurrence` with ``--torch_compile_mode``, and nothing for the Trainer to compile (the compiled
+    recurrence itself is checked by tests/test_compile_dtmt.py)."""
     from accelerate.utils import DynamoBackend
 
+    from hf_deepnmt import modeling_dtmt
     from hf_deepnmt_training.build import prepare_torch_compile
     from hf_deepnmt_training.trainer import DeepNMTTrainer
 
-    calls = []
-    monkeypatch.setattr(DTMTForConditionalGeneration, "compile_recurrence",
-                        lambda self, **kwargs: calls.append(kwargs), raising=False)
     model = dtmt_model().train()
     args = compile_args(tmp_path, torch_compile_mode="max-autotune-no-cudagraphs")
     assert "DTMT's recurrence is compiled per timestep" in prepare_torch_compile(model, args)
-    assert calls == [{"mode": "max-autotune-no-cudagraphs"}]
+    stacks = [module for module in model.modules() if isinstance(module, modeling_dtmt._DTMTStack)]
+    assert len(stacks) == 2  # encoder and decoder
+    assert all(stack.compiled_recurrence and stack.compile_mode == "max-autotune-no-cudagraphs" for stack in stacks)
     assert (args.torch_compile, args.torch_compile_backend, args.torch_compile_mode) == (False, None, None)
     trainer = DeepNMTTrainer(model=model, args=args, train_dataset=[{"input_ids": [5, 2], "labels": [6, 2]}])
     assert trainer.accelerator.state.dynamo_plugin.backend == DynamoBackend.NO
