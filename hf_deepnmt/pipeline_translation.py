@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import Pipeline, StoppingCriteria, StoppingCriteriaList
+from transformers import Pipeline
 
 from .errors import UserInputError
 
@@ -69,35 +69,6 @@ def new_token_budget(source_tokens: int, limit: int) -> int:
     evaluation in training. A ``max_new_tokens`` or ``max_length`` given to the call replaces it."""
     budget = -(-(int(1.5 * source_tokens) + 10) // BUDGET_STEP) * BUDGET_STEP
     return min(limit - 1, budget)
-
-
-class RowBudgets(StoppingCriteria):
-    """Each row's own new-token budget inside one `generate` call: a row stops once it holds ``budgets[row]`` new
-    tokens, as if decoded alone with ``max_new_tokens = budgets[row]`` (the call's own ``max_new_tokens`` is the
-    largest budget). transformers' beam search applies a stopping criterion to each candidate as it applies the
-    length limit (the candidates that reach it are finished as they are), so greedy search, and beam search with
-    ``early_stopping=True`` (this package's default), give every row the sequences and scores of a call of its own
-    budget (tests/test_translate.py, both families, greedy / beam 4 / n-best / length penalty). Made fresh for each
-    call: the first call of the criterion tells it the length of the decoder's prompt."""
-
-    def __init__(self, budgets: list[int]) -> None:
-        self.budgets = torch.tensor(budgets)
-        self.prompt: int | None = None
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.BoolTensor:
-        if self.prompt is None:  # called after every new token: the first time, the prompt + 1 token
-            self.prompt = input_ids.shape[1] - 1
-        candidates = input_ids.shape[0] // self.budgets.numel()  # 1, or the beam search's candidates per row
-        budgets = self.budgets.to(input_ids.device).repeat_interleave(candidates)  # (rows · candidates,)
-        return (input_ids.shape[1] - self.prompt) >= budgets
-
-
-def one_call_for_every_budget(generation: dict[str, Any]) -> bool:
-    """Whether `RowBudgets` gives rows of several budgets their own outputs in one call for these resolved generation
-    settings: greedy or sampling with one beam, or beam search with ``early_stopping=True`` (with ``False`` or
-    ``"never"`` transformers' search bounds a row's best possible score by the call's length limit, which is the
-    largest budget)."""
-    return (generation.get("num_beams") or 1) == 1 or generation.get("early_stopping") is True
 
 
 def rows_by_budget(budgets: list[int | None]) -> list[tuple[int | None, list[int]]]:
@@ -331,14 +302,6 @@ class TranslationPipeline(Pipeline):
         # budget are one `generate` call, so a translation never depends on the sentences batched with it.
         positions = getattr(self.model.config, "max_position_embeddings", None) or 1024
         budgets = [new_token_budget(int(n), positions) for n in model_inputs["attention_mask"].sum(-1)]
-        config = generate_kwargs.get("generation_config") or self.model.generation_config
-        resolved = {**config.to_dict(), **generate_kwargs}
-        if len(set(budgets)) > 1 and one_call_for_every_budget(resolved):
-            # one call, each row stopped at its own budget (`RowBudgets`): the same outputs as one call per budget
-            criteria = StoppingCriteriaList([*(generate_kwargs.get("stopping_criteria") or []), RowBudgets(budgets)])
-            output_ids = self.model.generate(**model_inputs, **{**generate_kwargs, "max_new_tokens": max(budgets),
-                                                                 "stopping_criteria": criteria})
-            return {"output_ids": output_ids.reshape(batch, output_ids.shape[0] // batch, *output_ids.shape[1:])}
         outputs: list[torch.Tensor] = [torch.empty(0)] * batch
         for budget, rows in rows_by_budget(budgets):
             index = torch.tensor(rows, device=model_inputs["input_ids"].device)

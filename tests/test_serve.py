@@ -44,7 +44,7 @@ else:
 from serve_fault_worker import FAULT_MAX_NEW_TOKENS  # noqa: E402
 
 from hf_deepnmt_training.cli import main  # noqa: E402
-from hf_deepnmt_training.serve import Batcher, Metrics, Settings, Source, choose_engine, load_translator  # noqa: E402
+from hf_deepnmt_training.serve import Batcher, Metrics, Settings, Source, choose_engine  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).resolve().parent / "serve_fault_worker.py"
@@ -473,11 +473,10 @@ def test_a_ctranslate2_export_is_served_by_ctranslate2(engine_servers):
 
 
 # ------------------------------------------------------------------------------------------------ batching rules
-def _run_batcher(jobs: list[tuple[str, list[int]]], max_batch_size: int, budget=lambda length: None,
-                 mixes_budgets: bool = False) -> list[list[tuple[str, int]]]:
+def _run_batcher(jobs: list[tuple[str, list[int]]], max_batch_size: int,
+                 budget=lambda length: None) -> list[list[tuple[str, int]]]:
     """Submit ``(parameters key, source lengths)`` jobs at once to a `Batcher` whose translation records its calls;
-    the calls as ``(key, length)`` lists. ``budget`` gives each source's new-token budget; ``mixes_budgets``: the
-    engine decodes texts of every budget in one call (`Settings.mixes_budgets`)."""
+    the calls as ``(key, length)`` lists. ``budget`` gives each source's new-token budget."""
     calls: list[list[tuple[str, int]]] = []
 
     def translate(sources, settings):
@@ -486,8 +485,7 @@ def _run_batcher(jobs: list[tuple[str, list[int]]], max_batch_size: int, budget=
 
     async def scenario():
         batcher = Batcher(translate, Metrics(), max_batch_size=max_batch_size, max_wait_ms=50, max_queue=100)
-        submitted = [batcher.submit(Settings(key=key, parameters={}, num_return_sequences=1,
-                                             mixes_budgets=mixes_budgets),
+        submitted = [batcher.submit(Settings(key=key, parameters={}, num_return_sequences=1),
                                     [(i, Source(length, None, budget(length))) for i, length in enumerate(lengths)],
                                     len(lengths))
                      for key, lengths in jobs]
@@ -510,29 +508,15 @@ def test_batches_never_mix_parameters_and_group_the_closest_lengths_with_the_old
                                                              [("a", 4), ("a", 5), ("a", 6)], [("b", 7)]]))
 
 
-def test_a_batch_holds_texts_of_one_new_token_budget_unless_the_engine_stops_each_at_its_own():
+def test_a_batch_holds_texts_of_one_new_token_budget():
     """Sentences of different new-token budgets (`new_token_budget` of their lengths: 1 → 16, 5 → 24, 12 → 32) are
-    batched apart when the engine would decode them in separate calls (CTranslate2; beam search without
-    ``early_stopping=True``), and together when one call stops each at its own budget (`RowBudgets`)."""
+    never batched together, since the engine would decode them in separate calls; those of one budget are."""
     from hf_deepnmt.pipeline_translation import new_token_budget
 
-    jobs = [("a", [1, 5, 12, 2]), ("a", [4, 12, 6])]
-    calls = _run_batcher(jobs, max_batch_size=8, budget=lambda length: new_token_budget(length, 512))
+    calls = _run_batcher([("a", [1, 5, 12, 2]), ("a", [4, 12, 6])], max_batch_size=8,
+                         budget=lambda length: new_token_budget(length, 512))
     assert sorted(map(sorted, calls)) == sorted(map(sorted, [[("a", 1), ("a", 2), ("a", 4)], [("a", 5), ("a", 6)],
                                                              [("a", 12), ("a", 12)]]))
-    calls = _run_batcher(jobs, max_batch_size=8, budget=lambda length: new_token_budget(length, 512),
-                         mixes_budgets=True)
-    assert sorted(map(sorted, calls)) == [sorted(("a", length) for _, lengths in jobs for length in lengths)]
-
-
-def test_the_pipeline_engine_mixes_budgets_only_where_one_call_gives_each_text_its_own(model_folder):
-    """`Settings.mixes_budgets` for the torch engine: the model's default (beam 4, ``early_stopping=True``) and greedy
-    search mix budgets; beam search with ``early_stopping`` False or "never" does not."""
-    translator = load_translator("torch", model_folder)
-    assert translator.prepare({}).mixes_budgets
-    assert translator.prepare({"num_beams": 1}).mixes_budgets
-    assert not translator.prepare({"num_beams": 4, "early_stopping": False}).mixes_budgets
-    assert not translator.prepare({"num_beams": 4, "early_stopping": "never"}).mixes_budgets
 
 
 def test_a_full_batch_does_not_wait_for_an_older_sentence_of_other_parameters():

@@ -78,50 +78,6 @@ def test_translations_do_not_depend_on_the_batch_size(budget_model, tiny_tokeniz
                            expected=alone)
 
 
-@pytest.mark.parametrize("settings", [dict(num_beams=1), dict(num_beams=4), dict(num_beams=4, num_return_sequences=3),
-                                      dict(num_beams=4, length_penalty=0.6)],
-                         ids=["greedy", "beam4", "beam4-nbest3", "beam4-length-penalty"])
-@pytest.mark.parametrize("family", ["transformer", "dtmt"])
-def test_one_generate_call_stops_each_row_at_its_own_budget(budget_model, tiny_tokenizer, family, settings):
-    """`RowBudgets`: rows of different new-token budgets decoded in one call (``max_new_tokens`` = the largest, each
-    row stopped at its own) give what one call per budget gives — the pipeline and `deepnmt serve` batch texts of
-    every budget together this way. The Transformer is the trained `budget_model` (some translations end, some run
-    to their budget); the DTMT is untrained (every row runs to its budget)."""
-    import torch
-    from conftest import dtmt_model
-    from search_parity import assert_same_search
-
-    from hf_deepnmt.pipeline_translation import RowBudgets, one_call_for_every_budget, rows_by_budget
-
-    model = budget_model if family == "transformer" else dtmt_model(vocab_size=len(tiny_tokenizer)).eval()
-    sentences = SENTENCES[::3]
-    inputs = tiny_tokenizer(sentences, padding=True, return_tensors="pt")
-    budgets = [new_token_budget(int(n), 64) for n in inputs["attention_mask"].sum(-1)]
-    assert len(set(budgets)) >= 3
-    settings = {**settings, "early_stopping": True, "do_sample": False}
-    assert one_call_for_every_budget(settings)
-    n_best = settings.get("num_return_sequences", 1)
-
-    def texts(output_ids) -> list[tuple[str]]:
-        return [(text,) for text in tiny_tokenizer.batch_decode(output_ids, skip_special_tokens=True)]
-
-    def per_budget(jitter=None) -> list[tuple[str]]:
-        rows: list = [None] * len(sentences)
-        with jittered(model, jitter), torch.no_grad():
-            for budget, members in rows_by_budget(budgets):
-                group = {name: value[members] for name, value in inputs.items()}
-                decoded = texts(model.generate(**group, max_new_tokens=budget, **settings))
-                for position, row in enumerate(members):
-                    rows[row] = decoded[position * n_best:(position + 1) * n_best]
-        return [text for row in rows for text in row]
-
-    with torch.no_grad():
-        one_call = model.generate(**inputs, max_new_tokens=max(budgets), stopping_criteria=[RowBudgets(budgets)],
-                                  **settings)
-    assert_same_search(per_budget, texts(one_call), n_best=n_best, what=f"{family} {settings}")
-    assert not one_call_for_every_budget({"num_beams": 4, "early_stopping": False})
-
-
 def test_the_pipeline_and_the_server_decode_each_text_with_its_own_budget(budget_model, tiny_tokenizer):
     """Without a length of the call's own, ``pipeline("translation")`` (so ``handler.py`` and `deepnmt serve`) gives
     each text `new_token_budget` new tokens, as `deepnmt translate` does: the same translations, whatever the

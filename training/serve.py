@@ -13,12 +13,10 @@ How a request is served:
 * the event loop checks the request (`hf_deepnmt.handler.check_request`, then the parameters: names, types, values)
   and tokenizes each text with the pipeline's own ``preprocess``; a text over ``--max_input_tokens`` is refused
   with 413 (the server never truncates); a request that does not fit in the queue gets 503 with ``Retry-After``;
-* its sentences join the queue of their *generation parameters*: requests with different parameters are never decoded
-  in one call. When the request sets no length, each sentence may have its own *new-token budget* (1.5 × the source
-  + 10, `hf_deepnmt.pipeline_translation.new_token_budget`, as every decoding path of the package gives a text): the
-  torch and ONNX engines decode sentences of every budget in one `generate` call, each row stopped at its own
-  (`RowBudgets`; greedy search, or beam search with ``early_stopping=True``, the models' default), while the
-  CTranslate2 engine, and beam search with another ``early_stopping``, queue sentences per budget as well;
+* its sentences join the queue of their *generation parameters* and, when the request sets no length, of their
+  *new-token budget* (1.5 × the source + 10, `hf_deepnmt.pipeline_translation.new_token_budget`, as every decoding
+  path of the package gives a text): requests with different parameters are never decoded in one call, and a batch
+  is one `generate` call whose length its sentences' own budget bounds;
 * `Batcher` hands one batch at a time to one worker thread: the oldest waiting sentence's parameters, as soon as
   ``--max_batch_size`` sentences of them wait or the oldest has waited ``--max_wait_ms`` (meanwhile, a full batch of
   other parameters goes first); when more wait than fit,
@@ -153,9 +151,6 @@ class Settings:
     preprocess: dict[str, Any] = field(default_factory=dict)
     forward: dict[str, Any] = field(default_factory=dict)
     postprocess: dict[str, Any] = field(default_factory=dict)
-    mixes_budgets: bool = False
-    """Whether one engine call decodes texts of different new-token budgets, each to its own (`RowBudgets`): the
-    pipeline engines when `one_call_for_every_budget` holds for the request's generation settings."""
 
 
 @dataclass
@@ -166,7 +161,7 @@ class Source:
     inputs: Any
     budget: int | None = None
     """Its new-token budget when the request sets no length (`hf_deepnmt.pipeline_translation.new_token_budget`):
-    the engine stops the text there (`Settings.mixes_budgets`), or the batcher batches texts of one budget."""
+    the batcher batches texts of one budget, which the engine decodes in one call."""
 
 
 def budget_of(length: int, forward: dict[str, Any], positions: int) -> int | None:
@@ -281,13 +276,10 @@ class PipelineTranslator:
             if limit is not None and value is not None and value > limit:
                 raise UserInputError(f"`parameters.{name}` = {value} is more than this model can generate "
                                      f"({limit}, its max_position_embeddings); use {limit} or less.")
-        from hf_deepnmt.pipeline_translation import one_call_for_every_budget
-
         return Settings(key=_settings_key(parameters), parameters=parameters,
                         num_return_sequences=int(parameters.get("num_return_sequences", 1) or 1),
                         preprocess={**pipeline._preprocess_params, **preprocess, "truncation": False},
-                        forward=forward, postprocess={**pipeline._postprocess_params, **postprocess},
-                        mixes_budgets=one_call_for_every_budget(setting))
+                        forward=forward, postprocess={**pipeline._postprocess_params, **postprocess})
 
     def encode(self, text: str, index: int, settings: Settings) -> Source:
         pipeline = self.pipeline
@@ -526,11 +518,9 @@ class Item:
 
     @property
     def queue(self) -> tuple[str, int | None]:
-        """Its queue: the request's generation parameters, and the sentence's new-token budget unless the engine
-        decodes texts of every budget in one call (`Settings.mixes_budgets`; otherwise a batch of several budgets
-        would be several calls)."""
-        settings = self.job.settings
-        return settings.key, None if settings.mixes_budgets else self.source.budget
+        """Its queue: the request's generation parameters and the sentence's new-token budget (texts of one budget
+        are decoded in one call, and a batch of several budgets would be several calls)."""
+        return self.job.settings.key, self.source.budget
 
 
 class Batcher:
