@@ -624,6 +624,11 @@ class DTMTPreTrainedModel(HubReadyMixin, PreTrainedModel):
         --torch_compile` calls it. The numbers equal eager's up to float rounding (dropout draws its own random
         numbers). ``mode``: `torch.compile`'s (None: inductor's default). ``enabled=False`` returns to the eager
         steps."""
+        from torch._inductor import list_mode_options
+
+        modes = sorted(list_mode_options())
+        if mode is not None and mode not in modes:
+            raise UserInputError(f"`mode` = {mode!r} is not a torch.compile mode; use one of {modes} or None.")
         for module in self.modules():
             if isinstance(module, _DTMTStack):
                 module.compiled_recurrence = enabled

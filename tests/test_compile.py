@@ -230,6 +230,10 @@ def test_torch_compile_of_a_dtmt_model_compiles_its_recurrence_not_the_whole_mod
 def test_torch_compile_refuses_what_cannot_work_for_dtmt(tmp_path):
     from hf_deepnmt_training.build import prepare_torch_compile
 
+    for model in (tiny_model(), dtmt_model()):  # a mode torch.compile does not know: one sentence, for each family
+        with pytest.raises(UserInputError, match="`--torch_compile_mode` = 'fastest' is not allowed; use one of"):
+            prepare_torch_compile(model, compile_args(tmp_path, torch_compile_mode="fastest"))
+
     with pytest.raises(UserInputError, match="`--torch_compile_backend` = 'aot_eager' is not allowed for a DTMT "
                                              "model"):
         prepare_torch_compile(dtmt_model(), compile_args(tmp_path, torch_compile_backend="aot_eager"))

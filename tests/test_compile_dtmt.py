@@ -136,3 +136,12 @@ def test_the_compiled_recurrence_trains_with_dropout_and_gradient_checkpointing(
     loss.backward()
     assert torch.isfinite(loss)
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+def test_compile_recurrence_refuses_an_unknown_mode_in_one_sentence():
+    from hf_deepnmt.errors import UserInputError
+
+    model = dtmt_model()
+    with pytest.raises(UserInputError, match=r"`mode` = 'fastest' is not a torch.compile mode; use one of \["):
+        model.compile_recurrence(mode="fastest")
+    assert not any(getattr(module, "compiled_recurrence", False) for module in model.modules())  # nothing half-set

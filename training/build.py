@@ -161,6 +161,11 @@ def prepare_torch_compile(model: torch.nn.Module, training_args: Seq2SeqTraining
     if not training_args.torch_compile:
         return None
     backend, mode = training_args.torch_compile_backend or "inductor", training_args.torch_compile_mode
+    from torch._inductor import list_mode_options
+
+    if mode is not None and mode not in list_mode_options():
+        raise UserInputError(f"`--torch_compile_mode` = {mode!r} is not allowed; use one of "
+                             f"{sorted(list_mode_options())} or leave it unset.")
     entry = MODEL_TYPES.get(getattr(model.config, "model_type", None))
     if entry is None or entry.family != DTMT:
         return (f"--torch_compile: the Trainer compiles the whole model ({backend}"
