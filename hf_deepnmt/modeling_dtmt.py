@@ -220,8 +220,8 @@ class DTMTTransition(nn.Module):
         unit = _RecurrentUnit.pack([block.unit for block in blocks])
         t_grus = [_RecurrentUnit.pack([block.t_grus[i] for block in blocks]) for i in range(len(first.t_grus))]
         return functools.partial(
-            compiled_function(_block_step, mode) if compiled else _block_step, unit=unit, t_grus=t_grus, num_gates=first.unit.num_gates,
-            linear_transformation=first.unit.linear_transformation, rnn_dropout=first.rnn_dropout,
+            compiled_function(_block_step, mode) if compiled else _block_step, unit=unit, t_grus=t_grus,
+            num_gates=first.unit.num_gates, linear_transformation=first.unit.linear_transformation, rnn_dropout=first.rnn_dropout,
             training=training, eps=first.eps)
 
 
@@ -241,7 +241,7 @@ def compiled_function(function: Callable[..., Any], mode: str | None = None) -> 
     target length never recompiles (compiling the whole model instead would unroll the loop, one graph per length).
     The parameters are arguments, so models of one shape share the graph; a new batch size or source length
     recompiles once, after which that size is symbolic (torch's automatic dynamic shapes); a new mode (training or
-    not, gradients on or off, autocast) adds a graph. The steps compile as one graph each (tests/test_compile.py
+    not, gradients on or off, autocast) adds a graph. The steps compile as one graph each (tests/test_compile_dtmt.py
     checks ``fullgraph=True``); should a run ever pass torch's recompile limit, torch warns and runs that step
     eagerly instead of failing. docs/meng2019-dtmt.md, "Speed"."""
     return torch.compile(function, mode=mode)
@@ -369,10 +369,11 @@ class DTMTEncoder(_DTMTStack):
         index = reverse_index(lengths, length).unsqueeze(-1)  # (B, S, 1)
         x_backward = x.gather(1, index.expand(-1, -1, d))  # (B, S, d): each sentence reversed within its length
         blocks = (self.forward_transition, self.backward_transition)
-        step = DTMTTransition.step_function(blocks, self.training, self._compiled_steps(), self.compile_mode)
+        compiled = self._compiled_steps()
+        step = DTMTTransition.step_function(blocks, self.training, compiled, self.compile_mode)
         h = x.new_zeros(2, batch, d)  # s_0 = 0
-        if step.func is not _block_step:  # compiled: a leaf that asks for a gradient whenever the steps' inputs do,
-            h.requires_grad_(x.requires_grad)  # so every step (the first too) sees one kind of state (`compiled_function`)
+        if compiled:  # a leaf that asks for a gradient whenever the steps' inputs do, so that every step (the first
+            h.requires_grad_(x.requires_grad)  # too) sees one kind of state (`compiled_function`)
         if torch.compiler.is_exporting():  # torch.onnx.export: one traced loop over the symbolic length
             inputs = torch.stack([x, x_backward]).permute(2, 0, 1, 3)  # (S, 2, B, d) time-major
             stacked = exported_recurrence(step, inputs, h, lambda xt: DTMTTransition.project_inputs(blocks, xt))
