@@ -78,7 +78,8 @@ def test_the_whole_dtmt_compiles_as_one_graph_for_a_training_and_a_decoding_step
 
 
 @pytest.mark.integration
-@pytest.mark.xfail(strict=True, reason="torch 2.13's inductor (CPU) gives wrong gradients for DTMT's unrolled decoder "
+@pytest.mark.xfail(strict=torch.__version__.startswith("2.13."),  # the torch run.sh pins; another torch: reported only
+                   reason="torch 2.13's inductor (CPU) gives wrong gradients for DTMT's unrolled decoder "
                    "loop (the initial state's and the query transition's, up to 80 % off; aot_eager and the compiled "
                    "recurrence are exact): compile DTMT with `compile_recurrence`, as --torch_compile does. Strict: "
                    "when a torch fixes it, this passes and must be turned into a plain test (docs/meng2019-dtmt.md)")
