@@ -227,6 +227,18 @@ def test_torch_compile_of_a_dtmt_model_compiles_its_recurrence_not_the_whole_mod
     assert trainer.accelerator.state.dynamo_plugin.backend == DynamoBackend.NO
 
 
+def test_torch_compile_options_that_cannot_work_are_refused_before_anything_is_written(small_corpus, tmp_path):
+    from hf_deepnmt_training.train import train
+
+    with pytest.raises(UserInputError, match="`--torch_compile_mode` = 'fastest' is not allowed"):
+        train(train_argv(small_corpus, tmp_path / "run", "--torch_compile_mode", "fastest"))
+    with pytest.raises(UserInputError, match="`--torch_compile_backend` = 'aot_eager' is not allowed for a DTMT"):
+        train(["--recipe", "meng2019-bible-dtmt4", "--train_file", str(small_corpus / "train.jsonl"),
+               "--validation_file", str(small_corpus / "valid.jsonl"), "--output_dir", str(tmp_path / "run"),
+               "--torch_compile_backend", "aot_eager"])
+    assert not (tmp_path / "run").exists()
+
+
 def test_torch_compile_refuses_what_cannot_work_for_dtmt(tmp_path):
     from hf_deepnmt_training.build import prepare_torch_compile
 

@@ -145,6 +145,26 @@ def new_or_loaded_model(model_args: ModelArguments, data_args: DataArguments, re
     return AutoModelForSeq2SeqLM.from_config(config)
 
 
+def check_torch_compile_options(training_args: Seq2SeqTrainingArguments, model_type: str | None) -> None:
+    """One sentence for ``--torch_compile`` options that cannot work: a mode torch.compile does not know, or another
+    backend than inductor for a DTMT model (``model_type``; None: not known yet). `deepnmt train` asks before it
+    writes anything; `prepare_torch_compile` asks again with the built model, for callers of the API."""
+    from torch._inductor import list_mode_options
+
+    if not training_args.torch_compile:
+        return
+    mode = training_args.torch_compile_mode
+    if mode is not None and mode not in list_mode_options():
+        raise UserInputError(f"`--torch_compile_mode` = {mode!r} is not allowed; use one of "
+                             f"{sorted(list_mode_options())} or leave it unset.")
+    entry = MODEL_TYPES.get(model_type)
+    backend = training_args.torch_compile_backend or "inductor"
+    if entry is not None and entry.family == DTMT and backend != "inductor":
+        raise UserInputError(f"`--torch_compile_backend` = {backend!r} is not allowed for a DTMT model: --torch_compile "
+                             "compiles its recurrence per timestep with inductor (compile_recurrence); leave the "
+                             "backend unset.")
+
+
 def prepare_torch_compile(model: torch.nn.Module, training_args: Seq2SeqTrainingArguments) -> str | None:
     """What ``--torch_compile`` compiles, set up on ``model`` and ``training_args`` before the Trainer is built; returns
     the sentence `deepnmt train` prints (None: no compilation). docs/training.md, "Compiling".
@@ -160,20 +180,13 @@ def prepare_torch_compile(model: torch.nn.Module, training_args: Seq2SeqTraining
     """
     if not training_args.torch_compile:
         return None
+    model_type = getattr(model.config, "model_type", None)
+    check_torch_compile_options(training_args, model_type)
     backend, mode = training_args.torch_compile_backend or "inductor", training_args.torch_compile_mode
-    from torch._inductor import list_mode_options
-
-    if mode is not None and mode not in list_mode_options():
-        raise UserInputError(f"`--torch_compile_mode` = {mode!r} is not allowed; use one of "
-                             f"{sorted(list_mode_options())} or leave it unset.")
-    entry = MODEL_TYPES.get(getattr(model.config, "model_type", None))
+    entry = MODEL_TYPES.get(model_type)
     if entry is None or entry.family != DTMT:
         return (f"--torch_compile: the Trainer compiles the whole model ({backend}"
                 + (f", mode {mode}" if mode else "") + "); batch and length dimensions are dynamic")
-    if backend != "inductor":
-        raise UserInputError(f"`--torch_compile_backend` = {backend!r} is not allowed for a DTMT model: --torch_compile "
-                             "compiles its recurrence per timestep with inductor (compile_recurrence); leave the "
-                             "backend unset.")
     compile_recurrence = getattr(model, "compile_recurrence", None)
     if compile_recurrence is None:
         raise UserInputError(f"--torch_compile: this {type(model).__name__} has no `compile_recurrence` (code saved by "

@@ -27,7 +27,8 @@ from transformers import (
 from hf_deepnmt.errors import UserInputError
 
 from .arguments import TRAIN_ALIASES, canonical_options, quiet_libraries
-from .build import build_model, load_or_train_tokenizer, lr_scheduler_factory, optimizer_setting, prepare_torch_compile
+from .build import (build_model, check_torch_compile_options, load_or_train_tokenizer, lr_scheduler_factory,
+                    optimizer_setting, prepare_torch_compile)
 from .checkpoints import resume_target
 from .clock import RunClock
 from .data import DataArguments, DataError, length_column
@@ -172,10 +173,12 @@ def train(argv: Sequence[str], clock: RunClock | None = None) -> TrainOutcome:
     model_args, data_args, training_args, recipe = parse_train_args(argv)
     quiet_libraries()
     schedule = lr_scheduler_factory(model_args, training_args)
+    model_type = None
     if not model_args.model_name_or_path:  # a bad model config fails now, not after the tokenizer is trained
         model_type, fields = model_fields(model_args.config_name, model_args.config_overrides, model_args.model_type,
                                           recipe["model"])
         AutoConfig.for_model(model_type, **fields)
+    check_torch_compile_options(training_args, model_type)  # before anything is written
     push_repo = training_args.hub_model_id if training_args.push_to_hub else None
     if training_args.push_to_hub:
         training_args.push_to_hub = False  # we push once, at the end, with our card (hf_deepnmt_training.hub)
