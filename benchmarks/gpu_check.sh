@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The checks of a lent GPU machine in one call (docs: benchmarks/RESULTS.md, GPU sections; /work/.library/device):
+# The checks of a lent GPU machine in one call (benchmarks/RESULTS.md, sections `gpu` and `gpu_dtmt`):
 #   OUT=<folder> bash benchmarks/gpu_check.sh [SECTIONS]
 # Runs from a copy of the repository on the device: installs the wheels carried in .whl/ (packages the device image
 # lacks, e.g. datasets) into /tmp/site, measures the benchmark SECTIONS (default gpu_dtmt) merged into a copy of
