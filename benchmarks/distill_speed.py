@@ -15,7 +15,8 @@ machine:
   ``torchrun --nproc_per_node 2`` with 1 thread per process, end to end (interpreter start and model load
   included, as a user sees it).
 
-Writes ``speed`` into ``benchmarks/experiments/results/distill_bible.json`` (``--results``) and re-renders its markdown.
+Writes ``speed`` into ``benchmarks/experiments/results/distill_bible.json`` (``--results``; with ``--student_steps N``,
+the study's ``distill_bible_<N>steps.json``) and re-renders its markdown.
 
     python -m benchmarks.distill_speed --work_dir runs/distill_bible                   # both sections
     python -m benchmarks.distill_speed --work_dir runs/distill_bible --sections shards  # one
@@ -174,9 +175,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--shard_sentences", type=int, default=1000)
+    parser.add_argument("--student_steps", type=int, default=None,
+                        help="The study's --student_steps: its results are distill_bible_<N>steps.json.")
     args = parser.parse_args()
     work, results = Path(args.work_dir), Path(args.results)
-    path = results / "distill_bible.json"
+    name = "distill_bible" if args.student_steps is None else f"distill_bible_{args.student_steps}steps"
+    path = results / f"{name}.json"
     report = json.loads(path.read_text()) if path.is_file() else {"runs": {}}
     speed = report.get("speed") or {}
     sections = [section.strip() for section in args.sections.split(",") if section.strip()]
@@ -193,7 +197,7 @@ def main() -> None:
     path.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     from benchmarks.experiments.distill_bible import render
 
-    (results / "distill_bible.md").write_text(render(report), encoding="utf-8")
+    (results / f"{name}.md").write_text(render(report), encoding="utf-8")
     print("\n".join(speed["table"]))
 
 

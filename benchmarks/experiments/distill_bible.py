@@ -22,6 +22,14 @@ the same results.
     python -m benchmarks.experiments.distill_bible --smoke               # minutes: tiny steps and 200 sentences
     python -m benchmarks.experiments.distill_bible --render_only         # the markdown from the JSON
 
+Longer students: ``--student_steps N`` trains both students N steps instead of the recipe's 1400 (the learning-rate
+schedule, inverse square root, does not depend on the run length, so their first 1400 steps are the default run's) and
+writes ``results/distill_bible_<N>steps.{json,md}``. On a machine with two cores the study runs in two lanes at once:
+``--only NAME[,NAME]`` runs only those runs (each run's outcome is kept in ``WORK_DIR/entries/NAME.json``, so lanes do
+not overwrite each other's), ``--translate_processes 2`` shares the distillation's translation stage between two
+``torchrun`` processes (one thread each; their output is line for line the one process's, tests/test_corpus_translation.py)
+and trains the student in one process after it; a last run without ``--only`` collects every run and writes the page.
+
 Report whatever happens.
 """
 
@@ -30,6 +38,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
 import time
@@ -38,6 +48,8 @@ from pathlib import Path
 from .common import experiment_parser
 
 NAME = "distill_bible"
+RUN_NAMES = ("teacher-a", "teacher-b", "ensemble", "distilled-student", "original-student",
+             "distilled-student-onnx-int8", "distilled-student-ctranslate2-int8", "ensemble-tuned")
 TEST_FILE = "corpus:web-sparv/test.jsonl.gz"
 
 
@@ -49,11 +61,14 @@ def steps(args: argparse.Namespace) -> list[tuple[str, Path, list[str]]]:
     small = ["--max_steps", "20", "--eval_steps", "10", "--save_steps", "10", "--max_train_samples", "400",
              "--max_eval_samples", "20", "--max_predict_samples", "40"] if args.smoke else []
     threads = ["--threads", str(args.threads)]
+    teacher_small = list(small)
+    if args.student_steps is not None:
+        small = [*small, "--max_steps", str(args.student_steps)]
     return [
         ("teacher-a", teacher_a, ["train", "--recipe", "quickstart", "--output_dir", str(teacher_a), "--seed", "42",
-                                  *small]),
+                                  *teacher_small]),
         ("teacher-b", teacher_b, ["train", "--recipe", "quickstart", "--output_dir", str(teacher_b), "--seed", "43",
-                                  "--tokenizer_name", str(teacher_a), *small]),
+                                  "--tokenizer_name", str(teacher_a), *teacher_small]),
         ("ensemble", work / "ensemble", ["evaluate", "--model", str(teacher_a), str(teacher_b), "--test_file",
                                          TEST_FILE, "--num_beams", "4", "--output_json",
                                          str(work / "ensemble" / "scores.json"),
@@ -155,15 +170,97 @@ def smoke_training_file(path: Path) -> None:
         path.write_text("".join(line for _, line in zip(range(200), handle)), encoding="utf-8")
 
 
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def translate_in_processes(deepnmt: list[str], folder: Path, processes: int, env: dict, log: object) -> int:
+    """Run ``deepnmt distill`` under ``torchrun`` with ``processes`` processes until its translation and dataset stages
+    are complete (the manifest says so), then stop it: the student is trained afterwards by one process, exactly as
+    without this option. Returns torchrun's exit code, or 0 when it was stopped after the dataset stage."""
+    manifest = folder / "distill.json"
+
+    def dataset_done() -> bool:
+        try:
+            return "dataset" in json.loads(manifest.read_text())["completed"]
+        except (OSError, ValueError, KeyError):
+            return False
+
+    if dataset_done():
+        return 0
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes), "--master_port",
+               str(free_port()), "-m", "hf_deepnmt_training.cli", *deepnmt]
+    process = subprocess.Popen(command, env=env, stdout=log, stderr=log, start_new_session=True)
+    while process.poll() is None:
+        if dataset_done():
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+            return 0
+        time.sleep(5)
+    return 0 if dataset_done() else process.returncode
+
+
+def run_one(name: str, folder: Path, deepnmt: list[str], args: argparse.Namespace, env: dict) -> dict:
+    """Run one step of the study (unless its folder is complete); its outcome is kept in ``WORK_DIR/entries``."""
+    work = Path(args.work_dir)
+    kept = work / "entries" / f"{name}.json"
+    entry = json.loads(kept.read_text()) if kept.is_file() else {}
+    if not done(name, folder):
+        (folder if name == "ensemble" or name.endswith("-int8") else folder.parent).mkdir(parents=True, exist_ok=True)
+        begun = time.time()
+        with open(work / f"{name}.log", "a") as log:
+            code = 0
+            if name == "distilled-student" and args.translate_processes > 1:
+                code = translate_in_processes(deepnmt, folder, args.translate_processes, env, log)
+            if code == 0:
+                code = subprocess.run([sys.executable, "-m", "hf_deepnmt_training.cli", *deepnmt], env=env,
+                                      stdout=log, stderr=log, check=False).returncode
+        if code == 0 and name.endswith("-int8"):
+            score_export(folder, 40 if args.smoke else None)
+        entry = {"exit_code": code, "wall_minutes": round((time.time() - begun) / 60, 1)}
+        if args.only is not None:
+            entry["lane"] = True
+        if name == "distilled-student" and args.translate_processes > 1:
+            entry["translate_processes"] = args.translate_processes
+        if code != 0:
+            print(f"{name}: exit {code}; see {work / f'{name}.log'}", file=sys.stderr)
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        kept.write_text(json.dumps(entry, indent=2) + "\n")
+    entry.update(command="deepnmt " + " ".join(deepnmt), folder=str(folder), test=test_scores(name, folder))
+    if name == "distilled-student" and (folder / "distill.json").is_file():
+        entry["distill"] = json.loads((folder / "distill.json").read_text())["completed"]
+    print(f"{name}: test {(entry.get('test') or {}).get('bleu')}", file=sys.stderr, flush=True)
+    return entry
+
+
 def main() -> None:
     parser = experiment_parser(__doc__, work_dir="runs/distill_bible", threads=1)
     parser.add_argument("--smoke", action="store_true", help="Tiny steps and data: checks the script, measures "
                         "nothing (results go to WORK_DIR, not --results).")
+    parser.add_argument("--student_steps", type=int, default=None, help="Training steps of both students (default: "
+                        "the student recipe's 1400); the results go to distill_bible_<N>steps.{json,md}.")
+    parser.add_argument("--only", default=None, help="Comma-separated runs to do now (a lane of a parallel study): "
+                        f"of {RUN_NAMES}; without it, every run in order and the results page.")
+    parser.add_argument("--translate_processes", type=int, default=1, help="Processes (torchrun, one thread each) "
+                        "that share the distillation's translation stage; the student then trains in one process.")
     args = parser.parse_args()
+    only = None if args.only is None else [name.strip() for name in args.only.split(",") if name.strip()]
+    unknown = sorted(set(only or ()) - set(RUN_NAMES))
+    if unknown:
+        parser.error(f"--only {args.only!r} names {unknown}; the runs are {RUN_NAMES}")
+    if args.translate_processes < 1:
+        parser.error(f"--translate_processes {args.translate_processes} must be 1 or more")
+    name = NAME if args.student_steps is None else f"{NAME}_{args.student_steps}steps"
     results = Path(args.work_dir) if args.smoke else Path(args.results)
     if args.render_only:
-        report = json.loads((results / f"{NAME}.json").read_text())
-        write_markdown(report, results / f"{NAME}.md")
+        report = json.loads((results / f"{name}.json").read_text())
+        write_markdown(report, results / f"{name}.md")
         return
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
@@ -172,30 +269,24 @@ def main() -> None:
         smoke_training_file(work / "smoke-train.jsonl")
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "HF_HUB_OFFLINE": "1",
            "TOKENIZERS_PARALLELISM": "false"}
-    path = results / f"{NAME}.json"
+    if only is not None:
+        for step in steps(args):
+            if step[0] in only and run_one(*step, args, env).get("exit_code", 0) != 0:
+                sys.exit(1)
+        if "ensemble-tuned" in only:
+            tune_ensemble_weights(args, env)
+        return
+    path = results / f"{name}.json"
     report = json.loads(path.read_text()) if path.is_file() else {"runs": {}}
     report["command"] = " ".join(["python", "-m", "benchmarks.experiments.distill_bible", *sys.argv[1:]])
     report["threads"] = args.threads
-    for name, folder, deepnmt in steps(args):
-        entry = report["runs"].get(name, {})
-        if not done(name, folder):
-            (folder if name == "ensemble" or name.endswith("-int8") else folder.parent).mkdir(parents=True,
-                                                                                           exist_ok=True)
-            begun = time.time()
-            with open(work / f"{name}.log", "a") as log:
-                code = subprocess.run([sys.executable, "-m", "hf_deepnmt_training.cli", *deepnmt], env=env, stdout=log,
-                                      stderr=log).returncode
-            if code == 0 and name.endswith("-int8"):
-                score_export(folder, 40 if args.smoke else None)
-            entry = {"exit_code": code, "wall_minutes": round((time.time() - begun) / 60, 1)}
-            if code != 0:
-                print(f"{name}: exit {code}; see {work / f'{name}.log'}", file=sys.stderr)
-        entry.update(command="deepnmt " + " ".join(deepnmt), folder=str(folder), test=test_scores(name, folder))
-        if name == "distilled-student" and (folder / "distill.json").is_file():
-            entry["distill"] = json.loads((folder / "distill.json").read_text())["completed"]
-        report["runs"][name] = entry
+    if args.student_steps is not None:
+        report["student_steps"] = args.student_steps
+    for step in steps(args):
+        entry = run_one(*step, args, env)
+        report["runs"][step[0]] = entry
+        report["lanes"] = report.get("lanes", False) or bool(entry.get("lane"))
         path.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
-        print(f"{name}: test {(entry.get('test') or {}).get('bleu')}", file=sys.stderr, flush=True)
         if entry.get("exit_code", 0) != 0:
             break
     else:
@@ -203,7 +294,7 @@ def main() -> None:
         path.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
         print(f"ensemble-tuned: weights {report['runs']['ensemble-tuned']['weights']}, test "
               f"{report['runs']['ensemble-tuned']['test']['bleu']}", file=sys.stderr, flush=True)
-    write_markdown(report, results / f"{NAME}.md")
+    write_markdown(report, results / f"{name}.md")
 
 
 def write_markdown(report: dict, path: Path) -> None:
@@ -218,15 +309,18 @@ def _bleu(report: dict, name: str) -> float | None:
 def render(report: dict) -> str:
     """The results page: the scores with their commands, the goals, the speed section when measured."""
     runs = report["runs"]
+    steps = f", {report['student_steps']} steps," if "student_steps" in report else ""
+    how_run = ("two runs at a time in two lanes (`--only`, the script's docstring): that changes their minutes, not "
+               "their results" if report.get("lanes") else "one run at a time")
     rows = [("teacher A (quickstart, seed 42)", "teacher-a"), ("teacher B (quickstart, seed 43)", "teacher-b"),
             ("ensemble A + B (mean of probabilities)", "ensemble"),
             ("ensemble A + B, weights chosen on the validation verses", "ensemble-tuned"),
-            ("student 6-2 on the distilled data", "distilled-student"),
-            ("student 6-2 on the original data", "original-student"),
+            (f"student 6-2{steps} on the distilled data", "distilled-student"),
+            (f"student 6-2{steps} on the original data", "original-student"),
             ("the distilled student, ONNX Runtime int8", "distilled-student-onnx-int8"),
             ("the distilled student, CTranslate2 int8", "distilled-student-ctranslate2-int8")]
     lines = ["# Distillation on the embedded corpus: two teachers, their ensemble, a distilled student", "",
-             f"Command: `{report.get('command')}` ({report.get('threads')} CPU thread per run, one run at a time). "
+             f"Command: `{report.get('command')}` ({report.get('threads')} CPU thread per run, {how_run}). "
              "Test: the 998 verses of the held-out books, beam 4. Every command below ran as written "
              "(`deepnmt` = `python -m hf_deepnmt_training.cli`).", "",
              "| model | test BLEU | chrF | minutes | command |", "|---|---|---|---|---|"]
