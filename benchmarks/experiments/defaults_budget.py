@@ -1,0 +1,219 @@
+"""Issue 41: `deepnmt train`'s defaults against a small sweep, at several corpus sizes and time budgets.
+
+Every run is the command a user types — training, validation and test files, a language pair and
+``--max_train_minutes`` — and a row adds at most one ``--config_overrides``: ``defaults`` adds nothing (the NMT
+defaults of training/defaults.py, docs/defaults.md), the other rows change one regularization or size setting each
+(`ROWS`). A budget run validates by the clock and keeps its best checkpoint by validation BLEU (docs/defaults.md), so
+each row's test score is its best checkpoint's, beam 4, on the first ``--test_samples`` verses of the held-out books.
+
+The corpora are ones no default was tuned on: the embedded Bible corpus in the direction the project never tuned,
+Spanish → English, at several sizes (``--sizes``: a seeded random sample of the 29,024 training pairs, written to
+``WORK_DIR/corpora``; ``full`` is all of them). Validation: the 983 held-out validation verses (the defaults' sample).
+
+Runs go ``--parallel`` at a time with ``--threads`` CPU threads each (two at a time, one thread each, on a 2-core
+machine: a budget is then CPU-minutes), longest budget first; a finished run (its folder's ``metrics.json``) is not run
+again, so a killed study continues where it stopped and ``--budgets``/``--sizes`` can be run in parts.
+
+    python -m benchmarks.experiments.defaults_budget                                  # the whole study
+    python -m benchmarks.experiments.defaults_budget --budgets 10                      # one budget of it
+    python -m benchmarks.experiments.defaults_budget --sizes 400 --budgets 0.3 --rows defaults --test_samples 8 \\
+        --work_dir /tmp/defaults-smoke --results /tmp/defaults-smoke                   # smoke: measures nothing
+
+Writes ``defaults_budget.json`` and ``defaults_budget.md`` under ``--results``; the JSON keeps every run ever
+finished in ``WORK_DIR`` (runs of one study may come from several sessions).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .common import chosen_rows, experiment_parser, history, render_only, series
+
+NAME = "defaults_budget"
+# Row -> the `deepnmt train` options it adds to the user's command (`defaults`: none).
+ROWS: dict[str, list[str]] = {
+    "defaults": [],
+    "dropout0.1": ["--config_overrides", "dropout=0.1"],
+    "dropout0.3": ["--config_overrides", "dropout=0.3"],
+    "d256-dropout0.3": ["--config_overrides", "d_model=256,encoder_ffn_dim=1024,decoder_ffn_dim=1024,dropout=0.3"],
+}
+TRAIN = "corpus:web-sparv/train.jsonl.gz"
+VALIDATION = "corpus:web-sparv/valid.jsonl.gz"
+TEST = "corpus:web-sparv/test.jsonl.gz"
+
+
+def corpus(work: Path, size: str) -> str:
+    """The training file of ``size`` (a number of pairs, or ``full``): a seeded sample of the embedded training pairs
+    (same seed for every size, so a smaller corpus is not a subset of a larger one by construction), in their order."""
+    if size == "full":
+        return TRAIN
+    from hf_deepnmt_training.corpus import corpus_dir
+
+    path = work / "corpora" / f"train-{size}.jsonl"
+    if not path.is_file():
+        with gzip.open(corpus_dir() / "train.jsonl.gz", "rt", encoding="utf-8") as handle:
+            lines = handle.readlines()
+        if int(size) > len(lines):
+            raise SystemExit(f"--sizes {size}: the embedded corpus has {len(lines)} training pairs")
+        chosen = sorted(random.Random(0).sample(range(len(lines)), int(size)))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(".partial")
+        partial.write_text("".join(lines[index] for index in chosen), encoding="utf-8")
+        partial.replace(path)
+    return str(path)
+
+
+def train_arguments(args: argparse.Namespace, train_file: str, output_dir: Path, budget: str, row: str) -> list[str]:
+    return ["train", "--train_file", train_file, "--validation_file", VALIDATION, "--test_file", TEST,
+            "--source_lang", args.source_lang, "--target_lang", args.target_lang, "--output_dir", str(output_dir),
+            "--max_train_minutes", budget, "--max_predict_samples", str(args.test_samples), "--disable_tqdm", "true",
+            "--report_to", "none", "--seed", "1", *ROWS[row]]
+
+
+def run_name(size: str, budget: str, row: str) -> str:
+    return f"{size}-{budget}min-{row}"
+
+
+def describe(folder: Path, log_path: Path, code: int, arguments: list[str], minutes: float) -> dict:
+    """What a finished run reports: its test scores, steps, the checkpoint it kept, its validation curve."""
+    text = log_path.read_text(errors="replace") if log_path.is_file() else ""
+    run: dict = {"exit_code": code, "command": "deepnmt " + " ".join(arguments), "wall_minutes": round(minutes, 1)}
+    if code != 0 or not (folder / "metrics.json").is_file():
+        run["log_tail"] = text[-2000:]
+        return run
+    metrics = json.loads((folder / "metrics.json").read_text())
+    state = json.loads((folder / "trainer_state.json").read_text())
+    config = json.loads((folder / "config.json").read_text())
+    run.update({
+        "test": {key: metrics["test"].get(key) for key in ("bleu", "chrf", "ter")} if metrics.get("test") else None,
+        "steps": state["global_step"], "best_checkpoint": state.get("best_model_checkpoint"),
+        "best_metric": state.get("best_metric"),
+        "model": {key: config.get(key) for key in ("d_model", "encoder_layers", "decoder_layers", "encoder_ffn_dim",
+                                                    "dropout", "vocab_size")},
+        "eval_bleu": series(history(folder), "eval_bleu"),
+        "kept": next((line.split("]", 1)[1].strip() for line in text.splitlines() if "kept the best" in line), None),
+    })
+    return run
+
+
+def main() -> None:
+    parser = experiment_parser(__doc__, work_dir="runs/defaults_budget", threads=1, rows=",".join(ROWS),
+                               row_names=ROWS, test_samples=500, parallel=2)
+    parser.add_argument("--sizes", default="10000,20000,full", help="Comma-separated training-set sizes (pairs, or "
+                        "full = all 29,024).")
+    parser.add_argument("--budgets", default="10,30", help="Comma-separated --max_train_minutes of the runs.")
+    parser.add_argument("--source_lang", default="es")
+    parser.add_argument("--target_lang", default="en")
+    args = parser.parse_args()
+    if render_only(args, NAME, render):
+        return
+    rows = chosen_rows(parser, args.rows, ROWS)
+    sizes = [size.strip() for size in args.sizes.split(",") if size.strip()]
+    budgets = [budget.strip() for budget in args.budgets.split(",") if budget.strip()]
+    for value in sizes:
+        if value != "full" and not value.isdigit():
+            parser.error(f"--sizes: {value!r} is neither a number of pairs nor 'full'")
+    for value in budgets:
+        try:
+            float(value)
+        except ValueError:
+            parser.error(f"--budgets: {value!r} is not a number of minutes")
+    work, results = Path(args.work_dir), Path(args.results)
+    work.mkdir(parents=True, exist_ok=True)
+    results.mkdir(parents=True, exist_ok=True)
+    path = results / f"{NAME}.json"
+    report = json.loads(path.read_text()) if path.is_file() else {"runs": {}}
+    report.update(command=" ".join(["python", "-m", f"benchmarks.experiments.{NAME}", *sys.argv[1:]]),
+                  threads=args.threads, parallel=args.parallel, direction=f"{args.source_lang}-{args.target_lang}",
+                  test_samples=args.test_samples, rows={row: ROWS[row] for row in ROWS})
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    todo = []
+    for budget in sorted(budgets, key=float, reverse=True):  # the long runs first: the end comes sooner
+        for size in sizes:
+            for row in rows:
+                name = run_name(size, budget, row)
+                folder = work / name
+                if (folder / "metrics.json").is_file() and name in report["runs"]:
+                    continue
+                todo.append((name, folder, train_arguments(args, corpus(work, size), folder, budget, row),
+                             {"size": size, "budget_minutes": float(budget), "row": row}))
+    running: list[tuple[str, Path, list[str], dict, subprocess.Popen, object, float]] = []
+    while todo or running:
+        while todo and len(running) < args.parallel:
+            name, folder, arguments, key = todo.pop(0)
+            if folder.exists() and not (folder / "metrics.json").is_file():
+                import shutil
+
+                shutil.rmtree(folder)  # a run killed half-way starts again: a budget run is measured whole
+            log = (work / f"{name}.log").open("w")
+            process = subprocess.Popen([sys.executable, "-m", "hf_deepnmt_training.cli", *arguments], env=env,
+                                       stdout=log, stderr=subprocess.STDOUT)
+            running.append((name, folder, arguments, key, process, log, time.time()))
+            print(f"started {name}", file=sys.stderr, flush=True)
+        time.sleep(2)
+        for entry in list(running):
+            name, folder, arguments, key, process, log, started = entry
+            if process.poll() is None:
+                continue
+            running.remove(entry)
+            log.close()
+            run = describe(folder, work / f"{name}.log", process.returncode, arguments, (time.time() - started) / 60)
+            report["runs"][name] = {**key, **run}
+            path.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+            print(f"{name}: test {(run.get('test') or {}).get('bleu')}", file=sys.stderr, flush=True)
+    render(report, results)
+
+
+def render(report: dict, results: Path) -> None:
+    """The results page: per budget, one line per corpus size with each row's test BLEU, the sweep's best and the
+    defaults' distance to it; then every run with its command."""
+    runs = report["runs"]
+    rows = list(report.get("rows") or ROWS)
+    source, target = report.get("direction", "es-en").split("-")
+    lines = ["# Defaults vs a small sweep, by corpus size and time budget (issue 41)", "",
+             f"Command: `{report.get('command')}` ({report.get('parallel')} runs at a time, "
+             f"{report.get('threads')} CPU thread each). Corpus: the embedded Bible corpus {source}→{target} (a "
+             "direction no default was tuned on), a seeded sample of its training pairs per size; test: the first "
+             f"{report.get('test_samples')} verses of the held-out books, beam 4, of the checkpoint each run kept "
+             "(best validation BLEU). Rows (`deepnmt train` options added to the user's command):", ""]
+    lines += [f"- `{row}`: `{' '.join(report['rows'][row]) or '(nothing: the defaults)'}`" for row in rows]
+    budgets = sorted({run["budget_minutes"] for run in runs.values()})
+    sizes = sorted({run["size"] for run in runs.values()}, key=lambda size: float("inf") if size == "full" else
+                   int(size))
+    for budget in budgets:
+        lines += ["", f"## {budget:g} minutes of training", "",
+                  "| pairs | " + " | ".join(rows) + " | best | defaults − best |",
+                  "|---|" + "---|" * (len(rows) + 2)]
+        for size in sizes:
+            cells, scores = [], {}
+            for row in rows:
+                run = runs.get(run_name(size, f"{budget:g}", row)) or {}
+                bleu = (run.get("test") or {}).get("bleu")
+                if bleu is not None:
+                    scores[row] = bleu
+                cells.append("–" if not run else f"{bleu} ({run.get('steps')} steps)" if bleu is not None
+                             else f"failed (exit {run.get('exit_code')})")
+            best = max(scores, key=scores.get) if scores else None
+            gap = (f"{scores['defaults'] - scores[best]:+.2f}" if best is not None and "defaults" in scores
+                   else "–")
+            label = "29,024 (full)" if size == "full" else f"{int(size):,}"
+            lines.append(f"| {label} | " + " | ".join(cells) + f" | {best or '–'} | {gap} |")
+    lines += ["", "## Every run", "", "| run | test BLEU | chrF | steps | kept | minutes (wall) | command |",
+              "|---|---|---|---|---|---|---|"]
+    for name, run in runs.items():
+        test = run.get("test") or {}
+        lines.append(f"| {name} | {test.get('bleu', 'failed')} | {test.get('chrf', '')} | {run.get('steps', '')} | "
+                     f"{run.get('kept') or ''} | {run.get('wall_minutes')} | `{run.get('command')}` |")
+    (results / f"{NAME}.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
