@@ -19,6 +19,10 @@ again, so a killed study continues where it stopped and ``--budgets``/``--sizes`
     python -m benchmarks.experiments.defaults_budget --sizes 400 --budgets 0.3 --rows defaults --test_samples 8 \\
         --work_dir /tmp/defaults-smoke --results /tmp/defaults-smoke                   # smoke: measures nothing
 
+With ``--average_last K`` (default 2; 0: off) each finished run's last K checkpoints are also averaged (`deepnmt
+average-checkpoints`) and the average scored on the same test verses (`deepnmt evaluate`, beam 4): issue 41 asks that
+averaging be applied by default only where it is measured to help.
+
 Writes ``defaults_budget.json`` and ``defaults_budget.md`` under ``--results``; the JSON keeps every run ever
 finished in ``WORK_DIR`` (runs of one study may come from several sessions).
 """
@@ -104,12 +108,37 @@ def describe(folder: Path, log_path: Path, code: int, arguments: list[str], minu
     return run
 
 
+def average(folder: Path, last: int, args: argparse.Namespace, env: dict, log_path: Path) -> dict | None:
+    """Average the run's last ``last`` checkpoints and score the average like the run's own test; None when the run
+    kept fewer checkpoints."""
+    if len(list(folder.glob("checkpoint-*"))) < last:
+        return None
+    averaged = folder / f"averaged-last{last}"
+    scores = averaged / "scores.json"
+    commands = [["average-checkpoints", str(folder), "--last", str(last), "--output", str(averaged)],
+                ["evaluate", str(averaged), "--test_file", TEST, "--source_lang", args.source_lang, "--target_lang",
+                 args.target_lang, "--num_beams", "4", "--max_samples", str(args.test_samples), "--output_json",
+                 str(scores)]]
+    with log_path.open("a") as log:
+        for command in commands:
+            if command[0] == "average-checkpoints" and (averaged / "model.safetensors").is_file():
+                continue
+            if subprocess.run([sys.executable, "-m", "hf_deepnmt_training.cli", *command], env=env, stdout=log,
+                              stderr=subprocess.STDOUT, check=False).returncode != 0:
+                return {"failed": "deepnmt " + " ".join(command)}
+    test = json.loads(scores.read_text())
+    return {"last": last, "test": {key: test.get(key) for key in ("bleu", "chrf", "ter")},
+            "commands": ["deepnmt " + " ".join(command) for command in commands]}
+
+
 def main() -> None:
     parser = experiment_parser(__doc__, work_dir="runs/defaults_budget", threads=1, rows=",".join(ROWS),
                                row_names=ROWS, test_samples=500, parallel=2)
     parser.add_argument("--sizes", default="10000,20000,full", help="Comma-separated training-set sizes (pairs, or "
                         "full = all 29,024).")
     parser.add_argument("--budgets", default="10,30", help="Comma-separated --max_train_minutes of the runs.")
+    parser.add_argument("--average_last", type=int, default=2, help="Also score the average of each run's last "
+                        "this many checkpoints (0: no averaging).")
     parser.add_argument("--source_lang", default="es")
     parser.add_argument("--target_lang", default="en")
     args = parser.parse_args()
@@ -166,6 +195,8 @@ def main() -> None:
             running.remove(entry)
             log.close()
             run = describe(folder, work / f"{name}.log", process.returncode, arguments, (time.time() - started) / 60)
+            if run.get("test") and args.average_last > 0:
+                run["averaged"] = average(folder, args.average_last, args, env, work / f"{name}.log")
             report["runs"][name] = {**key, **run}
             path.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
             print(f"{name}: test {(run.get('test') or {}).get('bleu')}", file=sys.stderr, flush=True)
@@ -206,12 +237,23 @@ def render(report: dict, results: Path) -> None:
                    else "–")
             label = "29,024 (full)" if size == "full" else f"{int(size):,}"
             lines.append(f"| {label} | " + " | ".join(cells) + f" | {best or '–'} | {gap} |")
-    lines += ["", "## Every run", "", "| run | test BLEU | chrF | steps | kept | minutes (wall) | command |",
-              "|---|---|---|---|---|---|---|"]
+        deltas = [run["averaged"]["test"]["bleu"] - run["test"]["bleu"] for run in runs.values()
+                  if run["budget_minutes"] == budget and run.get("test") and (run.get("averaged") or {}).get("test")]
+        if deltas:
+            lines += ["", f"Averaging the last checkpoints instead of keeping the best one: test BLEU "
+                      f"{min(deltas):+.2f} … {max(deltas):+.2f} (mean {sum(deltas) / len(deltas):+.2f}) over "
+                      f"{len(deltas)} runs (column *averaged* below)."]
+    lines += ["", "## Every run", "",
+              "| run | test BLEU | chrF | steps | kept | averaged (last K: BLEU) | minutes (wall) | command |",
+              "|---|---|---|---|---|---|---|---|"]
     for name, run in runs.items():
         test = run.get("test") or {}
+        averaged = run.get("averaged") or {}
+        averaged_cell = (f"last {averaged['last']}: {averaged['test']['bleu']}" if averaged.get("test")
+                         else averaged.get("failed", "–"))
         lines.append(f"| {name} | {test.get('bleu', 'failed')} | {test.get('chrf', '')} | {run.get('steps', '')} | "
-                     f"{run.get('kept') or ''} | {run.get('wall_minutes')} | `{run.get('command')}` |")
+                     f"{run.get('kept') or ''} | {averaged_cell} | {run.get('wall_minutes')} | "
+                     f"`{run.get('command')}` |")
     (results / f"{NAME}.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
