@@ -176,10 +176,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--shard_sentences", type=int, default=1000)
     parser.add_argument("--student_steps", type=int, default=None,
-                        help="The study's --student_steps: its results are distill_bible_<N>steps.json.")
+                        help="The study's --student_steps (its results file's name).")
+    parser.add_argument("--teacher_steps", type=int, default=None,
+                        help="The study's --teacher_steps (its results file's name).")
     args = parser.parse_args()
     work, results = Path(args.work_dir), Path(args.results)
-    name = "distill_bible" if args.student_steps is None else f"distill_bible_{args.student_steps}steps"
+    from benchmarks.experiments.distill_bible import results_name
+
+    name = results_name(args.teacher_steps, args.student_steps)
     path = results / f"{name}.json"
     report = json.loads(path.read_text()) if path.is_file() else {"runs": {}}
     speed = report.get("speed") or {}

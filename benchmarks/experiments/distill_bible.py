@@ -22,9 +22,9 @@ the same results.
     python -m benchmarks.experiments.distill_bible --smoke               # minutes: tiny steps and 200 sentences
     python -m benchmarks.experiments.distill_bible --render_only         # the markdown from the JSON
 
-Longer students: ``--student_steps N`` trains both students N steps instead of the recipe's 1400 (the learning-rate
-schedule, inverse square root, does not depend on the run length, so their first 1400 steps are the default run's) and
-writes ``results/distill_bible_<N>steps.{json,md}``. On a machine with two cores the study runs in two lanes at once:
+Longer runs: ``--student_steps N`` trains both students N steps instead of the recipe's 1400, ``--teacher_steps T``
+both teachers T steps (the learning-rate schedule, inverse square root, does not depend on the run length, so their
+first 1400 steps are the default run's); the results are then ``results/distill_bible[_teachers<T>][_<N>steps].{json,md}``. On a machine with two cores the study runs in two lanes at once:
 ``--only NAME[,NAME]`` runs only those runs (each run's outcome is kept in ``WORK_DIR/entries/NAME.json``, so lanes do
 not overwrite each other's), ``--translate_processes 2`` shares the distillation's translation stage between two
 ``torchrun`` processes (one thread each; their output is line for line the one process's, tests/test_corpus_translation.py)
@@ -62,6 +62,8 @@ def steps(args: argparse.Namespace) -> list[tuple[str, Path, list[str]]]:
              "--max_eval_samples", "20", "--max_predict_samples", "40"] if args.smoke else []
     threads = ["--threads", str(args.threads)]
     teacher_small = list(small)
+    if args.teacher_steps is not None:
+        teacher_small = [*teacher_small, "--max_steps", str(args.teacher_steps)]
     if args.student_steps is not None:
         small = [*small, "--max_steps", str(args.student_steps)]
     return [
@@ -170,6 +172,13 @@ def smoke_training_file(path: Path) -> None:
         path.write_text("".join(line for _, line in zip(range(200), handle)), encoding="utf-8")
 
 
+def results_name(teacher_steps: int | None, student_steps: int | None) -> str:
+    """``distill_bible`` (both recipes' 1400 steps), ``distill_bible_<N>steps`` (students N steps),
+    ``distill_bible_teachers<T>[_<N>steps]`` (teachers T steps)."""
+    return (NAME + ("" if teacher_steps is None else f"_teachers{teacher_steps}")
+            + ("" if student_steps is None else f"_{student_steps}steps"))
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -245,6 +254,8 @@ def main() -> None:
                         "nothing (results go to WORK_DIR, not --results).")
     parser.add_argument("--student_steps", type=int, default=None, help="Training steps of both students (default: "
                         "the student recipe's 1400); the results go to distill_bible_<N>steps.{json,md}.")
+    parser.add_argument("--teacher_steps", type=int, default=None, help="Training steps of both teachers (default: "
+                        "the quickstart recipe's 1400); the results go to distill_bible_teachers<T>[_<N>steps].{json,md}.")
     parser.add_argument("--only", default=None, help="Comma-separated runs to do now (a lane of a parallel study): "
                         f"of {RUN_NAMES}; without it, every run in order and the results page.")
     parser.add_argument("--translate_processes", type=int, default=1, help="Processes (torchrun, one thread each) "
@@ -256,7 +267,7 @@ def main() -> None:
         parser.error(f"--only {args.only!r} names {unknown}; the runs are {RUN_NAMES}")
     if args.translate_processes < 1:
         parser.error(f"--translate_processes {args.translate_processes} must be 1 or more")
-    name = NAME if args.student_steps is None else f"{NAME}_{args.student_steps}steps"
+    name = results_name(args.teacher_steps, args.student_steps)
     results = Path(args.work_dir) if args.smoke else Path(args.results)
     if args.render_only:
         report = json.loads((results / f"{name}.json").read_text())
@@ -282,6 +293,8 @@ def main() -> None:
     report["threads"] = args.threads
     if args.student_steps is not None:
         report["student_steps"] = args.student_steps
+    if args.teacher_steps is not None:
+        report["teacher_steps"] = args.teacher_steps
     for step in steps(args):
         entry = run_one(*step, args, env)
         report["runs"][step[0]] = entry
@@ -312,7 +325,9 @@ def render(report: dict) -> str:
     steps = f", {report['student_steps']} steps," if "student_steps" in report else ""
     how_run = ("two runs at a time in two lanes (`--only`, the script's docstring): that changes their minutes, not "
                "their results" if report.get("lanes") else "one run at a time")
-    rows = [("teacher A (quickstart, seed 42)", "teacher-a"), ("teacher B (quickstart, seed 43)", "teacher-b"),
+    teacher = f", {report['teacher_steps']} steps" if "teacher_steps" in report else ""
+    rows = [(f"teacher A (quickstart{teacher}, seed 42)", "teacher-a"),
+            (f"teacher B (quickstart{teacher}, seed 43)", "teacher-b"),
             ("ensemble A + B (mean of probabilities)", "ensemble"),
             ("ensemble A + B, weights chosen on the validation verses", "ensemble-tuned"),
             (f"student 6-2{steps} on the distilled data", "distilled-student"),
