@@ -366,18 +366,23 @@ def render(report: dict) -> str:
         lines.append(f"- distilled student within 1 BLEU of the ensemble: {distilled} vs {ensemble} → "
                      f"{'met' if distilled >= ensemble - 1 else 'not met'} (Δ {distilled - ensemble:+.2f})")
     stages = (runs.get("distilled-student") or {}).get("distill") or {}
+    processes = (runs.get("distilled-student") or {}).get("translate_processes", 1)
     if stages:
         lines += ["", "Distillation stages (`distill.json`): " + "; ".join(
             f"{stage} {info.get('seconds', '?')} s" for stage, info in stages.items())
             + (f"; {stages['dataset']['pairs']:,} distilled pairs, {stages['dataset']['same_as_original']:,} equal "
-               "to their original target" if "dataset" in stages else "")]
+               "to their original target" if "dataset" in stages else "")
+            + (f"; the translation shared by {processes} `torchrun` processes of one thread each "
+               "(`--translate_processes`), the student trained by one" if processes > 1 else "")]
     speed = report.get("speed")
     lines += ["", "## Decoding speed", ""]
     if speed:
         lines += [f"Command: `{speed['command']}` ({speed['machine']}).", "", *speed["table"]]
     else:
-        lines.append("Not measured yet (it needs a quiet machine): `python -m benchmarks.distill_speed --work_dir "
-                     "runs/distill_bible` adds the table here.")
+        study = "".join(f" --{key} {report[key]}" for key in ("teacher_steps", "student_steps") if key in report)
+        work = (runs.get("teacher-a") or {}).get("folder", "runs/distill_bible/teacher-a").rsplit("/", 1)[0]
+        lines.append(f"Not measured for this study (it needs a quiet machine): `python -m benchmarks.distill_speed "
+                     f"--work_dir {work}{study}` adds the table here.")
     return "\n".join(lines) + "\n"
 
 
