@@ -11,8 +11,9 @@ Spanish → English, at several sizes (``--sizes``: a seeded random sample of th
 ``WORK_DIR/corpora``; ``full`` is all of them). Validation: the 983 held-out validation verses (the defaults' sample).
 
 Runs go ``--parallel`` at a time with ``--threads`` CPU threads each (two at a time, one thread each, on a 2-core
-machine: a budget is then CPU-minutes), longest budget first; a finished run (its folder's ``metrics.json``) is not run
-again, so a killed study continues where it stopped and ``--budgets``/``--sizes`` can be run in parts.
+machine: a budget is then CPU-minutes), longest budget first; a run the results' JSON already holds with a test score is
+not run again, so a killed study continues where it stopped and ``--budgets``/``--sizes``/``--rows`` can be run in
+parts, in several sessions.
 
     python -m benchmarks.experiments.defaults_budget                                  # the whole study
     python -m benchmarks.experiments.defaults_budget --budgets 10                      # one budget of it
@@ -170,8 +171,8 @@ def main() -> None:
             for row in rows:
                 name = run_name(size, budget, row)
                 folder = work / name
-                if (folder / "metrics.json").is_file() and name in report["runs"]:
-                    continue
+                if (report["runs"].get(name) or {}).get("test"):
+                    continue  # measured (in this work folder or, from the committed JSON, in an earlier session)
                 todo.append((name, folder, train_arguments(args, corpus(work, size), folder, budget, row),
                              {"size": size, "budget_minutes": float(budget), "row": row}))
     running: list[tuple[str, Path, list[str], dict, subprocess.Popen, object, float]] = []
