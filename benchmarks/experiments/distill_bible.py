@@ -24,11 +24,16 @@ the same results.
 
 Longer runs: ``--student_steps N`` trains both students N steps instead of the recipe's 1400, ``--teacher_steps T``
 both teachers T steps (the learning-rate schedule, inverse square root, does not depend on the run length, so their
-first 1400 steps are the default run's); the results are then ``results/distill_bible[_teachers<T>][_<N>steps].{json,md}``. On a machine with two cores the study runs in two lanes at once:
-``--only NAME[,NAME]`` runs only those runs (each run's outcome is kept in ``WORK_DIR/entries/NAME.json``, so lanes do
-not overwrite each other's), ``--translate_processes 2`` shares the distillation's translation stage between two
-``torchrun`` processes (one thread each; their output is line for line the one process's, tests/test_corpus_translation.py)
-and trains the student in one process after it; a last run without ``--only`` collects every run and writes the page.
+first 1400 steps are the default run's); the results are then
+``results/distill_bible[_teachers<T>][_<N>steps].{json,md}``. On a machine with two cores the study runs in two lanes
+at once: ``--only NAME[,NAME]`` runs only those runs (each run's outcome is kept in ``WORK_DIR/entries/NAME.json``, so
+lanes do not overwrite each other's), ``--translate_processes 2`` shares the distillation's translation stage between
+two ``torchrun`` processes (one thread each; their output is line for line the one process's,
+tests/test_corpus_translation.py) and trains the student in one process after it; a last run without ``--only``
+collects every run and writes the page. The lanes of 2026-11-26: lane 1 ``--only teacher-a``, then (after teacher B)
+``--only distilled-student --translate_processes 2``; lane 2 ``--only teacher-b`` once teacher A's tokenizer is
+written, then (after the dataset stage) ``--only original-student,ensemble,ensemble-tuned``, then (after the export)
+``--only distilled-student-onnx-int8,distilled-student-ctranslate2-int8``.
 
 Report whatever happens.
 """
