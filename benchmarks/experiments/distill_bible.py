@@ -260,7 +260,8 @@ def main() -> None:
     parser.add_argument("--student_steps", type=int, default=None, help="Training steps of both students (default: "
                         "the student recipe's 1400); the results go to distill_bible_<N>steps.{json,md}.")
     parser.add_argument("--teacher_steps", type=int, default=None, help="Training steps of both teachers (default: "
-                        "the quickstart recipe's 1400); the results go to distill_bible_teachers<T>[_<N>steps].{json,md}.")
+                        "the quickstart recipe's 1400); the results go to "
+                        "distill_bible_teachers<T>[_<N>steps].{json,md}.")
     parser.add_argument("--only", default=None, help="Comma-separated runs to do now (a lane of a parallel study): "
                         f"of {RUN_NAMES}; without it, every run in order and the results page.")
     parser.add_argument("--translate_processes", type=int, default=1, help="Processes (torchrun, one thread each) "
