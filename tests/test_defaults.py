@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
-from conftest import train_argv
+from conftest import tiny_model, train_argv
 
 from hf_deepnmt_training.cli import main
 from hf_deepnmt_training.train import UNBOUNDED_STEPS
-from hf_deepnmt_training.defaults import CPU_SIZES, GPU_SIZES, PARSE_TIME_DEFAULTS, given_options, resolve, size_class
+from hf_deepnmt_training.defaults import (CPU_SIZES, DROPOUT_BY_EPOCHS, GPU_SIZES, PARSE_TIME_DEFAULTS,
+                                         describe_dropout_rule, dropout_for_epochs, given_options, resolve, size_class)
+from hf_deepnmt_training.run_length import measure_step_seconds, plan_run_length, steps_per_epoch
 from hf_deepnmt_training.train_arguments import apply_scratch_defaults, parse_train_args
 
 
@@ -87,6 +91,108 @@ def test_apply_sets_the_data_dependent_defaults_and_prints_them(tmp_path, capsys
     assert "--lr_scheduler_type inverse_sqrt" in printed
 
 
+def test_the_dropout_grows_with_the_runs_length_in_passes():
+    """The CPU rows' dropout is a step function of the planned passes over the training data, never falling as
+    the run grows longer, from the row's dropout (0.0, the quickstart's ~3 passes) up."""
+    limits = [below for below, _ in DROPOUT_BY_EPOCHS]
+    values = [dropout for _, dropout in DROPOUT_BY_EPOCHS]
+    assert limits == sorted(limits) and limits[-1] == float("inf") and values == sorted(values)
+    assert dropout_for_epochs(3.0) == CPU_SIZES[0].model["dropout"] == 0.0  # the quickstart: 1400 steps ≈ 3 passes
+    for below, dropout in DROPOUT_BY_EPOCHS[:-1]:
+        assert dropout_for_epochs(below - 1e-6) == dropout and dropout_for_epochs(below) != dropout
+        assert f"{below:g}" in describe_dropout_rule()
+    assert dropout_for_epochs(1e6) == values[-1]
+
+
+def test_the_dropout_is_chosen_by_length_only_where_the_command_line_left_it(tmp_path):
+    cases = [((), "cpu", True), (("--config_overrides", "dropout=0.1"), "cpu", False),
+             (("--config_overrides", "d_model=64"), "cpu", True), (("--model_type", "dtmt"), "cpu", False),
+             ((), "gpu", False)]
+    for extra, device, by_length in cases:
+        argv = _argv(tmp_path, *extra)
+        model_args, data_args, args, recipe = parse_train_args(argv)
+        if device == "gpu":
+            args.use_cpu = False
+            import unittest.mock
+
+            with unittest.mock.patch("torch.cuda.is_available", return_value=True):
+                resolution = apply_scratch_defaults(model_args, data_args, args, recipe, 1_000, given_options(argv))
+        else:
+            resolution = apply_scratch_defaults(model_args, data_args, args, recipe, 1_000, given_options(argv))
+        assert resolution.dropout_by_length is by_length, (extra, device)
+
+
+def test_steps_per_epoch_counts_the_trainers_batches():
+    from hf_deepnmt_training.data import TokenBudgetBatchSampler
+
+    lengths = np.array([10] * 95 + [40] * 5, dtype=np.int32)
+    batches = len(TokenBudgetBatchSampler(lengths, 100))
+    assert batches == 10 + 3  # 10 pairs of 10 tokens a batch, then 2 + 2 + 1 of 40
+    assert steps_per_epoch(lengths, 100, 8, processes=1, accumulation=1) == batches
+    assert steps_per_epoch(lengths, 100, 8, processes=2, accumulation=2) == 4  # ceil(13 / 4)
+    assert steps_per_epoch(lengths, None, 8, processes=1, accumulation=1) == 13  # sentence batches: ceil(100 / 8)
+
+
+def test_the_run_length_comes_from_steps_then_the_budget_then_epochs():
+    def never() -> float:
+        raise AssertionError("a run of known steps must not be measured")
+
+    known = plan_run_length(1400, 10**9, 30.0, 3.0, per_epoch=466, step_seconds=never)
+    assert known.steps == 1400 and abs(known.epochs - 1400 / 466) < 1e-9 and known.how == "--max_steps 1400"
+    budget = plan_run_length(10**9, 10**9, 30.0, 3.0, per_epoch=178, step_seconds=lambda: 0.5)
+    assert budget.steps == 3600 and abs(budget.epochs - 3600 / 178) < 1e-9 and "30-minute budget" in budget.how
+    epochs = plan_run_length(-1, 10**9, None, 3.0, per_epoch=178, step_seconds=never)
+    assert epochs.epochs == 3.0
+
+
+def test_measuring_a_step_leaves_the_random_state_alone(tiny_tokenizer):
+    """The budget's step time is measured on a throw-away model under a forked random state: the model that then
+    trains is initialised exactly as without the measurement."""
+    import copy
+
+    from datasets import Dataset
+
+    rows = {"input_ids": [[5, 6, 7, 2]] * 12, "attention_mask": [[1, 1, 1, 1]] * 12, "labels": [[8, 9, 2]] * 12,
+            "length": [4] * 12}
+    built, initial = [], []
+
+    def build():
+        built.append(tiny_model(vocab_size=len(tiny_tokenizer)))
+        initial.append(copy.deepcopy(built[-1].state_dict()))
+        return built[-1]
+
+    torch.manual_seed(0)
+    before = torch.get_rng_state()
+    seconds = measure_step_seconds(build, Dataset.from_dict(rows), tiny_tokenizer, np.array(rows["length"]), 8, 8,
+                                   seed=0)
+    assert seconds > 0 and torch.equal(torch.get_rng_state(), before)
+    trained = built[0].state_dict()
+    assert len(built) == 1 and not all(torch.equal(trained[name], initial[0][name]) for name in trained)  # it stepped
+
+
+def test_a_long_run_over_little_data_gets_the_dropout_for_many_passes(tmp_path, tiny_tokenizer, capsys):
+    from datasets import Dataset
+
+    from hf_deepnmt_training.train import resolve_dropout
+
+    rows = {"input_ids": [[5, 6, 7, 2]] * 40, "attention_mask": [[1] * 4] * 40, "labels": [[8, 9, 2]] * 40,
+            "length": [4] * 40}
+    for steps, dropout in ((2, DROPOUT_BY_EPOCHS[0][1]), (4000, DROPOUT_BY_EPOCHS[-1][1])):
+        argv = _argv(tmp_path, "--max_steps", str(steps))
+        model_args, data_args, args, recipe = parse_train_args(argv)
+        assert apply_scratch_defaults(model_args, data_args, args, recipe, 40, given_options(argv)).dropout_by_length
+        resolve_dropout(model_args, data_args, args, recipe, tiny_tokenizer, Dataset.from_dict(rows))
+        assert recipe["model"]["dropout"] == dropout  # 40 pairs of 4 tokens: one 2048-token batch a pass
+        assert f"dropout {dropout}: the run is --max_steps {steps}: ≈ {steps:,} steps = {steps:.1f} passes" \
+            in capsys.readouterr().err
+    checkpoint = tmp_path / "run" / "checkpoint-100"  # a resumed run keeps the dropout it started with
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "config.json").write_text(json.dumps({"dropout": 0.1}))
+    resolve_dropout(model_args, data_args, args, recipe, tiny_tokenizer, Dataset.from_dict(rows), str(checkpoint))
+    assert recipe["model"]["dropout"] == 0.1
+    assert "dropout 0.1: the checkpoint's, whose run this resumes" in capsys.readouterr().err
+
+
 def test_admin_overrides_get_the_post_ln_model_admin_is_defined_on(tmp_path):
     argv = _argv(tmp_path, "--config_overrides", "residual_scaling=admin")
     model_args, data_args, args, recipe = parse_train_args(argv)
@@ -112,6 +218,9 @@ def test_train_from_scratch_end_to_end_uses_and_records_the_defaults(small_corpu
     args = torch.load(out / "training_args.bin", weights_only=False)
     assert args.learning_rate == 3e-3 and args.lr_scheduler_type == "inverse_sqrt" and args.warmup_steps == 1
     assert args.eval_steps == 1
+    # the dropout from the run's length: 4 steps are a pass or two over 160 pairs
+    passes = float(re.search(r"dropout [0-9.]+: the run is --max_steps 4: ≈ 4 steps = ([0-9.]+) passes", printed)[1])
+    assert passes < 3 and config["dropout"] == dropout_for_epochs(passes) == 0.0
     # translate's length rule for the longest validation source, under the truncation length
     assert f"--generation_max_length {args.generation_max_length} (translate's length rule" in printed
     assert 10 < args.generation_max_length <= 48
@@ -173,6 +282,13 @@ def test_a_budget_run_validates_by_the_clock_and_keeps_its_best_checkpoint(small
     state = json.loads((out / "trainer_state.json").read_text())
     evaluations = [entry for entry in state["log_history"] if "eval_bleu" in entry]
     assert 3 <= len(evaluations) <= 6, evaluations  # a quarter of the budget apart, and one at its end
+    # the dropout from the budget's length in passes, at a step time measured before training
+    found = re.search(r"dropout ([0-9.]+): the run is a 0.3-minute budget at ([0-9.]+) s a step .*?: ≈ ([0-9,]+) steps = "
+                      r"([0-9.]+) passes", printed)
+    assert found, printed
+    assert json.loads((out / "config.json").read_text())["dropout"] == float(found[1]) == dropout_for_epochs(
+        float(found[4]))
+    assert abs(float(found[3].replace(",", "")) - 18.0 / float(found[2])) <= 1.0
     assert state["max_steps"] == UNBOUNDED_STEPS  # the budget, not --num_train_epochs, ends the run
     best = max(evaluations, key=lambda entry: entry["eval_bleu"])
     assert state["best_model_checkpoint"].endswith(f"checkpoint-{best['step']}")

@@ -82,6 +82,33 @@ GPU_SIZES: tuple[SizeClass, ...] = (
 )
 
 
+# The CPU rows' dropout by the run's length in passes over the training data (hf_deepnmt_training.run_length): rows
+# of (fewer than this many epochs, dropout). Measured by issue 41's study on corpora no default was tuned on
+# (docs/defaults.md, "Dropout from the run's length"; benchmarks/experiments/results/defaults_budget.md).
+# Dropout 0.0 won at ~3 passes (quickstart probes), tied at ~6 and lost to 0.1 from ~7 passes on (by 4.3 BLEU at
+# ~20 passes, where 0.3 was 0.6 below 0.1); 0.3 won nowhere measured, so the table stops at 0.1.
+DROPOUT_BY_EPOCHS: tuple[tuple[float, float], ...] = ((5.0, 0.0), (float("inf"), 0.1))
+
+
+def dropout_for_epochs(epochs: float) -> float:
+    """The CPU rows' dropout for a run of ``epochs`` passes over its training data (`DROPOUT_BY_EPOCHS`)."""
+    return next(dropout for below, dropout in DROPOUT_BY_EPOCHS if epochs < below)
+
+
+def describe_dropout_rule() -> str:
+    """`DROPOUT_BY_EPOCHS` in words: "dropout 0.0 below 10 passes, 0.3 from 10"."""
+    parts, low = [], None
+    for below, dropout in DROPOUT_BY_EPOCHS:
+        if low is None:
+            parts.append(f"dropout {dropout} below {below:g} passes")
+        elif below == float("inf"):
+            parts.append(f"{dropout} from {low:g}")
+        else:
+            parts.append(f"{dropout} from {low:g} to {below:g}")
+        low = below
+    return ", ".join(parts)
+
+
 def size_class(pairs: int, device: str) -> SizeClass:
     """The size row for ``pairs`` training pairs on ``device`` ('cpu' or 'gpu')."""
     table = CPU_SIZES if device == "cpu" else GPU_SIZES
@@ -102,6 +129,9 @@ class Resolution:
     pairs: int
     model: dict[str, Any] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
+    # the row's dropout is chosen from the run's length once the data is tokenized (`dropout_for_epochs`): a CPU row
+    # whose model the command line did not replace and whose dropout it did not set
+    dropout_by_length: bool = False
 
     def describe(self, effective_model: dict[str, Any] | None = None) -> list[str]:
         """The lines `deepnmt train` prints at start; ``effective_model``: the chosen model fields with the command
@@ -113,7 +143,9 @@ class Resolution:
             m = {**self.model, **(effective_model or {})}
             lines.append(f"[deepnmt]   model: {m['model_type']} {m['encoder_layers']}-{m['decoder_layers']} layers, "
                          f"d_model {m['d_model']}, {m['encoder_attention_heads']} heads, FFN {m['encoder_ffn_dim']}, "
-                         f"{m['layer_norm_position']}-LN, dropout {m['dropout']}, tied embeddings "
+                         f"{m['layer_norm_position']}-LN, "
+                         + ("dropout from the run's length (below)" if self.dropout_by_length
+                            else f"dropout {m['dropout']}") + ", tied embeddings "
                          "(--config_name / --config_overrides to change)")
         for key, value in self.options.items():
             lines.append(f"[deepnmt]   --{key} {value}")

@@ -7,6 +7,7 @@ this one runs them in order.
 from __future__ import annotations
 
 import copy
+import json
 import sys
 import time
 from collections.abc import Sequence
@@ -32,12 +33,13 @@ from .build import (build_model, check_torch_compile_options, load_or_train_toke
 from .checkpoints import resume_target
 from .clock import RunClock
 from .data import DataArguments, DataError, length_column
-from .defaults import given_options
+from .defaults import Resolution, describe_dropout_rule, dropout_for_epochs, given_options
 from .hub import push_folder
 from .metrics import TranslationMetrics
 from .preprocess import ReadSplit, TokenizedSplit, read_split, tokenize_split
 from .recipes import model_fields
 from .report import TrainOutcome, finish_run
+from .run_length import measure_step_seconds, plan_run_length, steps_per_epoch
 from .train_arguments import ModelArguments, apply_scratch_defaults, parse_train_args
 from .trainer import DeepNMTTrainer
 from .translate import evaluate_model, new_token_budget
@@ -189,8 +191,13 @@ def train(argv: Sequence[str], clock: RunClock | None = None) -> TrainOutcome:
     output_dir = Path(training_args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
 
-    corpora = read_corpora(argv, model_args, data_args, training_args, recipe)
+    corpora, defaults = read_corpora(argv, model_args, data_args, training_args, recipe)
     tokenizer = load_or_train_tokenizer(model_args, data_args, training_args, corpora["train"])
+    prepared = tokenize_corpora(corpora, tokenizer, model_args, data_args, training_args)
+    datasets = {split: entry.dataset for split, entry in prepared.items()}
+    run_until_budget(model_args, training_args)
+    if defaults is not None and defaults.dropout_by_length:  # needs the tokenized data and the run's length
+        resolve_dropout(model_args, data_args, training_args, recipe, tokenizer, datasets["train"], resume)
     model = build_model(model_args, data_args, recipe["model"], tokenizer, training_args.label_smoothing_factor)
     model.generation_config.num_beams = model_args.eval_num_beams
     if model_args.eval_num_beams == 1:  # greedy: transformers refuses to save a beam-only setting beside it
@@ -198,9 +205,6 @@ def train(argv: Sequence[str], clock: RunClock | None = None) -> TrainOutcome:
     compiling = prepare_torch_compile(model, training_args)  # before the Trainer reads --torch_compile
     if compiling and training_args.process_index == 0:
         print(f"[deepnmt] {compiling}", file=sys.stderr)
-    prepared = tokenize_corpora(corpora, tokenizer, model_args, data_args, training_args)
-    datasets = {split: entry.dataset for split, entry in prepared.items()}
-    run_until_budget(model_args, training_args)
     callbacks = plan_evaluations(model_args, training_args, "validation" in datasets,
                                  given_options(canonical_options(argv, TRAIN_ALIASES)))
     trainer = build_trainer(model, tokenizer, datasets, model_args, data_args, training_args, schedule)
@@ -236,21 +240,61 @@ def train(argv: Sequence[str], clock: RunClock | None = None) -> TrainOutcome:
 
 
 def read_corpora(argv: Sequence[str], model_args: ModelArguments, data_args: DataArguments,
-                 training_args: Seq2SeqTrainingArguments, recipe: dict) -> dict[str, ReadSplit]:
+                 training_args: Seq2SeqTrainingArguments, recipe: dict
+                 ) -> tuple[dict[str, ReadSplit], Resolution | None]:
     """The training split (and the validation split when the run evaluates), read into Arrow once
-    (`hf_deepnmt_training.preprocess.read_split`); a from-scratch run without a recipe takes its data-dependent NMT defaults
-    from the training data's size here (`hf_deepnmt_training.defaults`)."""
+    (`hf_deepnmt_training.preprocess.read_split`); a from-scratch run without a recipe takes its data-dependent NMT
+    defaults from the training data's size here (`hf_deepnmt_training.defaults`; returned, else ``None``)."""
     path = data_args.split_file("train")
     if path is None and data_args.dataset_name is None:
         raise DataError("No training data: pass --train_file (or --dataset_name) or a recipe that has one.")
     corpora = {"train": read_split(data_args, "train", path, data_args.max_train_samples, training_args)}
+    defaults = None
     if model_args.nmt_defaults:  # from scratch, no recipe: model size etc. from the data size (hf_deepnmt_training.defaults)
-        apply_scratch_defaults(model_args, data_args, training_args, recipe, len(corpora["train"]),
-                               given_options(canonical_options(argv, TRAIN_ALIASES)))
+        defaults = apply_scratch_defaults(model_args, data_args, training_args, recipe, len(corpora["train"]),
+                                          given_options(canonical_options(argv, TRAIN_ALIASES)))
     path = data_args.split_file("validation")
     if (training_args.eval_strategy != "no" or training_args.do_eval) and (path or data_args.dataset_name):
         corpora["validation"] = read_split(data_args, "validation", path, data_args.max_eval_samples, training_args)
-    return corpora
+    return corpora, defaults
+
+
+def resolve_dropout(model_args: ModelArguments, data_args: DataArguments, training_args: Seq2SeqTrainingArguments,
+                    recipe: dict, tokenizer: Any, train_dataset: Any, resume: str | None = None) -> None:
+    """The NMT defaults' dropout (a CPU row, dropout not set by the command line): from the run's length in passes
+    over the training data (`hf_deepnmt_training.run_length`, `hf_deepnmt_training.defaults.dropout_for_epochs`),
+    written into the model fields of ``recipe`` and printed. Every process of a distributed run takes process 0's
+    choice (a measured step time differs between processes); a resumed run keeps its checkpoint's dropout (a
+    measurement near a threshold could choose another)."""
+    saved = Path(resume) / "config.json" if resume else None
+    if saved is not None and saved.is_file() and "dropout" in (config := json.loads(saved.read_text())):
+        recipe["model"]["dropout"] = config["dropout"]
+        if training_args.process_index == 0:
+            print(f"[deepnmt]   dropout {config['dropout']}: the checkpoint's, whose run this resumes",
+                  file=sys.stderr)
+        return
+    lengths = length_column(train_dataset)
+    per_epoch = steps_per_epoch(lengths, data_args.max_tokens, training_args.per_device_train_batch_size,
+                                training_args.world_size, training_args.gradient_accumulation_steps)
+
+    def step_seconds() -> float:
+        return measure_step_seconds(
+            lambda: build_model(model_args, data_args, recipe["model"], tokenizer, training_args.label_smoothing_factor),
+            train_dataset, tokenizer, lengths, data_args.max_tokens, training_args.per_device_train_batch_size,
+            training_args.data_seed or training_args.seed)
+
+    length = plan_run_length(training_args.max_steps, UNBOUNDED_STEPS, model_args.max_train_minutes,
+                             training_args.num_train_epochs, per_epoch, step_seconds)
+    dropout = dropout_for_epochs(length.epochs)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        chosen = [dropout]
+        torch.distributed.broadcast_object_list(chosen, src=0)
+        dropout = chosen[0]
+    recipe["model"]["dropout"] = dropout
+    if training_args.process_index == 0:
+        print(f"[deepnmt]   dropout {dropout}: the run is {length.how}: ≈ {length.steps:,.0f} steps = "
+              f"{length.epochs:.1f} passes over the training data ({per_epoch:,} steps each); "
+              f"{describe_dropout_rule()} (docs/defaults.md)", file=sys.stderr)
 
 
 def tokenize_corpora(corpora: dict[str, ReadSplit], tokenizer: Any, model_args: ModelArguments,

@@ -22,7 +22,7 @@ from hf_deepnmt_model_cards.licenses import normalise_license
 
 from .arguments import TRAIN_ALIASES, canonical_options, unknown_arguments_message
 from .data import DataArguments
-from .defaults import PARSE_TIME_DEFAULTS, given_options, resolve as resolve_defaults
+from .defaults import PARSE_TIME_DEFAULTS, Resolution, given_options, resolve as resolve_defaults
 from .errors import CommandLineError, is_user_mistake
 from .recipes import load_recipe, model_fields, parse_overrides, recipe_to_argv, resolve_path
 from .train_options import check_option_values, store_option_table
@@ -55,7 +55,7 @@ class ModelArguments:
     dataset_label: str | None = field(default=None, metadata={"help": "Dataset name for the model card (default: the file or Hub name)."})
     max_train_minutes: float | None = field(default=None, metadata={"help": "Stop training after this many minutes of training (evaluations included; the run then saves, tests and writes its card as after --max_steps): a wall-clock budget, e.g. to compare setups at equal time. Without --max_steps (on the command line or in the recipe) the run trains until the budget is spent, whatever --num_train_epochs says (fairseq's --stop-time-hours); the learning-rate schedule must then not depend on the run length (inverse_sqrt, the NMT default, constant, constant_with_warmup, rnnplus_warmup_decay)."})
     early_stopping_patience: int | None = field(default=None, metadata={"help": "Stop after this many validations without a better score (validation BLEU, or loss without --predict_with_generate), Marian's --early-stopping; the best checkpoint is the one kept. Default: train to --max_steps or --max_train_minutes."})
-    nmt_defaults: bool = field(default=True, metadata={"help": "A model trained from scratch without --recipe gets NMT defaults for every option the command line leaves unset: model size, learning rate, warm-up, token batch and vocabulary from the data size and device, inverse-sqrt schedule, Adam β2 0.98, validation BLEU four times per run (docs/defaults.md); the resolved values are printed at start. false: transformers' fine-tuning defaults."})
+    nmt_defaults: bool = field(default=True, metadata={"help": "A model trained from scratch without --recipe gets NMT defaults for every option the command line leaves unset: model size, learning rate, warm-up, token batch and vocabulary from the data size and device, on a CPU the dropout from the run's length in passes over the data (--max_steps, or --max_train_minutes at a step time measured before training), inverse-sqrt schedule, Adam β2 0.98, validation BLEU four times per run (docs/defaults.md); the resolved values are printed at start. false: transformers' fine-tuning defaults."})
 
 
 # Defaults of `deepnmt train` that differ from transformers' fine-tuning defaults (a recipe or the command line
@@ -213,9 +213,11 @@ def check_train_args(model_args: ModelArguments, training_args: Seq2SeqTrainingA
 
 
 def apply_scratch_defaults(model_args: ModelArguments, data_args: DataArguments,
-                           training_args: Seq2SeqTrainingArguments, recipe: dict, pairs: int, given: set[str]) -> None:
+                           training_args: Seq2SeqTrainingArguments, recipe: dict, pairs: int,
+                           given: set[str]) -> Resolution:
     """Set the data-dependent NMT defaults (`hf_deepnmt_training.defaults.resolve`) of a from-scratch run without a recipe on
-    the parsed arguments, never touching an option the command line set, and print them (process 0)."""
+    the parsed arguments, never touching an option the command line set, and print them (process 0). The returned
+    resolution says whether the dropout is still to be chosen from the run's length (`resolve_dropout`)."""
     device = "cpu" if training_args.use_cpu or not torch.cuda.is_available() else "gpu"
     model_given = bool(model_args.config_name or model_args.model_type)
     resolution = resolve_defaults(pairs, device, given, model_given, training_args.max_steps)
@@ -223,6 +225,7 @@ def apply_scratch_defaults(model_args: ModelArguments, data_args: DataArguments,
     if overrides.get("residual_scaling") == "admin" and "layer_norm_position" not in overrides and resolution.model:
         resolution.model["layer_norm_position"] = "post"  # ADMIN is defined on post-LN (liu2020), not pre-LN
     recipe["model"] = {**resolution.model, **recipe["model"]}
+    resolution.dropout_by_length = device == "cpu" and bool(resolution.model) and "dropout" not in overrides
     if device == "cpu" and "dataloader_pin_memory" not in given:
         resolution.options["dataloader_pin_memory"] = False  # nothing to pin for (and a warning per epoch)
     for key, value in resolution.options.items():
@@ -235,6 +238,7 @@ def apply_scratch_defaults(model_args: ModelArguments, data_args: DataArguments,
         print("\n".join(resolution.describe(effective) + [
             "[deepnmt]   " + ", ".join(f"--{key} {getattr(value, 'value', value)}" for key, value in fixed.items()),
             f"[deepnmt]   --label_smoothing_factor {training_args.label_smoothing_factor}"]), file=sys.stderr)
+    return resolution
 
 
 def default_output_dir(model_args: ModelArguments, recipe: dict) -> str:

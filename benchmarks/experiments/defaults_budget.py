@@ -2,9 +2,13 @@
 
 Every run is the command a user types — training, validation and test files, a language pair and
 ``--max_train_minutes`` — and a row adds at most one ``--config_overrides``: ``defaults`` adds nothing (the NMT
-defaults of training/defaults.py, docs/defaults.md), the other rows change one regularization or size setting each
-(`ROWS`). A budget run validates by the clock and keeps its best checkpoint by validation BLEU (docs/defaults.md), so
-each row's test score is its best checkpoint's, beam 4, on the first ``--test_samples`` verses of the held-out books.
+defaults of training/defaults.py, docs/defaults.md: since 2026-11-26 their dropout follows the run's length in
+passes over the data), the other rows change one regularization or size setting each (`ROWS`); ``dropout0.0`` is
+the defaults of before that rule (the runs of the row ``defaults`` measured before it are renamed to it, `migrate`).
+A budget run validates by the clock and keeps its best checkpoint by validation BLEU (docs/defaults.md), so each
+row's test score is its best checkpoint's, beam 4, on the first ``--test_samples`` verses of the held-out books. Each
+run also records its passes over the training data and its step time without the validations, from which the page
+shows the dropout the rule chooses where the ``defaults`` row was not run.
 
 The corpora are ones no default was tuned on: the embedded Bible corpus in the direction the project never tuned,
 Spanish → English, at several sizes (``--sizes``: a seeded random sample of the 29,024 training pairs, written to
@@ -35,6 +39,7 @@ import gzip
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import time
@@ -46,6 +51,7 @@ NAME = "defaults_budget"
 # Row -> the `deepnmt train` options it adds to the user's command (`defaults`: none).
 ROWS: dict[str, list[str]] = {
     "defaults": [],
+    "dropout0.0": ["--config_overrides", "dropout=0.0"],
     "dropout0.1": ["--config_overrides", "dropout=0.1"],
     "dropout0.3": ["--config_overrides", "dropout=0.3"],
     "d256-dropout0.3": ["--config_overrides", "d_model=256,encoder_ffn_dim=1024,decoder_ffn_dim=1024,dropout=0.3"],
@@ -106,7 +112,49 @@ def describe(folder: Path, log_path: Path, code: int, arguments: list[str], minu
         "eval_bleu": series(history(folder), "eval_bleu"),
         "kept": next((line.split("]", 1)[1].strip() for line in text.splitlines() if "kept the best" in line), None),
     })
+    run.update(run_length(state))
+    rule = RULE_LINE.search(text)
+    if rule:  # the defaults chose the dropout from the run's length (hf_deepnmt_training.run_length)
+        run["rule"] = {"dropout": float(rule[1]), "passes": float(rule[2]), "line": rule[0].strip()}
     return run
+
+
+# The line `deepnmt train` prints when its defaults choose the dropout from the run's length.
+RULE_LINE = re.compile(r"dropout ([0-9.]+): the run is [^\n]*?= ([0-9.]+) passes over the training data[^\n]*")
+
+
+def run_length(state: dict) -> dict:
+    """How long a finished run was: ``passes`` over its training data, and ``step_seconds``, the seconds of a
+    training step with the validations taken out — the quantity `deepnmt train` measures before a budget run to
+    estimate its length (hf_deepnmt_training.run_length)."""
+    log = state.get("log_history", [])
+    runtime = next((entry["train_runtime"] for entry in log if "train_runtime" in entry), None)
+    validations = sum(entry.get("eval_runtime", 0.0) for entry in log)
+    steps = state.get("global_step") or 0
+    return {"passes": round(state.get("epoch") or 0.0, 2),
+            "step_seconds": round((runtime - validations) / steps, 4) if runtime and steps else None}
+
+
+def estimated_passes(run: dict) -> float | None:
+    """The passes `deepnmt train` estimates for a budget run like ``run`` (its budget over the measured step time,
+    validations not counted), from the run's own step time; None without one."""
+    if not run.get("step_seconds") or not run.get("passes") or not run.get("steps"):
+        return None
+    return run["budget_minutes"] * 60.0 / run["step_seconds"] / (run["steps"] / run["passes"])
+
+
+def migrate(report: dict) -> dict:
+    """Runs of the row `defaults` from before the run-length dropout rule (2026-11-26: no rule line in the log) are
+    runs of the `dropout0.0` row: the defaults of that time, the same training as ``--config_overrides
+    dropout=0.0``. Renamed in place, once."""
+    for name in list(report.get("runs", {})):
+        run = report["runs"][name]
+        if run.get("row") == "defaults" and run.get("test") and not run.get("rule"):
+            renamed = run_name(run["size"], f"{run['budget_minutes']:g}", "dropout0.0")
+            report["runs"].setdefault(renamed, {**run, "row": "dropout0.0", "ran_as": (
+                "the defaults before the run-length dropout rule: dropout 0.0, as --config_overrides dropout=0.0")})
+            del report["runs"][name]
+    return report
 
 
 def average(folder: Path, last: int, args: argparse.Namespace, env: dict, log_path: Path) -> dict | None:
@@ -160,7 +208,13 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     results.mkdir(parents=True, exist_ok=True)
     path = results / f"{NAME}.json"
-    report = json.loads(path.read_text()) if path.is_file() else {"runs": {}}
+    report = migrate(json.loads(path.read_text())) if path.is_file() else {"runs": {}}
+    for run in report["runs"].values():  # runs described before passes and step times were recorded
+        command = (run.get("command") or "").split()
+        state = Path(command[command.index("--output_dir") + 1]) / "trainer_state.json" \
+            if "--output_dir" in command else None
+        if "passes" not in run and run.get("test") and state is not None and state.is_file():
+            run.update(run_length(json.loads(state.read_text())))
     report.update(command=" ".join(["python", "-m", f"benchmarks.experiments.{NAME}", *sys.argv[1:]]),
                   threads=args.threads, parallel=args.parallel, direction=f"{args.source_lang}-{args.target_lang}",
                   test_samples=args.test_samples, rows={row: ROWS[row] for row in ROWS})
@@ -201,43 +255,72 @@ def main() -> None:
             report["runs"][name] = {**key, **run}
             path.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
             print(f"{name}: test {(run.get('test') or {}).get('bleu')}", file=sys.stderr, flush=True)
+    path.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     render(report, results)
 
 
 def render(report: dict, results: Path) -> None:
-    """The results page: per budget, one line per corpus size with each row's test BLEU, the sweep's best and the
-    defaults' distance to it; then every run with its command."""
+    """The results page: per budget, one line per corpus size with each sweep row's test BLEU, the sweep's best, the
+    defaults' dropout (the run-length rule's choice) and score, and their distance to the best and to the defaults of
+    before the rule (the `dropout0.0` row); then every run with its command."""
+    from hf_deepnmt_training.defaults import describe_dropout_rule, dropout_for_epochs
+
+    report = migrate(report)
     runs = report["runs"]
-    rows = list(report.get("rows") or ROWS)
+    described = {**ROWS, **report.get("rows", {})}
+    measured = {run.get("row") for run in runs.values()}
+    rows = ["defaults"] + [row for row in described if row != "defaults" and row in measured]
+    sweep = rows[1:]
     source, target = report.get("direction", "es-en").split("-")
     lines = ["# Defaults vs a small sweep, by corpus size and time budget (issue 41)", "",
-             f"Command: `{report.get('command')}` ({report.get('parallel')} runs at a time, "
-             f"{report.get('threads')} CPU thread each). Corpus: the embedded Bible corpus {source}→{target} (a "
-             "direction no default was tuned on), a seeded sample of its training pairs per size; test: the first "
-             f"{report.get('test_samples')} verses of the held-out books, beam 4, of the checkpoint each run kept "
-             "(best validation BLEU). Rows (`deepnmt train` options added to the user's command):", ""]
-    lines += [f"- `{row}`: `{' '.join(report['rows'][row]) or '(nothing: the defaults)'}`" for row in rows]
+             f"Commands: `{report.get('command')}` and the others of the *Every run* table's runs "
+             f"({report.get('parallel')} runs at a time, {report.get('threads')} CPU thread each). Corpus: the "
+             f"embedded Bible corpus {source}→{target} (a direction no default was tuned on), a seeded sample of its "
+             f"training pairs per size; test: the first {report.get('test_samples')} verses of the held-out books, "
+             "beam 4, of the checkpoint each run kept (best validation BLEU). Rows (`deepnmt train` options added to "
+             "the user's command):", ""]
+    lines += [f"- `{row}`: `{' '.join(described[row]) or '(nothing: the defaults)'}`" for row in rows]
+    lines += ["", f"The defaults choose the dropout from the run's length in passes over the training data "
+              f"({describe_dropout_rule()}; docs/defaults.md). *defaults' dropout* gives the passes `deepnmt train` "
+              "estimated (its printed line) or, where the defaults were not run, the estimate from the `dropout0.0` "
+              "run's step time and the score of the sweep row with that dropout (*= row*). *before*: the defaults "
+              "before the rule, which were the `dropout0.0` row."]
     budgets = sorted({run["budget_minutes"] for run in runs.values()})
     sizes = sorted({run["size"] for run in runs.values()}, key=lambda size: float("inf") if size == "full" else
                    int(size))
     for budget in budgets:
         lines += ["", f"## {budget:g} minutes of training", "",
-                  "| pairs | " + " | ".join(rows) + " | best | defaults − best |",
-                  "|---|" + "---|" * (len(rows) + 2)]
+                  "| pairs | " + " | ".join(sweep) + " | best | defaults' dropout | defaults | defaults − best | "
+                  "defaults − before |", "|---|" + "---|" * (len(sweep) + 5)]
         for size in sizes:
             cells, scores = [], {}
-            for row in rows:
+            for row in sweep:
                 run = runs.get(run_name(size, f"{budget:g}", row)) or {}
                 bleu = (run.get("test") or {}).get("bleu")
                 if bleu is not None:
                     scores[row] = bleu
-                cells.append("–" if not run else f"{bleu} ({run.get('steps')} steps)" if bleu is not None
+                cells.append("–" if not run else
+                             f"{bleu} ({run.get('steps')} steps{passes_text(run)})" if bleu is not None
                              else f"failed (exit {run.get('exit_code')})")
             best = max(scores, key=scores.get) if scores else None
-            gap = (f"{scores['defaults'] - scores[best]:+.2f}" if best is not None and "defaults" in scores
-                   else "–")
+            defaults = runs.get(run_name(size, f"{budget:g}", "defaults")) or {}
+            choice, score = "–", None
+            if (defaults.get("test") or {}).get("bleu") is not None:
+                rule = defaults.get("rule") or {}
+                choice = f"{rule.get('dropout')} (≈ {rule.get('passes')} passes)" if rule else "?"
+                score, shown = defaults["test"]["bleu"], f"{defaults['test']['bleu']}"
+            else:
+                estimate = estimated_passes(runs.get(run_name(size, f"{budget:g}", "dropout0.0")) or {})
+                if estimate is not None:
+                    dropout = dropout_for_epochs(estimate)
+                    choice = f"{dropout} (≈ {estimate:.1f} passes)"
+                    score = scores.get(f"dropout{dropout}")
+                shown = f"= dropout{dropout}: {score}" if score is not None else "–"
+            gap = f"{score - scores[best]:+.2f}" if score is not None and best is not None else "–"
+            gain = f"{score - scores['dropout0.0']:+.2f}" if score is not None and "dropout0.0" in scores else "–"
             label = "29,024 (full)" if size == "full" else f"{int(size):,}"
-            lines.append(f"| {label} | " + " | ".join(cells) + f" | {best or '–'} | {gap} |")
+            lines.append(f"| {label} | " + " | ".join(cells) + f" | {best or '–'} | {choice} | {shown} | {gap} | "
+                         f"{gain} |")
         deltas = [run["averaged"]["test"]["bleu"] - run["test"]["bleu"] for run in runs.values()
                   if run["budget_minutes"] == budget and run.get("test") and (run.get("averaged") or {}).get("test")]
         if deltas:
@@ -245,17 +328,23 @@ def render(report: dict, results: Path) -> None:
                       f"{min(deltas):+.2f} … {max(deltas):+.2f} (mean {sum(deltas) / len(deltas):+.2f}) over "
                       f"{len(deltas)} runs (column *averaged* below)."]
     lines += ["", "## Every run", "",
-              "| run | test BLEU | chrF | steps | kept | averaged (last K: BLEU) | minutes (wall) | command |",
-              "|---|---|---|---|---|---|---|---|"]
+              "| run | test BLEU | chrF | steps | passes | s/step | kept | averaged (last K: BLEU) | minutes (wall) | "
+              "command |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name, run in runs.items():
         test = run.get("test") or {}
         averaged = run.get("averaged") or {}
         averaged_cell = (f"last {averaged['last']}: {averaged['test']['bleu']}" if averaged.get("test")
                          else averaged.get("failed", "–"))
-        lines.append(f"| {name} | {test.get('bleu', 'failed')} | {test.get('chrf', '')} | {run.get('steps', '')} | "
+        note = f" ({run['ran_as']})" if run.get("ran_as") else ""
+        lines.append(f"| {name}{note} | {test.get('bleu', 'failed')} | {test.get('chrf', '')} | "
+                     f"{run.get('steps', '')} | {run.get('passes', '')} | {run.get('step_seconds', '')} | "
                      f"{run.get('kept') or ''} | {averaged_cell} | {run.get('wall_minutes')} | "
                      f"`{run.get('command')}` |")
     (results / f"{NAME}.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def passes_text(run: dict) -> str:
+    return f", {run['passes']:g} passes" if run.get("passes") else ""
 
 
 if __name__ == "__main__":
