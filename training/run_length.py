@@ -100,6 +100,6 @@ def plan_run_length(max_steps: int, unbounded_steps: int, max_train_minutes: flo
     if max_train_minutes is not None:
         seconds = step_seconds()
         return RunLength(max_train_minutes * 60.0 / seconds, per_epoch,
-                         f"a {max_train_minutes:g}-minute budget at {seconds:.3f} s a step (measured on the "
+                         f"a {max_train_minutes:g}-minute budget at {seconds:.3g} s a step (measured on the "
                          "training data; validations not counted)")
     return RunLength(num_train_epochs * per_epoch, per_epoch, f"--num_train_epochs {num_train_epochs:g}")

@@ -16,8 +16,8 @@ Spanish → English, at several sizes (``--sizes``: a seeded random sample of th
 
 Runs go ``--parallel`` at a time with ``--threads`` CPU threads each (two at a time, one thread each, on a 2-core
 machine: a budget is then CPU-minutes), longest budget first; a run the results' JSON already holds with a test score is
-not run again, so a killed study continues where it stopped and ``--budgets``/``--sizes``/``--rows`` can be run in
-parts, in several sessions.
+not run again (nor one whose folder holds a finished run the study did not record: it is recorded), so a killed
+study continues where it stopped and ``--budgets``/``--sizes``/``--rows`` can be run in parts, in several sessions.
 
     python -m benchmarks.experiments.defaults_budget                                  # the whole study
     python -m benchmarks.experiments.defaults_budget --budgets 10                      # one budget of it
@@ -93,10 +93,11 @@ def run_name(size: str, budget: str, row: str) -> str:
     return f"{size}-{budget}min-{row}"
 
 
-def describe(folder: Path, log_path: Path, code: int, arguments: list[str], minutes: float) -> dict:
+def describe(folder: Path, log_path: Path, code: int, arguments: list[str], minutes: float | None) -> dict:
     """What a finished run reports: its test scores, steps, the checkpoint it kept, its validation curve."""
     text = log_path.read_text(errors="replace") if log_path.is_file() else ""
-    run: dict = {"exit_code": code, "command": "deepnmt " + " ".join(arguments), "wall_minutes": round(minutes, 1)}
+    run: dict = {"exit_code": code, "command": "deepnmt " + " ".join(arguments),
+                 "wall_minutes": round(minutes, 1) if minutes is not None else None}
     if code != 0 or not (folder / "metrics.json").is_file():
         run["log_tail"] = text[-2000:]
         return run
@@ -233,6 +234,14 @@ def main() -> None:
     while todo or running:
         while todo and len(running) < args.parallel:
             name, folder, arguments, key = todo.pop(0)
+            if (folder / "metrics.json").is_file() and (work / f"{name}.log").is_file():
+                # it finished after its study process had been stopped: recorded, not trained again
+                run = describe(folder, work / f"{name}.log", 0, arguments, None)
+                if run.get("test") and args.average_last > 0:
+                    run["averaged"] = average(folder, args.average_last, args, env, work / f"{name}.log")
+                report["runs"][name] = {**key, **run}
+                path.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+                continue
             if folder.exists() and not (folder / "metrics.json").is_file():
                 import shutil
 
@@ -338,7 +347,7 @@ def render(report: dict, results: Path) -> None:
         note = f" ({run['ran_as']})" if run.get("ran_as") else ""
         lines.append(f"| {name}{note} | {test.get('bleu', 'failed')} | {test.get('chrf', '')} | "
                      f"{run.get('steps', '')} | {run.get('passes', '')} | {run.get('step_seconds', '')} | "
-                     f"{run.get('kept') or ''} | {averaged_cell} | {run.get('wall_minutes')} | "
+                     f"{run.get('kept') or ''} | {averaged_cell} | {run.get('wall_minutes') or '–'} | "
                      f"`{run.get('command')}` |")
     (results / f"{NAME}.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
