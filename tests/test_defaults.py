@@ -166,6 +166,9 @@ def test_measuring_a_step_leaves_the_random_state_alone(tiny_tokenizer):
     seconds = measure_step_seconds(build, Dataset.from_dict(rows), tiny_tokenizer, np.array(rows["length"]), 8, 8,
                                    seed=0)
     assert seconds > 0 and torch.equal(torch.get_rng_state(), before)
+    with pytest.raises(Exception, match="no pairs left"):  # one sentence, not a statistics traceback
+        measure_step_seconds(build, Dataset.from_dict({key: [] for key in rows}), tiny_tokenizer,
+                             np.array([], dtype=np.int32), 8, 8, seed=0)
     trained = built[0].state_dict()
     assert len(built) == 1 and not all(torch.equal(trained[name], initial[0][name]) for name in trained)  # it stepped
 

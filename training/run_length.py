@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .data import TokenBudgetBatchSampler
+from .data import DataError, TokenBudgetBatchSampler
 
 MODEL_COLUMNS = ("input_ids", "attention_mask", "labels")
 
@@ -66,6 +66,9 @@ def measure_step_seconds(build: Callable[[], torch.nn.Module], dataset: Any, tok
     untimed ones; the model is thrown away and the global random state is the same afterwards as before."""
     from transformers import DataCollatorForSeq2Seq
 
+    if len(lengths) == 0:
+        raise DataError("The training data has no pairs left (after the empty-pair and length filters), so there is "
+                        "nothing to train on; check --train_file and --filter_max_length / --max_source_length.")
     if max_tokens:
         batches = TokenBudgetBatchSampler(lengths, max_tokens, seed=seed).batches_for_epoch(0)
     else:
