@@ -1,10 +1,11 @@
 """Issue 41: `deepnmt train`'s defaults against a small sweep, at several corpus sizes and time budgets.
 
 Every run is the command a user types — training, validation and test files, a language pair and
-``--max_train_minutes`` — and a row adds at most one ``--config_overrides``: ``defaults`` adds nothing (the NMT
-defaults of training/defaults.py, docs/defaults.md: since 2026-11-26 their dropout follows the run's length in
-passes over the data), the other rows change one regularization or size setting each (`ROWS`); ``dropout0.0`` is
-the defaults of before that rule (the runs of the row ``defaults`` measured before it are renamed to it, `migrate`).
+``--max_train_minutes`` — and a row adds one setting: ``defaults`` adds nothing (the NMT defaults of
+training/defaults.py, docs/defaults.md: since 2026-11-26 their dropout follows the run's length in passes over the
+data), the other rows change one regularization, size, learning-rate or vocabulary setting each (`ROWS`);
+``dropout0.0`` is the defaults of before that rule (the runs of the row ``defaults`` measured before it are renamed
+to it, `migrate`, and their folders are kept aside as ``…-defaults-before-rule``).
 A budget run validates by the clock and keeps its best checkpoint by validation BLEU (docs/defaults.md), so each
 row's test score is its best checkpoint's, beam 4, on the first ``--test_samples`` verses of the held-out books. Each
 run also records its passes over the training data and its step time without the validations, from which the page
@@ -55,6 +56,10 @@ ROWS: dict[str, list[str]] = {
     "dropout0.1": ["--config_overrides", "dropout=0.1"],
     "dropout0.3": ["--config_overrides", "dropout=0.3"],
     "d256-dropout0.3": ["--config_overrides", "d_model=256,encoder_ffn_dim=1024,decoder_ffn_dim=1024,dropout=0.3"],
+    # the defaults with one other setting changed (their dropout still follows the run's length)
+    "attn-act-dropout0.1": ["--config_overrides", "attention_dropout=0.1,activation_dropout=0.1"],
+    "lr1.5e-3": ["--learning_rate", "0.0015"],
+    "vocab2000": ["--vocab_size", "2000"],
 }
 TRAIN = "corpus:web-sparv/train.jsonl.gz"
 VALIDATION = "corpus:web-sparv/valid.jsonl.gz"
@@ -234,6 +239,18 @@ def main() -> None:
     while todo or running:
         while todo and len(running) < args.parallel:
             name, folder, arguments, key = todo.pop(0)
+            if key["row"] == "defaults" and folder.exists() and (work / f"{name}.log").is_file() \
+                    and not RULE_LINE.search((work / f"{name}.log").read_text(errors="replace")):
+                # a `defaults` run from before the run-length dropout rule (its log has no rule line): that run is
+                # the `dropout0.0` row's (migrate); kept aside, and the defaults of today are trained
+                for path_before, path_after in ((folder, work / f"{name}-before-rule"),
+                                                (work / f"{name}.log", work / f"{name}-before-rule.log")):
+                    if not path_after.exists():
+                        path_before.rename(path_after)
+                if folder.exists():
+                    import shutil
+
+                    shutil.rmtree(folder)
             if (folder / "metrics.json").is_file() and (work / f"{name}.log").is_file():
                 # it finished after its study process had been stopped: recorded, not trained again
                 run = describe(folder, work / f"{name}.log", 0, arguments, None)
