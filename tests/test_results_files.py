@@ -196,3 +196,21 @@ def test_li2022_report_checks_catch_a_number_not_in_the_jsons():
     assert in_a_table != text and merge_generated(in_a_table, blocks) != in_a_table
     in_the_narrative = text.replace("validation BLEU 11.39", "test BLEU 12.14", 1)
     assert in_the_narrative != text and _unbacked_numbers(in_the_narrative, blocks) == {"12.14"}
+
+
+def test_the_budget_study_sets_a_defaults_run_from_before_the_dropout_rule_aside(tmp_path):
+    """A `defaults` run whose log has no dropout-rule line is the old defaults (the `dropout0.0` row): its folder and
+    log are renamed so that the study trains today's defaults instead of recording it; a run with the line stays."""
+    from benchmarks.experiments.defaults_budget import set_aside_before_rule
+
+    old, new = "10000-10min-defaults", "20000-10min-defaults"
+    for name, log in ((old, "[deepnmt]   model: … dropout 0.0 …\n"),
+                      (new, "[deepnmt]   dropout 0.1: the run is a 10-minute budget at 0.455 s a step (…): ≈ 1,318 "
+                            "steps = 7.4 passes over the training data (178 steps each); …\n")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.json").write_text("{}")
+        (tmp_path / f"{name}.log").write_text(log)
+    assert set_aside_before_rule(tmp_path, old) and not set_aside_before_rule(tmp_path, new)
+    assert not (tmp_path / old).exists() and (tmp_path / f"{old}-before-rule" / "metrics.json").is_file()
+    assert (tmp_path / f"{old}-before-rule.log").is_file() and (tmp_path / new / "metrics.json").is_file()
+    assert not set_aside_before_rule(tmp_path, old)  # nothing left to set aside

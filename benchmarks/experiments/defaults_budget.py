@@ -129,6 +129,21 @@ def describe(folder: Path, log_path: Path, code: int, arguments: list[str], minu
 RULE_LINE = re.compile(r"dropout ([0-9.]+): the run is [^\n]*?= ([0-9.]+) passes over the training data[^\n]*")
 
 
+def set_aside_before_rule(work: Path, name: str) -> bool:
+    """A finished `defaults` run from before the run-length dropout rule (its log has no rule line) is the
+    `dropout0.0` row's run (`migrate`), not one of today's defaults: its folder and log are renamed to
+    ``NAME-before-rule`` so that the study trains the defaults again instead of recording it. Returns whether it did."""
+    folder, log = work / name, work / f"{name}.log"
+    if not folder.exists() or not log.is_file() or RULE_LINE.search(log.read_text(errors="replace")):
+        return False
+    for path in (folder, log):
+        kept = path.with_name(path.name.replace(name, f"{name}-before-rule", 1))
+        if kept.exists():
+            raise SystemExit(f"{path}: a run from before the dropout rule, and {kept} exists already; move one away")
+        path.rename(kept)
+    return True
+
+
 def run_length(state: dict) -> dict:
     """How long a finished run was: ``passes`` over its training data, and ``step_seconds``, the seconds of a
     training step with the validations taken out — the quantity `deepnmt train` measures before a budget run to
@@ -239,18 +254,8 @@ def main() -> None:
     while todo or running:
         while todo and len(running) < args.parallel:
             name, folder, arguments, key = todo.pop(0)
-            if key["row"] == "defaults" and folder.exists() and (work / f"{name}.log").is_file() \
-                    and not RULE_LINE.search((work / f"{name}.log").read_text(errors="replace")):
-                # a `defaults` run from before the run-length dropout rule (its log has no rule line): that run is
-                # the `dropout0.0` row's (migrate); kept aside, and the defaults of today are trained
-                for path_before, path_after in ((folder, work / f"{name}-before-rule"),
-                                                (work / f"{name}.log", work / f"{name}-before-rule.log")):
-                    if not path_after.exists():
-                        path_before.rename(path_after)
-                if folder.exists():
-                    import shutil
-
-                    shutil.rmtree(folder)
+            if key["row"] == "defaults":
+                set_aside_before_rule(work, name)
             if (folder / "metrics.json").is_file() and (work / f"{name}.log").is_file():
                 # it finished after its study process had been stopped: recorded, not trained again
                 run = describe(folder, work / f"{name}.log", 0, arguments, None)
