@@ -60,6 +60,8 @@ ROWS: dict[str, list[str]] = {
     "attn-act-dropout0.1": ["--config_overrides", "attention_dropout=0.1,activation_dropout=0.1"],
     "lr1.5e-3": ["--learning_rate", "0.0015"],
     "vocab2000": ["--vocab_size", "2000"],
+    "ls0.2": ["--label_smoothing_factor", "0.2"],
+    "warmup400": ["--warmup_steps", "400"],
 }
 TRAIN = "corpus:web-sparv/train.jsonl.gz"
 VALIDATION = "corpus:web-sparv/valid.jsonl.gz"
