@@ -214,3 +214,7 @@ def test_the_budget_study_sets_a_defaults_run_from_before_the_dropout_rule_aside
     assert not (tmp_path / old).exists() and (tmp_path / f"{old}-before-rule" / "metrics.json").is_file()
     assert (tmp_path / f"{old}-before-rule.log").is_file() and (tmp_path / new / "metrics.json").is_file()
     assert not set_aside_before_rule(tmp_path, old)  # nothing left to set aside
+    unfinished = "29024-10min-defaults"  # killed before it printed its dropout: trained again whole, not set aside
+    (tmp_path / unfinished).mkdir()
+    (tmp_path / f"{unfinished}.log").write_text("[deepnmt] training a joint BPE …\n")
+    assert not set_aside_before_rule(tmp_path, unfinished) and (tmp_path / unfinished).is_dir()

@@ -136,7 +136,8 @@ def set_aside_before_rule(work: Path, name: str) -> bool:
     `dropout0.0` row's run (`migrate`), not one of today's defaults: its folder and log are renamed to
     ``NAME-before-rule`` so that the study trains the defaults again instead of recording it. Returns whether it did."""
     folder, log = work / name, work / f"{name}.log"
-    if not folder.exists() or not log.is_file() or RULE_LINE.search(log.read_text(errors="replace")):
+    finished = (folder / "metrics.json").is_file() and log.is_file()  # an unfinished run is trained again whole
+    if not finished or RULE_LINE.search(log.read_text(errors="replace")):
         return False
     for path in (folder, log):
         kept = path.with_name(path.name.replace(name, f"{name}-before-rule", 1))
