@@ -96,7 +96,7 @@ def dropout_for_epochs(epochs: float) -> float:
 
 
 def describe_dropout_rule() -> str:
-    """`DROPOUT_BY_EPOCHS` in words: "dropout 0.0 below 10 passes, 0.3 from 10"."""
+    """`DROPOUT_BY_EPOCHS` in words: "dropout 0.0 below 5 passes, 0.1 from 5"."""
     parts, low = [], None
     for below, dropout in DROPOUT_BY_EPOCHS:
         if low is None:
