@@ -744,7 +744,10 @@ def _serve(results: dict) -> list[str]:
                 "the model's own generation settings")
              + f", sent by N concurrent keep-alive clients in the benchmark process (each run stopped after "
              f"{serve['time_limit_s']:g} s at most). **dynamic** = `--max_batch_size {limits['dynamic']}` (the "
-             f"default), **baseline** = `--max_batch_size {limits['baseline']}`; × baseline = sentences/s over the "
+             "default" + (", one retiring search over every new-token budget; **dynamic_generate** = the same with "
+                          "`--search generate`, one transformers generate call per budget"
+                          if "dynamic_generate" in limits else "")
+             + f"), **baseline** = `--max_batch_size {limits['baseline']}`; × baseline = sentences/s over the "
              "baseline's at the same client count; mean batch = sentences per generate call (the server's /metrics). "
              f"Commit `{machine.get('commit', '?')}`. Measured by:", "", "```bash", run.get("command", ""), "```", ""]
     if run.get("quick"):

@@ -6,7 +6,9 @@ per `generate` call.
 
 For each engine — torch (the model folder) and ONNX Runtime int8 (``deepnmt export --format onnx --quantization
 int8``, into a temporary folder) — and each server setting — dynamic batching (``--max_batch_size 32``, the
-default) and the baseline ``--max_batch_size 1`` — one `deepnmt serve` process on a free loopback port
+default, whose torch and ONNX engines decode every budget in one retiring search), the same with ``--search generate``
+(one transformers ``generate`` call per budget; not for CTranslate2) and the baseline ``--max_batch_size 1`` — one
+`deepnmt serve` process on a free loopback port
 (127.0.0.1 only), ``--threads`` = the harness' ``--engine-threads``; against it, 1, 8 and 32 concurrent clients, each
 a keep-alive HTTP/1.1 connection sending its next request as soon as the last is answered, share a bounded list of
 requests: ``serve_requests`` (2,000; quick: 40) of 1–3 consecutive verses of the embedded test set
@@ -44,7 +46,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 ENGINES = {"torch": "torch (the model folder)", "onnx_int8": "ONNX Runtime int8",
            "ctranslate2_int8": "CTranslate2 int8 (a standard Transformer only)"}
-SETTINGS = {"dynamic": 32, "baseline": 1}  # --max_batch_size of each server setting
+# Each server setting: its --max_batch_size and --search. "dynamic" is the default server; "dynamic_generate" the
+# same with one transformers `generate` call per new-token budget (the server before the retiring search).
+SETTINGS = {"dynamic": (32, "retiring"), "dynamic_generate": (32, "generate"), "baseline": (1, "retiring")}
 GOAL_SPEEDUP, GOAL_P99_S, GOAL_CLIENTS = 3.0, 2.0, 32
 QUICKSTART_COMMAND = "deepnmt quickstart --output_dir runs/quickstart"
 
@@ -68,9 +72,10 @@ def test_set_requests(count: int, seed: int = 0) -> list[list[str]]:
 class ServerProcess:
     """`python -m hf_deepnmt_training.cli serve FOLDER --port 0 ...` with its port read from its log."""
 
-    def __init__(self, folder: Path, max_batch_size: int, threads: int, timeout_s: float = 300) -> None:
+    def __init__(self, folder: Path, max_batch_size: int, threads: int, timeout_s: float = 300,
+                 search: str = "retiring") -> None:
         command = [sys.executable, "-m", "hf_deepnmt_training.cli", "serve", str(folder), "--host", "127.0.0.1", "--port", "0",
-                   "--threads", str(threads), "--max_batch_size", str(max_batch_size)]
+                   "--threads", str(threads), "--max_batch_size", str(max_batch_size), "--search", search]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
                "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
         self.process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -252,9 +257,12 @@ def serve_section(model_dir: str | None, threads: int, requests: int, clients: S
         folders = {engine: folder for engine, folder in folders.items() if engine in wanted}
         result: dict[str, object] = {
             "model_dir": str(model_dir), "threads": threads, "requests": requests, "clients": list(clients),
-            "time_limit_s": time_limit_s, "parameters": parameters, "max_batch_size": dict(SETTINGS),
+            "time_limit_s": time_limit_s, "parameters": parameters,
+            "max_batch_size": {name: size for name, (size, _) in SETTINGS.items()},
+            "search": {name: search for name, (_, search) in SETTINGS.items()},
             "sentences_in_workload": sum(map(len, workload)), "runs": {}}
-        same = ("model_dir", "threads", "requests", "clients", "time_limit_s", "parameters", "max_batch_size")
+        same = ("model_dir", "threads", "requests", "clients", "time_limit_s", "parameters", "max_batch_size",
+                "search")
         if previous and all(previous.get(key) == result[key] for key in same):
             result["runs"] = {engine: cells for engine, cells in previous["runs"].items() if engine not in folders}
             if result["runs"]:
@@ -262,9 +270,12 @@ def serve_section(model_dir: str | None, threads: int, requests: int, clients: S
                 kept = previous.get("kept") or {**previous.get("measured_by", {}), "engines": list(result["runs"])}
                 result["kept"] = {**kept, "engines": list(result["runs"])}
         for engine, folder in folders.items():
-            for setting, max_batch_size in SETTINGS.items():
-                log(f"serve: {engine}, {setting} (--max_batch_size {max_batch_size}): starting the server")
-                server = ServerProcess(folder, max_batch_size, threads)
+            for setting, (max_batch_size, search) in SETTINGS.items():
+                if engine.startswith("ctranslate2") and search != "retiring":
+                    continue  # CTranslate2 has its own search: --search changes nothing there
+                log(f"serve: {engine}, {setting} (--max_batch_size {max_batch_size} --search {search}): starting "
+                    "the server")
+                server = ServerProcess(folder, max_batch_size, threads, search=search)
                 try:
                     asyncio.run(load(server.port, workload[:4], 1, 60, parameters))  # warm-up
                     cells = {}

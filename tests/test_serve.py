@@ -474,7 +474,7 @@ def test_a_ctranslate2_export_is_served_by_ctranslate2(engine_servers):
 
 # ------------------------------------------------------------------------------------------------ batching rules
 def _run_batcher(jobs: list[tuple[str, list[int]]], max_batch_size: int,
-                 budget=lambda length: None) -> list[list[tuple[str, int]]]:
+                 budget=lambda length: None, mixes_budgets: bool = False) -> list[list[tuple[str, int]]]:
     """Submit ``(parameters key, source lengths)`` jobs at once to a `Batcher` whose translation records its calls;
     the calls as ``(key, length)`` lists. ``budget`` gives each source's new-token budget."""
     calls: list[list[tuple[str, int]]] = []
@@ -485,7 +485,8 @@ def _run_batcher(jobs: list[tuple[str, list[int]]], max_batch_size: int,
 
     async def scenario():
         batcher = Batcher(translate, Metrics(), max_batch_size=max_batch_size, max_wait_ms=50, max_queue=100)
-        submitted = [batcher.submit(Settings(key=key, parameters={}, num_return_sequences=1),
+        submitted = [batcher.submit(Settings(key=key, parameters={}, num_return_sequences=1,
+                                             mixes_budgets=mixes_budgets),
                                     [(i, Source(length, None, budget(length))) for i, length in enumerate(lengths)],
                                     len(lengths))
                      for key, lengths in jobs]
@@ -517,6 +518,27 @@ def test_a_batch_holds_texts_of_one_new_token_budget():
                          budget=lambda length: new_token_budget(length, 512))
     assert sorted(map(sorted, calls)) == sorted(map(sorted, [[("a", 1), ("a", 2), ("a", 4)], [("a", 5), ("a", 6)],
                                                              [("a", 12), ("a", 12)]]))
+
+
+def test_an_engine_that_decodes_every_budget_in_one_search_gets_them_in_one_batch():
+    """With the retiring search (`Settings.mixes_budgets`) the budgets share batches: 7 sentences, one batch."""
+    from hf_deepnmt.pipeline_translation import new_token_budget
+
+    calls = _run_batcher([("a", [1, 5, 12, 2]), ("a", [4, 12, 6])], max_batch_size=8,
+                         budget=lambda length: new_token_budget(length, 512), mixes_budgets=True)
+    assert calls == [[("a", 1), ("a", 2), ("a", 4), ("a", 5), ("a", 6), ("a", 12), ("a", 12)]]
+
+
+def test_the_server_decodes_every_budget_in_one_retiring_search_unless_told_otherwise(model_folder):
+    """The torch engine's settings: one search over every budget for the model's own settings; one generate call per
+    budget with --search generate, for settings the search does not take, or when the request sets the length."""
+    from hf_deepnmt_training.serve import load_translator
+
+    retiring = load_translator("torch", model_folder)
+    assert retiring.prepare({}).mixes_budgets and retiring.prepare({"num_beams": 2}).mixes_budgets
+    assert not retiring.prepare({"repetition_penalty": 1.2}).mixes_budgets
+    assert not retiring.prepare({"max_new_tokens": 9}).mixes_budgets
+    assert not load_translator("torch", model_folder, search="generate").prepare({}).mixes_budgets
 
 
 def test_a_full_batch_does_not_wait_for_an_older_sentence_of_other_parameters():

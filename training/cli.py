@@ -473,6 +473,10 @@ def _serve(argv: Sequence[str]) -> int:
                         "413, never truncated (default: the longest the model accepts).")
     parser.add_argument("--threads", type=int, default=None, help="Intra-op threads of the engine (default: torch's "
                         "default thread count).")
+    parser.add_argument("--search", choices=("retiring", "generate"), default="retiring", help="torch and onnx "
+                        "engines: 'retiring' (default) decodes texts of every new-token budget in one search that "
+                        "drops each sentence from the batch once it is done, with generate's results; 'generate' "
+                        "makes one transformers generate call per budget (docs/serving.md).")
     args = parser.parse_args(argv)
     if bool(args.folder) == bool(args.model):
         parser.error("give the model folder once, as MODEL_DIR or --model_name_or_path")
@@ -497,7 +501,7 @@ def _serve(argv: Sequence[str]) -> int:
     return serve(ServeOptions(model=folder, engine=args.engine, host=args.host, port=args.port,
                               max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms,
                               max_queue=args.max_queue, max_input_tokens=args.max_input_tokens,
-                              threads=args.threads))
+                              threads=args.threads, search=args.search))
 
 
 def _push(argv: Sequence[str]) -> int:

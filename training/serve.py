@@ -13,17 +13,20 @@ How a request is served:
 * the event loop checks the request (`hf_deepnmt.handler.check_request`, then the parameters: names, types, values)
   and tokenizes each text with the pipeline's own ``preprocess``; a text over ``--max_input_tokens`` is refused
   with 413 (the server never truncates); a request that does not fit in the queue gets 503 with ``Retry-After``;
-* its sentences join the queue of their *generation parameters* and, when the request sets no length, of their
-  *new-token budget* (1.5 × the source + 10, `hf_deepnmt.pipeline_translation.new_token_budget`, as every decoding
-  path of the package gives a text): requests with different parameters are never decoded in one call, and a batch
-  is one `generate` call whose length its sentences' own budget bounds;
+* its sentences join the queue of their *generation parameters*: requests with different parameters are never
+  decoded in one call. When the request sets no length, each text has its own *new-token budget* (1.5 × the source
+  + 10, `hf_deepnmt.pipeline_translation.new_token_budget`, as every decoding path of the package gives a text);
+  the torch and ONNX engines decode texts of every budget in one search that retires each sentence from the batch
+  once it is done (`hf_deepnmt.retiring_search`, ``generate``'s results; ``--search retiring``, the default), and
+  otherwise (``--search generate``, CTranslate2, settings that search does not take) the queue is also per budget,
+  so that a batch is one `generate` call whose length its sentences' own budget bounds;
 * `Batcher` hands one batch at a time to one worker thread: the oldest waiting sentence's parameters, as soon as
   ``--max_batch_size`` sentences of them wait or the oldest has waited ``--max_wait_ms`` (meanwhile, a full batch of
   other parameters goes first); when more wait than fit,
   the batch is the ``--max_batch_size`` sentences closest in length that include the oldest (length-sorted batches
   pad least, and no sentence waits behind newer ones forever);
-* the worker pads the batch with the pipeline's collate function, runs the pipeline's ``forward`` (`generate`) and
-  ``postprocess``, and the results go back to their requests; a request whose client has gone is taken out of the
+* the worker pads the batch with the pipeline's collate function, runs the retiring search (or the pipeline's
+  ``forward``, `generate`) and the pipeline's ``postprocess``, and the results go back to their requests; a request whose client has gone is taken out of the
   queue; an exception fails the requests of that batch only (500; 400 for a user's mistake) and the server goes on.
 
 SIGTERM or SIGINT: uvicorn stops accepting connections, every request in flight is answered, then the process exits
@@ -94,6 +97,7 @@ class ServeOptions:
     max_queue: int = 256
     max_input_tokens: int | None = None  # None: the longest source the model accepts
     threads: int | None = None  # None: torch's default
+    search: str = "retiring"  # torch/onnx: one retiring search over every budget, or "generate" per budget
 
 
 def choose_engine(folder: str | os.PathLike, requested: str | None, cuda: bool = False,
@@ -151,6 +155,9 @@ class Settings:
     preprocess: dict[str, Any] = field(default_factory=dict)
     forward: dict[str, Any] = field(default_factory=dict)
     postprocess: dict[str, Any] = field(default_factory=dict)
+    mixes_budgets: bool = False
+    """Texts of every new-token budget share a batch: the engine decodes them in one search that retires each
+    sentence when it is done (`hf_deepnmt.retiring_search`; the torch and ONNX engines, for the settings it takes)."""
 
 
 @dataclass
@@ -231,13 +238,15 @@ class PipelineTranslator:
     torch model or `OnnxSeq2SeqLM`) with its own ``preprocess``, batching (``pad_collate_fn``), ``forward`` and
     ``postprocess``; only the grouping of texts into batches is the server's."""
 
-    def __init__(self, pipeline: Any, engine: str, max_input_tokens: int | None = None) -> None:
+    def __init__(self, pipeline: Any, engine: str, max_input_tokens: int | None = None,
+                 retiring: bool = True) -> None:
         from transformers.pipelines.base import pad_collate_fn
 
         from hf_deepnmt.errors import UserInputError
 
         self.pipeline = pipeline
         self.engine = engine
+        self.retiring = retiring  # decode every budget in one retiring search where it takes the settings
         self.model_limit = pipeline._max_source_tokens()
         if max_input_tokens is not None and max_input_tokens > self.model_limit:
             raise UserInputError(f"`--max_input_tokens` = {max_input_tokens} is more than the model accepts "
@@ -253,6 +262,7 @@ class PipelineTranslator:
     def prepare(self, parameters: dict[str, Any]) -> Settings:
         from hf_deepnmt.errors import UserInputError
         from hf_deepnmt.modeling_common import check_generation_arguments
+        from hf_deepnmt.retiring_search import unsupported
 
         check_parameter_types(parameters, {**PIPELINE_PARAMETERS, **GENERATION_PARAMETERS}, self.engine)
         pipeline = self.pipeline
@@ -276,10 +286,15 @@ class PipelineTranslator:
             if limit is not None and value is not None and value > limit:
                 raise UserInputError(f"`parameters.{name}` = {value} is more than this model can generate "
                                      f"({limit}, its max_position_embeddings); use {limit} or less.")
+        # one search over every budget when the request leaves the length to the budgets and the search takes the
+        # settings (otherwise `generate`, one call per budget)
+        mixes = (self.retiring and not {"max_new_tokens", "max_length"} & forward.keys()
+                 and unsupported(pipeline.model, forward) is None)
         return Settings(key=_settings_key(parameters), parameters=parameters,
                         num_return_sequences=int(parameters.get("num_return_sequences", 1) or 1),
                         preprocess={**pipeline._preprocess_params, **preprocess, "truncation": False},
-                        forward=forward, postprocess={**pipeline._postprocess_params, **postprocess})
+                        forward=forward, postprocess={**pipeline._postprocess_params, **postprocess},
+                        mixes_budgets=bool(mixes))
 
     def encode(self, text: str, index: int, settings: Settings) -> Source:
         pipeline = self.pipeline
@@ -294,11 +309,19 @@ class PipelineTranslator:
     def translate(self, sources: Sequence[Source], settings: Settings) -> list[list[str]]:
         pipeline = self.pipeline
         batch = self.collate([source.inputs for source in sources])
-        output_ids = pipeline.forward(batch, **settings.forward)["output_ids"]  # (batch, sequences per text, length)
+        if settings.mixes_budgets:
+            from hf_deepnmt.retiring_search import retiring_generate, search_settings
+
+            found = retiring_generate(pipeline.model, batch["input_ids"], batch["attention_mask"],
+                                      [source.budget for source in sources],
+                                      search_settings(pipeline.model, settings.forward))
+            rows = [hypotheses.sequences[None] for hypotheses in found]  # (1, sequences per text, length) each
+        else:
+            output_ids = pipeline.forward(batch, **settings.forward)["output_ids"]  # (batch, sequences, length)
+            rows = [output_ids[row:row + 1] for row in range(len(sources))]
         with self.tokenizer_lock:
             return [[record["translation_text"] for record in
-                     pipeline.postprocess({"output_ids": output_ids[row:row + 1]}, **settings.postprocess)]
-                    for row in range(len(sources))]
+                     pipeline.postprocess({"output_ids": ids}, **settings.postprocess)] for ids in rows]
 
 
 class CTranslate2Translator:
@@ -366,8 +389,9 @@ class CTranslate2Translator:
 
 
 def load_translator(engine: str, folder: str | os.PathLike, threads: int | None = None,
-                    max_input_tokens: int | None = None) -> Translator:
-    """Load ``engine`` for ``folder`` (as `choose_engine` returned them) with ``threads`` intra-op threads."""
+                    max_input_tokens: int | None = None, search: str = "retiring") -> Translator:
+    """Load ``engine`` for ``folder`` (as `choose_engine` returned them) with ``threads`` intra-op threads;
+    ``search``: how the torch and onnx engines decode a batch (`ServeOptions.search`)."""
     import torch
     from transformers import AutoTokenizer
 
@@ -392,7 +416,7 @@ def load_translator(engine: str, folder: str | os.PathLike, threads: int | None 
         from transformers import pipeline as make_pipeline
 
         pipeline = make_pipeline("translation", model=str(folder), device=0 if torch.cuda.is_available() else -1)
-    return PipelineTranslator(pipeline, engine, max_input_tokens)
+    return PipelineTranslator(pipeline, engine, max_input_tokens, retiring=search == "retiring")
 
 
 def answer(single: bool, candidates: Sequence[Sequence[str]], num_return_sequences: int) -> list[Any]:
@@ -518,9 +542,11 @@ class Item:
 
     @property
     def queue(self) -> tuple[str, int | None]:
-        """Its queue: the request's generation parameters and the sentence's new-token budget (texts of one budget
-        are decoded in one call, and a batch of several budgets would be several calls)."""
-        return self.job.settings.key, self.source.budget
+        """Its queue: the request's generation parameters and, unless the engine decodes several budgets in one
+        search (`Settings.mixes_budgets`), the sentence's new-token budget (a batch of several budgets would
+        otherwise be several calls)."""
+        settings = self.job.settings
+        return settings.key, None if settings.mixes_budgets else self.source.budget
 
 
 class Batcher:
@@ -688,7 +714,8 @@ class ServerState:
         self.options = options
         self.engine = engine
         self.folder = folder
-        self.loader = loader or (lambda: load_translator(engine, folder, options.threads, options.max_input_tokens))
+        self.loader = loader or (lambda: load_translator(engine, folder, options.threads, options.max_input_tokens,
+                                                         options.search))
         self.metrics = Metrics()
         self.translator: Translator | None = None
         self.batcher: Batcher | None = None

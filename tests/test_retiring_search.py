@@ -1,0 +1,114 @@
+"""`hf_deepnmt.retiring_search`: one search over sentences of different new-token budgets, each sentence leaving the
+batch once its result is final, gives transformers' own results — the sequences and scores of ``generate`` on each
+sentence alone with its budget — for both families and every search setting it takes.
+
+The Transformers are briefly trained (export_cases.train_until) so that hypotheses end with </s> at varied lengths as
+well as at their budgets (both ways of retiring are exercised, checked below); the DTMT is random and runs to its
+budgets. All are turned to float64: a sentence's
+float32 log-probabilities then do not depend on which other sentences share its batch, so the comparison is exact.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import dtmt_model
+from export_cases import shared_sources, source_batch, train_until, variant_model
+
+from hf_deepnmt.retiring_search import retiring_generate, search_settings, unsupported
+
+SETTINGS = [
+    {"num_beams": 4},
+    {"num_beams": 4, "num_return_sequences": 3, "length_penalty": 0.6},
+    {"num_beams": 3, "early_stopping": False, "length_penalty": -0.5},
+    {"num_beams": 3, "early_stopping": "never", "length_penalty": 1.3},
+    {"num_beams": 4, "length_penalty_form": "gnmt", "length_penalty": 0.6},
+    {"num_beams": 1},
+]
+BUDGETS = (3, 6, 9, 14)
+
+
+def ends_early(model, sources) -> bool:
+    """Whether beam-4 search ends at least two of ``sources`` with </s> within 9 new tokens (the budgets 3 and 6
+    of `BUDGETS` then end others at their budget: the test checks that both happen)."""
+    batch = source_batch(sources, model.config.pad_token_id)
+    with torch.no_grad():
+        output = model.generate(**batch, num_beams=4, max_new_tokens=9)
+    ended = (output == model.config.eos_token_id).any(dim=-1)
+    return int(ended.sum()) >= 2
+
+
+@pytest.fixture(scope="module", params=["transformer", "cad_post_ln", "dtmt"])
+def trained(request, tiny_tokenizer):
+    torch.set_num_threads(1)
+    sources = shared_sources(tiny_tokenizer)
+    if request.param == "dtmt":
+        # 60 steps of the tiny corpus teach the tiny DTMT to stop at once or never (seeds 1-11 tried): a random one
+        # that runs to its budgets checks the DTMT state's retirement; stopping by </s> is the Transformers' check
+        return dtmt_model(seed=3, vocab_size=len(tiny_tokenizer)).double(), sources, False
+    name = "post_ln" if request.param == "transformer" else "cad_p1_post_ln"
+    model = train_until(lambda: variant_model(name, len(tiny_tokenizer)), tiny_tokenizer,
+                        lambda model: ends_early(model, sources)).double()
+    return model, sources, True
+
+
+@pytest.mark.parametrize("settings", SETTINGS, ids=lambda settings: "-".join(f"{k}={v}" for k, v in settings.items()))
+def test_one_call_over_every_budget_gives_generate_s_results_sentence_by_sentence(trained, settings):
+    model, sources, ends_by_eos = trained
+    assert unsupported(model, settings) is None
+    batch = source_batch(sources, model.config.pad_token_id)
+    budgets = [BUDGETS[index % len(BUDGETS)] for index in range(len(sources))]
+    got = retiring_generate(model, batch["input_ids"], batch["attention_mask"], budgets, search_settings(model, settings))
+    pad, eos = model.config.pad_token_id, model.config.eos_token_id
+    ended_early = at_budget = 0
+    for index, budget in enumerate(budgets):
+        alone = {name: value[index:index + 1] for name, value in batch.items()}
+        width = int(alone["attention_mask"].sum())
+        alone = {name: value[:, :width] for name, value in alone.items()}
+        with torch.no_grad():
+            reference = model.generate(**alone, **settings, max_new_tokens=budget, output_scores=True,
+                                       return_dict_in_generate=True)
+        expected = reference.sequences
+        width = max(expected.size(1), got[index].sequences.size(1))
+        assert torch.equal(torch.nn.functional.pad(got[index].sequences, (0, width - got[index].sequences.size(1)),
+                                                   value=pad),
+                           torch.nn.functional.pad(expected, (0, width - expected.size(1)), value=pad)), (index, budget)
+        if settings["num_beams"] > 1:
+            torch.testing.assert_close(got[index].scores, reference.sequences_scores, rtol=1e-6, atol=1e-6)
+        else:
+            assert got[index].scores is None
+        for row in expected:
+            if (row == eos).any() and int((row == eos).nonzero()[0]) < budget:
+                ended_early += 1
+            else:
+                at_budget += 1
+    assert at_budget and (ended_early or not ends_by_eos), "the case must end hypotheses with </s> and at budgets"
+
+
+def test_finished_sentences_leave_the_batch(trained):
+    """The decoder is called on fewer rows as sentences finish: the short budgets' rows are not carried along."""
+    model, sources, _ = trained
+    batch = source_batch(sources, model.config.pad_token_id)
+    budgets = [3] * (len(sources) - 1) + [14]
+    rows: list[int] = []
+    hook = model.register_forward_pre_hook(lambda module, args, kwargs: rows.append(kwargs["decoder_input_ids"].size(0)),
+                                           with_kwargs=True)
+    try:
+        retiring_generate(model, batch["input_ids"], batch["attention_mask"], budgets,
+                          search_settings(model, {"num_beams": 4}))
+    finally:
+        hook.remove()
+    # every sentence for 3 steps, then the long one alone (4 beams) until it ends
+    assert rows[:3] == [4 * len(sources)] * 3 and len(rows) > 3 and set(rows[3:]) == {4}, rows
+
+
+@pytest.mark.parametrize("settings, named", [
+    ({"do_sample": True}, "do_sample"), ({"repetition_penalty": 1.2}, "repetition_penalty"),
+    ({"no_repeat_ngram_size": 3}, "no_repeat_ngram_size"), ({"min_new_tokens": 2}, "min_new_tokens"),
+    ({"forced_bos_token_id": 5}, "forced_bos_token_id"), ({"output_scores": True}, "output_scores"),
+    ({"unheard_of": 1}, "unheard_of")])
+def test_settings_outside_the_search_are_named_so_the_caller_uses_generate(settings, named):
+    model = dtmt_model()
+    reason = unsupported(model, settings)
+    assert reason is not None and reason.startswith(named)
+    assert unsupported(model, {"num_beams": 4, "max_new_tokens": 9, "length_penalty": 0.8}) is None
