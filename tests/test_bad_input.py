@@ -92,3 +92,17 @@ def test_wrong_config_types_get_our_sentence_before_transformers_validators(fiel
 def test_deep_decoder_config_with_a_shallower_decoder_just_works():
     config = DeepDecoderTransformerConfig(decoder_layers=6)
     assert config.cross_attention_drop_depth == 5 and config.decoder_layers == 6
+
+
+def test_training_data_that_cannot_be_read_leaves_no_empty_run_folder(tmp_path, monkeypatch, capsys):
+    """`deepnmt train` without --output_dir names a new folder under runs/; when the data then turns out missing, the
+    command answers in one sentence and removes the folders it created (they would hold nothing)."""
+    from hf_deepnmt_training.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "valid.jsonl").write_text('{"translation": {"en": "a", "es": "b"}}\n', encoding="utf-8")
+    code = main(["train", "--train_file", "missing.jsonl", "--validation_file", "valid.jsonl", "--source_lang", "en",
+                 "--target_lang", "es", "--max_steps", "1"])
+    assert code == 2
+    assert "missing.jsonl" in capsys.readouterr().err
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["valid.jsonl"]

@@ -189,11 +189,17 @@ def train(argv: Sequence[str], clock: RunClock | None = None) -> TrainOutcome:
     set_seed(training_args.seed)
     resume = resume_target(training_args)
     output_dir = Path(training_args.output_dir)
+    created = [folder for folder in (output_dir, *output_dir.parents) if not folder.exists()]  # leaf first
     output_dir.mkdir(parents=True, exist_ok=True)
-
-    corpora, defaults = read_corpora(argv, model_args, data_args, training_args, recipe)
-    tokenizer = load_or_train_tokenizer(model_args, data_args, training_args, corpora["train"])
-    prepared = tokenize_corpora(corpora, tokenizer, model_args, data_args, training_args)
+    try:
+        corpora, defaults = read_corpora(argv, model_args, data_args, training_args, recipe)
+        tokenizer = load_or_train_tokenizer(model_args, data_args, training_args, corpora["train"])
+        prepared = tokenize_corpora(corpora, tokenizer, model_args, data_args, training_args)
+    except BaseException:
+        for folder in created:  # data that cannot be read leaves no empty run folder behind
+            if folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
+        raise
     datasets = {split: entry.dataset for split, entry in prepared.items()}
     run_until_budget(model_args, training_args)
     if defaults is not None and defaults.dropout_by_length:  # needs the tokenized data and the run's length
