@@ -75,6 +75,12 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
 }
 
 
+# The model classes (by name, so that a saved folder's remote-code copy counts) whose state this search is tested to
+# retire rows of (tests/test_retiring_search.py, tests/test_serve.py): both families and their paper subclasses, and
+# an ONNX export under `OnnxSeq2SeqLM`. An ensemble (`EnsembleForConditionalGeneration`) is left to ``generate``.
+TESTED_CLASSES = {"DeepTransformerForConditionalGeneration", "DTMTForConditionalGeneration", "OnnxSeq2SeqLM"}
+
+
 @dataclass(frozen=True)
 class SearchSettings:
     """What the search needs of a generation config."""
@@ -91,8 +97,8 @@ class SearchSettings:
 def unsupported(model: Any, settings: dict[str, Any]) -> str | None:
     """Why ``settings`` (the call's generation arguments, merged over ``model.generation_config``) need transformers'
     ``generate`` instead of this search, or None when this search gives its results."""
-    if not callable(getattr(model, "get_encoder", None)):
-        return "the model has no encoder to call"
+    if not {cls.__name__ for cls in type(model).__mro__} & TESTED_CLASSES:
+        return f"{type(model).__name__} is not a class the retiring search is tested with"
     merged = {**model.generation_config.to_dict(), **settings}
     for name, neutral in _NEUTRAL.items():
         if name in merged and merged[name] not in neutral:

@@ -112,3 +112,11 @@ def test_settings_outside_the_search_are_named_so_the_caller_uses_generate(setti
     reason = unsupported(model, settings)
     assert reason is not None and reason.startswith(named)
     assert unsupported(model, {"num_beams": 4, "max_new_tokens": 9, "length_penalty": 0.8}) is None
+
+
+def test_an_ensemble_is_left_to_generate():
+    from hf_deepnmt import EnsembleForConditionalGeneration
+
+    ensemble = EnsembleForConditionalGeneration([dtmt_model(seed=1), dtmt_model(seed=2)])
+    assert unsupported(ensemble, {}) == "EnsembleForConditionalGeneration is not a class the retiring search is " \
+                                        "tested with"

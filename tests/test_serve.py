@@ -263,6 +263,28 @@ def test_requests_in_flight_together_are_one_batch_answered_as_the_pipeline_and_
 
 
 @pytest.mark.integration
+def test_texts_of_different_budgets_are_one_retiring_search_answered_as_the_handler_answers(server, handler):
+    """Without a length in the request, each text has its own new-token budget: the server decodes the 7 texts (3
+    budgets) in one batch, with the retiring search, and answers what the handler (one generate call per budget)
+    answers."""
+    from hf_deepnmt.pipeline_translation import new_token_budget
+
+    tokenizer = handler.pipeline.tokenizer
+    budgets = {new_token_budget(len(tokenizer(text)["input_ids"]), 64) for text in SOURCES[:7]}
+    assert len(budgets) >= 2, budgets  # the batch really mixes budgets
+    requests = [{"inputs": SOURCES[:3], "parameters": {"num_beams": 3}},
+                {"inputs": SOURCES[3:5], "parameters": {"num_beams": 3}},
+                {"inputs": SOURCES[5:7], "parameters": {"num_beams": 3}}]
+    before = server.metrics()
+    answers = concurrently([lambda r=r: server.post(r) for r in requests])
+    after = server.metrics()
+    assert answers == [(200, handler(request)) for request in requests]
+    assert after["deepnmt_batches_total"] - before["deepnmt_batches_total"] == 1
+    texts = [record["translation_text"] for _, body in answers for record in body]
+    assert len(set(texts)) >= 5  # a mix-up would show
+
+
+@pytest.mark.integration
 def test_bad_requests_get_400_with_one_sentence_naming_the_field(server):
     bad = [
         (b'{"inputs": "x"', "not valid JSON"),
@@ -445,7 +467,8 @@ def test_a_folder_with_an_onnx_export_is_served_by_onnx_runtime_by_default(engin
 
     process, folder = engine_servers["onnx"], engine_servers["folders"]["onnx"]
     assert json.loads(process.request("GET", "/health")[2])["engine"] == "onnx"
-    requests = [{"inputs": SOURCES[:4], "parameters": PARAMETERS}, {"inputs": SOURCES[4], "parameters": PARAMETERS}]
+    requests = [{"inputs": SOURCES[:4], "parameters": PARAMETERS}, {"inputs": SOURCES[4], "parameters": PARAMETERS},
+                {"inputs": SOURCES[5:], "parameters": {"num_beams": 3}}]  # own budgets: the retiring search
     answers = concurrently([lambda r=r: process.post(r) for r in requests])
     endpoint = EndpointHandler(str(folder))
     assert endpoint.engine == "onnx"
