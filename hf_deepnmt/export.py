@@ -175,18 +175,41 @@ class TorchEngine:
             output = self.model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
                                          num_beams=num_beams, max_new_tokens=max_new_tokens, do_sample=False,
                                          num_return_sequences=1, min_new_tokens=min_new_tokens or None, **settings)
+        return [self._tokens(row) for row in output[:, 1:].tolist()]  # without the decoder start token
+
+
+    def takes_budgets(self, num_beams: int) -> bool:
+        """Whether `generate_budgets` can decode this model's beam-``num_beams`` search (`hf_deepnmt.retiring_search`:
+        float32, a class it is tested with, the model's generation settings inside it)."""
+        from .retiring_search import unsupported
+
+        return not self.bf16 and unsupported(self.model, {"num_beams": num_beams}) is None
+
+    @torch.no_grad()
+    def generate_budgets(self, sources: Sequence[Sequence[int]], budgets: Sequence[int],
+                         num_beams: int = 4) -> list[list[int]]:
+        """`generate`'s output for sources of different new-token ``budgets`` in one retiring search (each source
+        leaves the batch once its hypotheses are final; the same tokens as `generate` on each budget's sources)."""
+        from .retiring_search import retiring_generate, search_settings
+
+        input_ids, attention_mask = (torch.from_numpy(array) for array in
+                                     pad_batch(sources, self.model.config.pad_token_id))
+        device = self.model.device
+        found = retiring_generate(self.model, input_ids.to(device), attention_mask.to(device), budgets,
+                                  search_settings(self.model, {"num_beams": num_beams}))
+        return [self._tokens(hypotheses.sequences[0, 1:].tolist()) for hypotheses in found]
+
+    def _tokens(self, row: list[int]) -> list[int]:
+        """A row of token ids without the start token, cut after ``</s>`` and without padding."""
         pad, eos = self.model.config.pad_token_id, self.model.config.eos_token_id
-        results = []
-        for row in output[:, 1:].tolist():  # drop the decoder start token
-            tokens = []
-            for token in row:
-                tokens.append(token)
-                if token == eos:
-                    break
-            while tokens and tokens[-1] == pad and pad != eos:
-                tokens.pop()
-            results.append(tokens)
-        return results
+        tokens = []
+        for token in row:
+            tokens.append(token)
+            if token == eos:
+                break
+        while tokens and tokens[-1] == pad and pad != eos:
+            tokens.pop()
+        return tokens
 
 
 class OnnxEngine(TorchEngine):

@@ -65,17 +65,20 @@ def test_translations_do_not_depend_on_the_batch_size(budget_model, tiny_tokeniz
     lengths = [len(ids) for ids in encoded]
     assert len({new_token_budget(n, 64) for n in lengths}) >= 4  # the batches mix budgets
 
-    def translate(batch_size: int, jitter=None) -> list[tuple[str]]:
+    def translate(batch_size: int, jitter=None, search: str = "retiring") -> list[tuple[str]]:
         with jittered(model, jitter):
             texts = translate_sentences(model, tiny_tokenizer, sentences, num_beams=4, batch_size=batch_size,
-                                        progress=False)
+                                        progress=False, search=search)
         return [(text,) for text in texts]
 
-    alone = translate(1)
+    # the reference: each sentence alone, transformers' generate (which the jitter reaches); the candidates: batches
+    # of one budget (generate) and of every budget (the retiring search, the default)
+    alone = translate(1, search="generate")
     assert unfinished(model, encoded) >= 3
     for batch_size in (7, 64):
-        assert_same_search(functools.partial(translate, 1), translate(batch_size), what=f"batch size {batch_size}",
-                           expected=alone)
+        for search in ("generate", "retiring"):
+            assert_same_search(functools.partial(translate, 1, search="generate"), translate(batch_size, search=search),
+                               what=f"batch size {batch_size}, {search}", expected=alone)
 
 
 def test_the_pipeline_and_the_server_decode_each_text_with_its_own_budget(budget_model, tiny_tokenizer):
@@ -92,7 +95,7 @@ def test_the_pipeline_and_the_server_decode_each_text_with_its_own_budget(budget
     def reference(jitter=None) -> list[tuple[str]]:  # deepnmt translate's decoding
         with jittered(model, jitter):
             return [(text,) for text in translate_sentences(model, tiny_tokenizer, SENTENCES, num_beams=4,
-                                                            progress=False)]
+                                                            progress=False, search="generate")]
 
     expected = reference()
     for batch_size in (1, 8):

@@ -41,12 +41,16 @@ def translate_sentences(
     progress: bool = True,
     desc: str = "translating",
     bf16: bool = False,
+    search: str = "retiring",
 ) -> list[str]:
     """Translate in length-sorted batches (original order restored); an empty line translates to "".
 
     Each sentence's translation is what it would be alone (up to float32 rounding at exact ties): its new-token
     budget is its own (`new_token_budget`, unless ``max_new_tokens`` sets one for all), and a batch only holds
-    sentences of one budget, so neither ``batch_size`` nor the other sentences change a result.
+    sentences of one budget, so neither ``batch_size`` nor the other sentences change a result — or, with
+    ``search="retiring"`` (the default) and an engine that takes it (`TorchEngine.takes_budgets`: torch float32 and
+    ONNX models of the package), a batch holds sentences of any budget, decoded in one search that retires each
+    sentence once its result is final (`hf_deepnmt.retiring_search`: the same tokens as one call per budget).
 
     ``model`` is a PyTorch model (run with `generate`, under bf16 autocast with ``bf16``) or an engine of
     `hf_deepnmt.export.load_engine` (CTranslate2, ONNX Runtime): the batching and the output are the same.
@@ -61,16 +65,24 @@ def translate_sentences(
     encoded = dict(zip(kept, tokenizer([sentences[i] for i in kept], truncation=True, max_length=limit)["input_ids"]
                        if kept else []))
     budget = {i: max_new_tokens or new_token_budget(len(ids), limit) for i, ids in encoded.items()}
+    if search not in ("retiring", "generate"):
+        raise ValueError(f"search = {search!r} is not allowed; use 'retiring' or 'generate'.")
+    mixed = (search == "retiring" and max_new_tokens is None and callable(getattr(engine, "takes_budgets", None))
+             and engine.takes_budgets(num_beams))
     order = sorted(kept, key=lambda i: (budget[i], len(encoded[i])), reverse=True)
     batches: list[list[int]] = []
-    for i in order:  # consecutive runs of one budget, cut every batch_size sentences
-        if batches and len(batches[-1]) < batch_size and budget[batches[-1][0]] == budget[i]:
+    for i in order:  # consecutive runs of one budget (of any, when mixed), cut every batch_size sentences
+        if batches and len(batches[-1]) < batch_size and (mixed or budget[batches[-1][0]] == budget[i]):
             batches[-1].append(i)
         else:
             batches.append([i])
     results = [""] * len(sentences)
     for batch in tqdm(batches, desc=desc, disable=not progress, file=sys.stderr):
-        output = engine.generate([encoded[i] for i in batch], num_beams=num_beams, max_new_tokens=budget[batch[0]])
+        if mixed:
+            output = engine.generate_budgets([encoded[i] for i in batch], [budget[i] for i in batch], num_beams)
+        else:
+            output = engine.generate([encoded[i] for i in batch], num_beams=num_beams,
+                                     max_new_tokens=budget[batch[0]])
         for i, text in zip(batch, tokenizer.batch_decode(output, skip_special_tokens=True)):
             results[i] = text.strip()
     return results
