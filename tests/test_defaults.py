@@ -40,7 +40,7 @@ def test_given_options_reads_both_spellings():
 def test_resolve_never_changes_what_the_command_line_set():
     chosen = resolve(29_024, "cpu", given={"learning_rate", "vocab_size"}, model_fields_given=False, max_steps=1400)
     assert "learning_rate" not in chosen.options and "vocab_size" not in chosen.options
-    assert chosen.options["warmup_steps"] == 200 and chosen.options["eval_steps"] == 350
+    assert chosen.options["warmup_steps"] == 280 and chosen.options["eval_steps"] == 350  # 400, a fifth of 1400
     assert chosen.options["max_tokens"] == 2048 and chosen.model["d_model"] == 128
     short = resolve(29_024, "cpu", given=set(), model_fields_given=True, max_steps=100)
     assert short.model == {} and short.options["warmup_steps"] == 20  # a fifth of a short run at most

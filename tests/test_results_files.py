@@ -218,3 +218,34 @@ def test_the_budget_study_sets_a_defaults_run_from_before_the_dropout_rule_aside
     (tmp_path / unfinished).mkdir()
     (tmp_path / f"{unfinished}.log").write_text("[deepnmt] training a joint BPE …\n")
     assert not set_aside_before_rule(tmp_path, unfinished) and (tmp_path / unfinished).is_dir()
+
+
+def test_the_budget_study_keeps_the_defaults_of_before_the_warm_up_change_as_their_own_row(tmp_path):
+    """Since the warm-up study the defaults choose 400 steps: a finished `defaults` run whose log shows the defaults
+    choosing 200 is set aside (folder and log renamed) and recorded as the `warmup200` row, and the cell's
+    `warmup400` run (the same command the defaults resolve to now) stands for the defaults; a run of today's
+    defaults (warm-up 400 in its log) stays what it is."""
+    from benchmarks.experiments.defaults_budget import migrate, set_aside_before_rule, warmup_of
+
+    rule = ("[deepnmt]   dropout 0.1: the run is a 30-minute budget at 0.447 s a step (…): ≈ 4,024 steps = 22.6 passes "
+            "over the training data (178 steps each); …\n")
+    for name, warmup in (("10000-30min-defaults", 200), ("20000-30min-defaults", 400)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.json").write_text("{}")
+        (tmp_path / f"{name}.log").write_text(f"[deepnmt]   --warmup_steps {warmup}\n{rule}")
+    assert set_aside_before_rule(tmp_path, "10000-30min-defaults")
+    assert (tmp_path / "10000-30min-defaults-warmup200" / "metrics.json").is_file()
+    assert not set_aside_before_rule(tmp_path, "20000-30min-defaults")
+    assert warmup_of(["--warmup_steps", "400"], "") == 400 and warmup_of([], "[deepnmt]   --max_tokens 2048\n") is None
+
+    def run(row: str, bleu: float, **extra) -> dict:
+        return {"size": "10000", "budget_minutes": 30.0, "row": row, "test": {"bleu": bleu}, "rule": {"dropout": 0.1},
+                **extra}
+
+    report = migrate({"runs": {"10000-30min-defaults": run("defaults", 12.19),
+                               "10000-30min-warmup400": run("warmup400", 12.13, warmup_steps=400),
+                               "20000-30min-defaults": {**run("defaults", 15.0, warmup_steps=400), "size": "20000"}}})
+    runs = report["runs"]
+    assert runs["10000-30min-warmup200"]["test"]["bleu"] == 12.19 and runs["10000-30min-warmup200"]["ran_as"]
+    assert runs["10000-30min-defaults"]["test"]["bleu"] == 12.13 and "warmup400" in runs["10000-30min-defaults"]["ran_as"]
+    assert runs["20000-30min-defaults"]["test"]["bleu"] == 15.0 and "ran_as" not in runs["20000-30min-defaults"]

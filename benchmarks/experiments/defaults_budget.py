@@ -62,7 +62,11 @@ ROWS: dict[str, list[str]] = {
     "vocab2000": ["--vocab_size", "2000"],
     "ls0.2": ["--label_smoothing_factor", "0.2"],
     "warmup400": ["--warmup_steps", "400"],
+    "warmup200": ["--warmup_steps", "200"],
 }
+# The `cpu-small` warm-up of the defaults before this study made it 400 (2026-11-26): `defaults` runs that resolved
+# to it are the `warmup200` row's, and `warmup400` runs are the defaults' since then (`migrate`).
+WARMUP_BEFORE, WARMUP_NOW = 200, 400
 TRAIN = "corpus:web-sparv/train.jsonl.gz"
 VALIDATION = "corpus:web-sparv/valid.jsonl.gz"
 TEST = "corpus:web-sparv/test.jsonl.gz"
@@ -124,7 +128,23 @@ def describe(folder: Path, log_path: Path, code: int, arguments: list[str], minu
     rule = RULE_LINE.search(text)
     if rule:  # the defaults chose the dropout from the run's length (hf_deepnmt_training.run_length)
         run["rule"] = {"dropout": float(rule[1]), "passes": float(rule[2]), "line": rule[0].strip()}
+    warmup = warmup_of(arguments, text)
+    if warmup is not None:
+        run["warmup_steps"] = warmup
     return run
+
+
+# The line `deepnmt train` prints for a warm-up its defaults chose.
+WARMUP_LINE = re.compile(r"^\[deepnmt\]\s+--warmup_steps (\d+)\s*$", re.MULTILINE)
+
+
+def warmup_of(arguments: list[str], log_text: str) -> int | None:
+    """The warm-up a run trained with: the command line's ``--warmup_steps``, else the one the defaults chose (its
+    log line), else None (neither: not a run of the defaults' warm-up)."""
+    if "--warmup_steps" in arguments:
+        return int(arguments[arguments.index("--warmup_steps") + 1])
+    chosen = WARMUP_LINE.search(log_text)
+    return int(chosen[1]) if chosen else None
 
 
 # The line `deepnmt train` prints when its defaults choose the dropout from the run's length.
@@ -133,16 +153,25 @@ RULE_LINE = re.compile(r"dropout ([0-9.]+): the run is [^\n]*?= ([0-9.]+) passes
 
 def set_aside_before_rule(work: Path, name: str) -> bool:
     """A finished `defaults` run from before the run-length dropout rule (its log has no rule line) is the
-    `dropout0.0` row's run (`migrate`), not one of today's defaults: its folder and log are renamed to
-    ``NAME-before-rule`` so that the study trains the defaults again instead of recording it. Returns whether it did."""
+    `dropout0.0` row's run (`migrate`), and one from before the warm-up change (its log shows the defaults choosing
+    ``--warmup_steps 200``) the `warmup200` row's; neither is one of today's defaults: its folder and log are
+    renamed to ``NAME-before-rule`` / ``NAME-warmup200`` so that the study records today's defaults instead (the
+    `warmup400` run of the cell, `migrate`, or a new run). Returns whether it did."""
     folder, log = work / name, work / f"{name}.log"
     finished = (folder / "metrics.json").is_file() and log.is_file()  # an unfinished run is trained again whole
-    if not finished or RULE_LINE.search(log.read_text(errors="replace")):
+    if not finished:
+        return False
+    text = log.read_text(errors="replace")
+    if not RULE_LINE.search(text):
+        suffix = "before-rule"
+    elif warmup_of([], text) == WARMUP_BEFORE:
+        suffix = "warmup200"
+    else:
         return False
     for path in (folder, log):
-        kept = path.with_name(path.name.replace(name, f"{name}-before-rule", 1))
+        kept = path.with_name(path.name.replace(name, f"{name}-{suffix}", 1))
         if kept.exists():
-            raise SystemExit(f"{path}: a run from before the dropout rule, and {kept} exists already; move one away")
+            raise SystemExit(f"{path}: a run of the defaults of before, and {kept} exists already; move one away")
         path.rename(kept)
     return True
 
@@ -170,7 +199,9 @@ def estimated_passes(run: dict) -> float | None:
 def migrate(report: dict) -> dict:
     """Runs of the row `defaults` from before the run-length dropout rule (2026-11-26: no rule line in the log) are
     runs of the `dropout0.0` row: the defaults of that time, the same training as ``--config_overrides
-    dropout=0.0``. Renamed in place, once."""
+    dropout=0.0``; `defaults` runs from before the warm-up change (warm-up 200, recorded or not) are the `warmup200`
+    row's. Renamed in place, once. A cell without a `defaults` run then takes its `warmup400` run as the defaults'
+    (the same command once the defaults choose that warm-up), marked ``ran_as``."""
     for name in list(report.get("runs", {})):
         run = report["runs"][name]
         if run.get("row") == "defaults" and run.get("test") and not run.get("rule"):
@@ -178,6 +209,19 @@ def migrate(report: dict) -> dict:
             report["runs"].setdefault(renamed, {**run, "row": "dropout0.0", "ran_as": (
                 "the defaults before the run-length dropout rule: dropout 0.0, as --config_overrides dropout=0.0")})
             del report["runs"][name]
+    for name in list(report.get("runs", {})):  # then: the defaults before the warm-up change
+        run = report["runs"][name]
+        if run.get("row") == "defaults" and run.get("test") and run.get("warmup_steps", WARMUP_BEFORE) == WARMUP_BEFORE:
+            renamed = run_name(run["size"], f"{run['budget_minutes']:g}", "warmup200")
+            report["runs"].setdefault(renamed, {**run, "row": "warmup200", "warmup_steps": WARMUP_BEFORE, "ran_as": (
+                "the defaults before the warm-up change: warm-up 200, as --warmup_steps 200")})
+            del report["runs"][name]
+    for name in list(report.get("runs", {})):  # the warmup400 runs are the defaults' own since the change
+        run = report["runs"][name]
+        defaults = run_name(run["size"], f"{run['budget_minutes']:g}", "defaults")
+        if run.get("row") == "warmup400" and run.get("test") and defaults not in report["runs"]:
+            report["runs"][defaults] = {**run, "row": "defaults", "ran_as": (
+                "the warmup400 run: --warmup_steps 400 is what the defaults choose since the warm-up change")}
     return report
 
 
