@@ -249,3 +249,5 @@ def test_the_budget_study_keeps_the_defaults_of_before_the_warm_up_change_as_the
     assert runs["10000-30min-warmup200"]["test"]["bleu"] == 12.19 and runs["10000-30min-warmup200"]["ran_as"]
     assert runs["10000-30min-defaults"]["test"]["bleu"] == 12.13 and "warmup400" in runs["10000-30min-defaults"]["ran_as"]
     assert runs["20000-30min-defaults"]["test"]["bleu"] == 15.0 and "ran_as" not in runs["20000-30min-defaults"]
+    assert migrate(json.loads(json.dumps(report))) == report  # once: the copied defaults are not the old ones
+    assert "20000-30min-warmup200" not in runs

@@ -220,7 +220,7 @@ def migrate(report: dict) -> dict:
         run = report["runs"][name]
         defaults = run_name(run["size"], f"{run['budget_minutes']:g}", "defaults")
         if run.get("row") == "warmup400" and run.get("test") and defaults not in report["runs"]:
-            report["runs"][defaults] = {**run, "row": "defaults", "ran_as": (
+            report["runs"][defaults] = {**run, "row": "defaults", "warmup_steps": WARMUP_NOW, "ran_as": (
                 "the warmup400 run: --warmup_steps 400 is what the defaults choose since the warm-up change")}
     return report
 
