@@ -107,6 +107,7 @@ RENDERED: dict[str, Renderer] = {
     "li2022_miniature.md": Renderer("li2022_miniature", "write_markdown", "li2022_miniature.json", "markdown"),
     "li2022_regime_step1.md": Renderer("li2022_regime", "write_markdown", "li2022_regime_step1.json", "markdown"),
     "quickstart_probes.md": Renderer("quickstart_probes", "render", "quickstart_probes.json", "folder"),
+    "retiring_search.md": Renderer("retiring_search", "render", "retiring_search.json", "folder"),
     "train_defaults.md": Renderer("train_defaults", "render", "train_defaults.json", "folder"),
 }
 # Hand-written reports whose tables are generated blocks (checked below, not rendered whole).
