@@ -35,6 +35,14 @@ collects every run and writes the page. The lanes of 2026-11-26: lane 1 ``--only
 written, then (after the dataset stage) ``--only original-student,ensemble,ensemble-tuned``, then (after the export)
 ``--only distilled-student-onnx-int8,distilled-student-ctranslate2-int8``.
 
+A longer-student study of the same teachers need not retrain them nor translate the corpus again: ``--reuse_from
+OTHER_WORK_DIR`` links the other study's teachers and ensemble rows and starts the distillation folder from its
+translation and dataset stages (`reuse_runs`; `deepnmt distill` then resumes at the student's training).
+``--student_dropout D`` gives both students dropout D (``--config_overrides dropout=D``). The study of 2026-11-27:
+``--teacher_steps 2800 --student_steps 8400 --student_dropout 0.1 --work_dir runs/distill_bible_t2800_s8400_d01
+--reuse_from runs/distill_bible_t2800``, lane 1 ``--only distilled-student``, lane 2 ``--only original-student``,
+then the int8 rows and a run without ``--only``.
+
 Report whatever happens.
 """
 
@@ -43,6 +51,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -71,6 +80,8 @@ def steps(args: argparse.Namespace) -> list[tuple[str, Path, list[str]]]:
         teacher_small = [*teacher_small, "--max_steps", str(args.teacher_steps)]
     if args.student_steps is not None:
         small = [*small, "--max_steps", str(args.student_steps)]
+    if args.student_dropout is not None:
+        small = [*small, "--config_overrides", f"dropout={args.student_dropout}"]
     return [
         ("teacher-a", teacher_a, ["train", "--recipe", "quickstart", "--output_dir", str(teacher_a), "--seed", "42",
                                   *teacher_small]),
@@ -177,11 +188,61 @@ def smoke_training_file(path: Path) -> None:
         path.write_text("".join(line for _, line in zip(range(200), handle)), encoding="utf-8")
 
 
-def results_name(teacher_steps: int | None, student_steps: int | None) -> str:
+def results_name(teacher_steps: int | None, student_steps: int | None, student_dropout: float | None = None) -> str:
     """``distill_bible`` (both recipes' 1400 steps), ``distill_bible_<N>steps`` (students N steps),
-    ``distill_bible_teachers<T>[_<N>steps]`` (teachers T steps)."""
+    ``distill_bible_teachers<T>[_<N>steps]`` (teachers T steps), ``…_dropout<D>`` (students' dropout D)."""
     return (NAME + ("" if teacher_steps is None else f"_teachers{teacher_steps}")
-            + ("" if student_steps is None else f"_{student_steps}steps"))
+            + ("" if student_steps is None else f"_{student_steps}steps")
+            + ("" if student_dropout is None else f"_dropout{student_dropout:g}"))
+
+
+REUSED_RUNS: tuple[str, ...] = ("teacher-a", "teacher-b", "ensemble", "ensemble-tuned")
+
+
+def student_options(distill_argv: list[str]) -> list[str]:
+    """What `deepnmt distill` records as ``student_options`` for the study's ``distill`` arguments: every argument
+    after ``--output_dir DIR`` that is not distill's own (the study passes only ``--threads N`` of those)."""
+    rest = distill_argv[distill_argv.index("--output_dir") + 2:]
+    kept, skip = [], False
+    for token in rest:
+        if skip:
+            skip = False
+        elif token == "--threads":
+            skip = True
+        else:
+            kept.append(token)
+    return kept
+
+
+def reuse_runs(args: argparse.Namespace, source: Path, student_options: list[str]) -> None:
+    """Start WORK_DIR from another study of the same teachers (``--reuse_from SOURCE``): the teachers and both
+    ensemble rows are linked, not retrained; the distillation folder starts with SOURCE's translation and dataset
+    stages (its manifest's settings with this study's student options), so `deepnmt distill` resumes at the
+    student's training. Nothing in SOURCE is changed."""
+    work = Path(args.work_dir)
+    (work / "entries").mkdir(parents=True, exist_ok=True)
+    for name in REUSED_RUNS:
+        link, kept = work / name, work / "entries" / f"{name}.json"
+        if not link.exists():
+            link.symlink_to((source / name).resolve(), target_is_directory=True)
+        if (source / "entries" / f"{name}.json").is_file() and not kept.is_file():
+            kept.write_text((source / "entries" / f"{name}.json").read_text())
+    distill = work / "distill"
+    if distill.exists():
+        return
+    manifest = json.loads((source / "distill" / "distill.json").read_text())
+    missing = [stage for stage in ("translate", "dataset") if stage not in manifest["completed"]]
+    if missing:
+        raise SystemExit(f"--reuse_from {source}: its distillation has not completed {missing}")
+    staging = work / "distill.partial"
+    shutil.rmtree(staging, ignore_errors=True)
+    (staging / "distilled").mkdir(parents=True)
+    for file in ("translations.txt", "train.jsonl"):
+        shutil.copyfile(source / "distill" / "distilled" / file, staging / "distilled" / file)
+    manifest["settings"]["student_options"] = student_options
+    manifest["completed"] = {stage: manifest["completed"][stage] for stage in ("translate", "dataset")}
+    (staging / "distill.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
+    staging.rename(distill)
 
 
 def free_port() -> int:
@@ -262,6 +323,11 @@ def main() -> None:
     parser.add_argument("--teacher_steps", type=int, default=None, help="Training steps of both teachers (default: "
                         "the quickstart recipe's 1400); the results go to "
                         "distill_bible_teachers<T>[_<N>steps].{json,md}.")
+    parser.add_argument("--student_dropout", type=float, default=None, help="Dropout of both students (default: the "
+                        "student recipe's 0.0; longer runs want 0.1, docs/defaults.md); the results go to "
+                        "…_dropout<D>.{json,md}.")
+    parser.add_argument("--reuse_from", default=None, help="Another study's WORK_DIR with the same teachers: link "
+                        "its teachers and ensemble rows and start from its distilled data (`reuse_runs`).")
     parser.add_argument("--only", default=None, help="Comma-separated runs to do now (a lane of a parallel study): "
                         f"of {RUN_NAMES}; without it, every run in order and the results page.")
     parser.add_argument("--translate_processes", type=int, default=1, help="Processes (torchrun, one thread each) "
@@ -273,7 +339,7 @@ def main() -> None:
         parser.error(f"--only {args.only!r} names {unknown}; the runs are {RUN_NAMES}")
     if args.translate_processes < 1:
         parser.error(f"--translate_processes {args.translate_processes} must be 1 or more")
-    name = results_name(args.teacher_steps, args.student_steps)
+    name = results_name(args.teacher_steps, args.student_steps, args.student_dropout)
     results = Path(args.work_dir) if args.smoke else Path(args.results)
     if args.render_only:
         report = json.loads((results / f"{name}.json").read_text())
@@ -284,6 +350,9 @@ def main() -> None:
     results.mkdir(parents=True, exist_ok=True)
     if args.smoke:
         smoke_training_file(work / "smoke-train.jsonl")
+    if args.reuse_from is not None:
+        distill_argv = dict((name, argv) for name, _, argv in steps(args))["distilled-student"]
+        reuse_runs(args, Path(args.reuse_from), student_options(distill_argv))
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "HF_HUB_OFFLINE": "1",
            "TOKENIZERS_PARALLELISM": "false"}
     if only is not None:
@@ -301,6 +370,10 @@ def main() -> None:
         report["student_steps"] = args.student_steps
     if args.teacher_steps is not None:
         report["teacher_steps"] = args.teacher_steps
+    if args.student_dropout is not None:
+        report["student_dropout"] = args.student_dropout
+    if args.reuse_from is not None:
+        report["reused_from"] = args.reuse_from
     for step in steps(args):
         entry = run_one(*step, args, env)
         report["runs"][step[0]] = entry
@@ -328,7 +401,9 @@ def _bleu(report: dict, name: str) -> float | None:
 def render(report: dict) -> str:
     """The results page: the scores with their commands, the goals, the speed section when measured."""
     runs = report["runs"]
-    steps = f", {report['student_steps']} steps," if "student_steps" in report else ""
+    steps = (f", {report['student_steps']} steps" if "student_steps" in report else "") + (
+        f", dropout {report['student_dropout']:g}" if "student_dropout" in report else "")
+    steps = f"{steps}," if steps else ""
     how_run = ("two runs at a time in two lanes (`--only`, the script's docstring): that changes their minutes, not "
                "their results" if report.get("lanes") else "one run at a time")
     teacher = f", {report['teacher_steps']} steps" if "teacher_steps" in report else ""
@@ -343,7 +418,10 @@ def render(report: dict) -> str:
     lines = ["# Distillation on the embedded corpus: two teachers, their ensemble, a distilled student", "",
              f"Command: `{report.get('command')}` ({report.get('threads')} CPU thread per run, {how_run}). "
              "Test: the 998 verses of the held-out books, beam 4. Every command below ran as written "
-             "(`deepnmt` = `python -m hf_deepnmt_training.cli`).", "",
+             "(`deepnmt` = `python -m hf_deepnmt_training.cli`)."
+             + (f" The teachers, both ensemble rows and the distillation's translation and dataset stages were taken "
+                f"from {report['reused_from']} (`--reuse_from`): the same runs, not repeated." if report.get("reused_from")
+                else ""), "",
              "| model | test BLEU | chrF | minutes | command |", "|---|---|---|---|---|"]
     for label, name in rows:
         entry = runs.get(name) or {}
@@ -385,7 +463,8 @@ def render(report: dict) -> str:
     if speed:
         lines += [f"Command: `{speed['command']}` ({speed['machine']}).", "", *speed["table"]]
     else:
-        study = "".join(f" --{key} {report[key]}" for key in ("teacher_steps", "student_steps") if key in report)
+        study = "".join(f" --{key} {report[key]:g}" for key in ("teacher_steps", "student_steps", "student_dropout")
+                        if key in report)
         work = (runs.get("teacher-a") or {}).get("folder", "runs/distill_bible/teacher-a").rsplit("/", 1)[0]
         lines.append(f"Not measured for this study (it needs a quiet machine): `python -m benchmarks.distill_speed "
                      f"--work_dir {work}{study}` adds the table here.")
