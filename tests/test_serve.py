@@ -552,6 +552,19 @@ def test_an_engine_that_decodes_every_budget_in_one_search_gets_them_in_one_batc
     assert calls == [[("a", 1), ("a", 2), ("a", 4), ("a", 5), ("a", 6), ("a", 12), ("a", 12)]]
 
 
+def test_one_retiring_search_takes_the_oldest_requests_whole_in_arrival_order():
+    """A queue of every budget (`Settings.mixes_budgets`) is served first come, first served, a request's texts in
+    one batch: with 4 per batch, request 1 (2 texts) goes with request 2's single text, not with the 3 texts of
+    request 3 that would split it (the length windows of the per-budget queues would have taken 30, 31, 29, 32);
+    request 3 is next, then request 4; one request larger than a batch is cut."""
+    calls = _run_batcher([("a", [30, 5]), ("a", [7]), ("a", [31, 29, 32]), ("a", [4]), ("a", [9, 8, 7, 6, 5])],
+                         max_batch_size=4, mixes_budgets=True)
+    assert calls == [[("a", 5), ("a", 7), ("a", 30)], [("a", 4), ("a", 29), ("a", 31), ("a", 32)],
+                     [("a", 6), ("a", 7), ("a", 8), ("a", 9)], [("a", 5)]]
+    per_budget = _run_batcher([("a", [30, 5]), ("a", [7]), ("a", [31, 29, 32]), ("a", [4])], max_batch_size=4)
+    assert per_budget[0] == [("a", 29), ("a", 30), ("a", 31), ("a", 32)]  # one generate call: lengths close together
+
+
 def test_the_server_decodes_every_budget_in_one_retiring_search_unless_told_otherwise(model_folder):
     """The torch engine's settings: one search over every budget for the model's own settings; one generate call per
     budget with --search generate, for settings the search does not take, or when the request sets the length."""

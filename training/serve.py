@@ -23,7 +23,8 @@ How a request is served:
 * `Batcher` hands one batch at a time to one worker thread: the oldest waiting sentence's parameters, as soon as
   ``--max_batch_size`` sentences of them wait or the oldest has waited ``--max_wait_ms`` (meanwhile, a full batch of
   other parameters goes first); when more wait than fit,
-  the batch is the ``--max_batch_size`` sentences closest in length that include the oldest (length-sorted batches
+  the batch is, for one retiring search, the oldest requests' sentences (whole requests), else the
+  ``--max_batch_size`` sentences closest in length that include the oldest (length-sorted batches
   pad least, and no sentence waits behind newer ones forever);
 * the worker pads the batch with the pipeline's collate function, runs the retiring search (or the pipeline's
   ``forward``, `generate`) and the pipeline's ``postprocess``, and the results go back to their requests; a request whose client has gone is taken out of the
@@ -641,11 +642,16 @@ class Batcher:
                 await asyncio.wait_for(self.wakeup.wait(), wait)
 
     def take(self, oldest: Item, queue: list[Item]) -> list[Item]:
-        """Remove and return the batch: every waiting sentence of the key if they fit, else the ``max_batch_size``
-        consecutive ones in length order that include ``oldest`` with the smallest length spread; sorted by length."""
+        """Remove and return the batch, sorted by length: every waiting sentence of the key if they fit; else, for a
+        queue of every budget (one retiring search), the oldest requests' sentences in arrival order, whole requests
+        only (a request's texts in one batch, unless one request alone has more than a batch takes); else (one
+        ``generate`` call per batch) the ``max_batch_size`` consecutive ones in length order that include ``oldest``
+        with the smallest length spread."""
         by_length = sorted(queue, key=lambda item: (item.source.length, item.sequence))
         size = self.max_batch_size
-        if len(by_length) > size:
+        if len(by_length) > size and oldest.queue[1] is None and oldest.job.settings.mixes_budgets:
+            by_length = sorted(self._oldest_requests(queue), key=lambda item: (item.source.length, item.sequence))
+        elif len(by_length) > size:
             position = by_length.index(oldest)
             starts = range(max(0, position - size + 1), min(position, len(by_length) - size) + 1)
             start = min(starts, key=lambda s: (by_length[s + size - 1].source.length - by_length[s].source.length, s))
@@ -659,6 +665,18 @@ class Batcher:
             del self.pending[key]
         self.waiting -= len(by_length)
         return by_length
+
+    def _oldest_requests(self, queue: list[Item]) -> list[Item]:
+        """The first ``max_batch_size`` sentences of ``queue`` in arrival order, cut before the first request that
+        does not fit whole (a request's waiting sentences are consecutive in arrival order: one `submit`)."""
+        by_arrival = sorted(queue, key=lambda item: item.sequence)
+        size = self.max_batch_size
+        chosen = by_arrival[:size]
+        if len(by_arrival) > size and by_arrival[size].job is chosen[-1].job:  # the cut splits the last request
+            split = chosen[-1].job
+            whole = [item for item in chosen if item.job is not split]
+            chosen = whole or chosen  # one request larger than a batch: its first sentences
+        return chosen
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
