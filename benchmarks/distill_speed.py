@@ -179,11 +179,13 @@ def main() -> None:
                         help="The study's --student_steps (its results file's name).")
     parser.add_argument("--teacher_steps", type=int, default=None,
                         help="The study's --teacher_steps (its results file's name).")
+    parser.add_argument("--student_dropout", type=float, default=None,
+                        help="The study's --student_dropout (its results file's name).")
     args = parser.parse_args()
     work, results = Path(args.work_dir), Path(args.results)
     from benchmarks.experiments.distill_bible import results_name
 
-    name = results_name(args.teacher_steps, args.student_steps)
+    name = results_name(args.teacher_steps, args.student_steps, args.student_dropout)
     path = results / f"{name}.json"
     report = json.loads(path.read_text()) if path.is_file() else {"runs": {}}
     speed = report.get("speed") or {}

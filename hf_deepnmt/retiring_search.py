@@ -27,7 +27,7 @@ and the caller uses ``generate``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch.nn import functional as F
@@ -161,9 +161,11 @@ class Hypotheses:
 
 @torch.no_grad()
 def retiring_generate(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                      max_new_tokens: Sequence[int], settings: SearchSettings) -> list[Hypotheses]:
+                      max_new_tokens: Sequence[int], settings: SearchSettings,
+                      on_result: Callable[[int, Hypotheses], None] | None = None) -> list[Hypotheses]:
     """Translate a batch in one search where sentence ``i`` may generate ``max_new_tokens[i]`` tokens; its
-    `Hypotheses`, in input order."""
+    `Hypotheses`, in input order. ``on_result(i, hypotheses)`` is called as soon as sentence ``i``'s result is final
+    (the step it leaves the batch), before the rest of the batch is done: a server answers with it early."""
     batch = input_ids.size(0)
     if len(max_new_tokens) != batch:
         raise ValueError(f"max_new_tokens has {len(max_new_tokens)} budgets for a batch of {batch} sentences.")
@@ -197,6 +199,8 @@ def retiring_generate(model: Any, input_ids: torch.Tensor, attention_mask: torch
             for position, sentence in enumerate(search.sentences.tolist()):
                 if done[position]:
                     results[sentence] = search.result(position)
+                    if on_result is not None:
+                        on_result(sentence, results[sentence])
             keep = (~done).nonzero().squeeze(1)  # (A',) sentences still searched
             if keep.numel() == 0:
                 break

@@ -93,13 +93,20 @@ def test_finished_sentences_leave_the_batch(trained):
     rows: list[int] = []
     hook = model.register_forward_pre_hook(lambda module, args, kwargs: rows.append(kwargs["decoder_input_ids"].size(0)),
                                            with_kwargs=True)
+    reported: list[tuple[int, int, object]] = []  # (sentence, decoder calls so far, hypotheses) from on_result
     try:
-        retiring_generate(model, batch["input_ids"], batch["attention_mask"], budgets,
-                          search_settings(model, {"num_beams": 4}))
+        found = retiring_generate(model, batch["input_ids"], batch["attention_mask"], budgets,
+                                  search_settings(model, {"num_beams": 4}),
+                                  on_result=lambda index, hypotheses: reported.append((index, len(rows), hypotheses)))
     finally:
         hook.remove()
     # every sentence for 3 steps, then the long one alone (4 beams) until it ends
     assert rows[:3] == [4 * len(sources)] * 3 and len(rows) > 3 and set(rows[3:]) == {4}, rows
+    # each result is reported once, the step it is final: the short ones after 3 decoder calls, the long one last
+    assert sorted(index for index, _, _ in reported) == list(range(len(sources)))
+    assert all(calls == 3 for index, calls, _ in reported if index < len(sources) - 1)
+    assert reported[-1][:2] == (len(sources) - 1, len(rows))
+    assert all(hypotheses is found[index] for index, _, hypotheses in reported)
 
 
 @pytest.mark.parametrize("settings, named", [

@@ -502,7 +502,7 @@ def _run_batcher(jobs: list[tuple[str, list[int]]], max_batch_size: int,
     the calls as ``(key, length)`` lists. ``budget`` gives each source's new-token budget."""
     calls: list[list[tuple[str, int]]] = []
 
-    def translate(sources, settings):
+    def translate(sources, settings, deliver=None):
         calls.append([(settings.key, source.length) for source in sources])
         return [[str(source.length)] for source in sources]
 
@@ -563,6 +563,36 @@ def test_one_retiring_search_takes_the_oldest_requests_whole_in_arrival_order():
                      [("a", 6), ("a", 7), ("a", 8), ("a", 9)], [("a", 5)]]
     per_budget = _run_batcher([("a", [30, 5]), ("a", [7]), ("a", [31, 29, 32]), ("a", [4])], max_batch_size=4)
     assert per_budget[0] == [("a", 29), ("a", 30), ("a", 31), ("a", 32)]  # one generate call: lengths close together
+
+
+def test_a_sentence_whose_search_is_over_is_answered_before_its_batch_ends():
+    """The engine hands a sentence's translations over mid-batch (`deliver`, as the retiring search does when the
+    sentence leaves it): a request whose sentences are all delivered is answered while the batch still runs; the
+    others at its end, each sentence once."""
+    release = threading.Event()
+    answered_early = []
+
+    def translate(sources, settings, deliver):
+        deliver(0, ["early"])  # the batch's first source (request "a", one text) is done
+        answered_early.append(release.wait(10))  # the test answers request "a" before this batch may end
+        return [["late"] if index == 0 else [str(source.length)] for index, source in enumerate(sources)]
+
+    async def scenario():
+        batcher = Batcher(translate, Metrics(), max_batch_size=8, max_wait_ms=20, max_queue=100)
+        settings = Settings(key="k", parameters={}, num_return_sequences=1, mixes_budgets=True)
+        short = batcher.submit(settings, [(0, Source(1, None, None))], 1)
+        long = batcher.submit(settings, [(0, Source(5, None, None)), (1, Source(9, None, None))], 2)
+        batcher.start()
+        first = await asyncio.wait_for(short.future, 10)
+        still_running = not long.future.done()
+        release.set()
+        second = await asyncio.wait_for(long.future, 10)
+        await batcher.stop()
+        return first, still_running, second
+
+    first, still_running, second = asyncio.run(scenario())
+    assert first == [["early"]] and still_running and answered_early == [True]
+    assert second == [["5"], ["9"]]
 
 
 def test_the_server_decodes_every_budget_in_one_retiring_search_unless_told_otherwise(model_folder):

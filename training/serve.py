@@ -181,7 +181,8 @@ def budget_of(length: int, forward: dict[str, Any], positions: int) -> int | Non
 
 class Translator(Protocol):
     """What the server needs of an engine. ``prepare`` and ``encode`` run on the event loop (cheap, they raise
-    `UserInputError` / `InputTooLong` sentences); ``translate`` runs on the worker thread."""
+    `UserInputError` / `InputTooLong` sentences); ``translate`` runs on the worker thread and may hand a source's
+    translations to ``deliver(i, translations)`` before the batch is over (the retiring search does)."""
 
     engine: str
     max_input_tokens: int
@@ -190,7 +191,8 @@ class Translator(Protocol):
 
     def encode(self, text: str, index: int, settings: Settings) -> Source: ...
 
-    def translate(self, sources: Sequence[Source], settings: Settings) -> list[list[str]]: ...
+    def translate(self, sources: Sequence[Source], settings: Settings,
+                  deliver: Callable[[int, list[str]], None] | None = None) -> list[list[str]]: ...
 
 
 def _type_ok(value: Any, kind: str) -> bool:
@@ -307,22 +309,34 @@ class PipelineTranslator:
             return Source(length, pipeline.preprocess(text, **settings.preprocess),
                           budget_of(length, settings.forward, positions))
 
-    def translate(self, sources: Sequence[Source], settings: Settings) -> list[list[str]]:
+    def translate(self, sources: Sequence[Source], settings: Settings,
+                  deliver: Callable[[int, list[str]], None] | None = None) -> list[list[str]]:
+        """Every source's translations, in order; with the retiring search, ``deliver(i, translations)`` gets
+        source ``i``'s as soon as its search is over (the batch goes on with the others)."""
         pipeline = self.pipeline
         batch = self.collate([source.inputs for source in sources])
-        if settings.mixes_budgets:
-            from hf_deepnmt.retiring_search import retiring_generate, search_settings
 
-            found = retiring_generate(pipeline.model, batch["input_ids"], batch["attention_mask"],
-                                      [source.budget for source in sources],
-                                      search_settings(pipeline.model, settings.forward))
-            rows = [hypotheses.sequences[None] for hypotheses in found]  # (1, sequences per text, length) each
-        else:
-            output_ids = pipeline.forward(batch, **settings.forward)["output_ids"]  # (batch, sequences, length)
-            rows = [output_ids[row:row + 1] for row in range(len(sources))]
-        with self.tokenizer_lock:
-            return [[record["translation_text"] for record in
-                     pipeline.postprocess({"output_ids": ids}, **settings.postprocess)] for ids in rows]
+        def decode(output_ids: torch.Tensor) -> list[str]:  # (1, sequences per text, length)
+            with self.tokenizer_lock:
+                return [record["translation_text"] for record in
+                        pipeline.postprocess({"output_ids": output_ids}, **settings.postprocess)]
+
+        if settings.mixes_budgets:
+            from hf_deepnmt.retiring_search import Hypotheses, retiring_generate, search_settings
+
+            decoded: dict[int, list[str]] = {}
+
+            def finished(index: int, hypotheses: Hypotheses) -> None:
+                decoded[index] = decode(hypotheses.sequences[None])
+                if deliver is not None:
+                    deliver(index, decoded[index])
+
+            retiring_generate(pipeline.model, batch["input_ids"], batch["attention_mask"],
+                              [source.budget for source in sources],
+                              search_settings(pipeline.model, settings.forward), on_result=finished)
+            return [decoded[index] for index in range(len(sources))]
+        output_ids = pipeline.forward(batch, **settings.forward)["output_ids"]  # (batch, sequences, length)
+        return [decode(output_ids[row:row + 1]) for row in range(len(sources))]
 
 
 class CTranslate2Translator:
@@ -374,7 +388,8 @@ class CTranslate2Translator:
             raise _too_long(index, len(ids), self.max_input_tokens, self.model_limit)
         return Source(len(ids), ids, budget_of(len(ids), settings.forward, self.ct2.max_positions))
 
-    def translate(self, sources: Sequence[Source], settings: Settings) -> list[list[str]]:
+    def translate(self, sources: Sequence[Source], settings: Settings,
+                  deliver: Callable[[int, list[str]], None] | None = None) -> list[list[str]]:
         from hf_deepnmt.pipeline_translation import rows_by_budget
 
         # each text's own budget (`Source.budget`; None: the request's max_new_tokens), one call per budget, as the
@@ -540,6 +555,7 @@ class Item:
     source: Source
     sequence: int  # arrival order
     arrived: float  # time.monotonic()
+    delivered: bool = False  # its translations went to its request (early, or at the end of its batch)
 
     @property
     def queue(self) -> tuple[str, int | None]:
@@ -555,7 +571,8 @@ class Batcher:
     batch at a time on a single worker thread (the model is not run on the event loop, so the server answers /health
     and /metrics and takes requests while it translates)."""
 
-    def __init__(self, translate: Callable[[Sequence[Source], Settings], list[list[str]]], metrics: Metrics,
+    def __init__(self, translate: Callable[[Sequence[Source], Settings, Callable[[int, list[str]], None]],
+                                           list[list[str]]], metrics: Metrics,
                  max_batch_size: int = 32, max_wait_ms: float = 10.0, max_queue: int = 256,
                  executor: ThreadPoolExecutor | None = None) -> None:
         self.translate = translate
@@ -690,9 +707,14 @@ class Batcher:
             settings = batch[0].job.settings
             self.batch_number += 1
             started = time.perf_counter()
+
+            def deliver_early(position: int, candidates: list[str], batch: list[Item] = batch) -> None:
+                # worker thread: the sentence's search is over while its batch goes on; its request may be answered
+                loop.call_soon_threadsafe(self.deliver, batch[position], candidates)
+
             try:
                 outputs = await loop.run_in_executor(self.executor, self.translate, [item.source for item in batch],
-                                                     settings)
+                                                     settings, deliver_early)
                 if len(outputs) != len(batch):
                     raise RuntimeError(f"the engine gave {len(outputs)} results for a batch of {len(batch)} sentences")
             except Exception as error:  # noqa: BLE001  (the batch's requests get it; the server goes on)
@@ -702,7 +724,7 @@ class Batcher:
             else:
                 failed = False
                 for item, candidates in zip(batch, outputs):
-                    item.job.deliver(item.index, candidates)
+                    self.deliver(item, candidates)
             seconds = time.perf_counter() - started
             self.metrics.batches += 1
             self.metrics.batch_failures += failed
@@ -714,6 +736,14 @@ class Batcher:
             logger.info("batch %d: %d sentences from %d requests, %d-%d source tokens, parameters %s: %s in %.3f s, "
                         "%d sentences waiting", self.batch_number, len(batch), requests, min(lengths), max(lengths),
                         settings.key, "FAILED" if failed else "translated", seconds, self.waiting)
+
+    @staticmethod
+    def deliver(item: Item, candidates: list[str]) -> None:
+        """Hand a sentence's translations to its request, once (early from the search, or at its batch's end)."""
+        if not item.delivered:
+            item.delivered = True
+            if not item.job.future.done():
+                item.job.deliver(item.index, candidates)
 
     def fail(self, batch: Sequence[Item], error: Exception) -> None:
         """Every request with a sentence in ``batch`` gets ``error``; their other waiting sentences leave the queue."""
@@ -774,9 +804,10 @@ class ServerState:
 
         future.add_done_callback(loaded)
 
-    def translate(self, sources: Sequence[Source], settings: Settings) -> list[list[str]]:
+    def translate(self, sources: Sequence[Source], settings: Settings,
+                  deliver: Callable[[int, list[str]], None] | None = None) -> list[list[str]]:
         assert self.translator is not None  # batches exist only once the model is loaded
-        return self.translator.translate(sources, settings)
+        return self.translator.translate(sources, settings, deliver)
 
     async def stop(self) -> None:
         if self.batcher is not None:
