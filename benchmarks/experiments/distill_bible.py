@@ -93,6 +93,7 @@ def steps(args: argparse.Namespace) -> list[tuple[str, Path, list[str]]]:
                                          *(["--max_samples", "40"] if args.smoke else [])]),
         ("distilled-student", work / "distill", ["distill", "--teachers", str(teacher_a), str(teacher_b),
                                                  "--output_dir", str(work / "distill"), "--seed", "42", *threads,
+                                                 *(["--keep_original_targets"] if args.keep_original_targets else []),
                                                  *(["--train_file", str(work / "smoke-train.jsonl")] if args.smoke
                                                    else []), *small]),
         ("original-student", work / "student-original", ["train", "--recipe", "student", "--tokenizer_name",
@@ -188,20 +189,25 @@ def smoke_training_file(path: Path) -> None:
         path.write_text("".join(line for _, line in zip(range(200), handle)), encoding="utf-8")
 
 
-def results_name(teacher_steps: int | None, student_steps: int | None, student_dropout: float | None = None) -> str:
+def results_name(teacher_steps: int | None, student_steps: int | None, student_dropout: float | None = None,
+                 keep_original_targets: bool = False) -> str:
     """``distill_bible`` (both recipes' 1400 steps), ``distill_bible_<N>steps`` (students N steps),
-    ``distill_bible_teachers<T>[_<N>steps]`` (teachers T steps), ``…_dropout<D>`` (students' dropout D)."""
+    ``distill_bible_teachers<T>[_<N>steps]`` (teachers T steps), ``…_dropout<D>`` (students' dropout D),
+    ``…_keep`` (the distilled student also sees the original targets)."""
     return (NAME + ("" if teacher_steps is None else f"_teachers{teacher_steps}")
             + ("" if student_steps is None else f"_{student_steps}steps")
-            + ("" if student_dropout is None else f"_dropout{student_dropout:g}"))
+            + ("" if student_dropout is None else f"_dropout{student_dropout:g}")
+            + ("_keep" if keep_original_targets else ""))
 
 
 REUSED_RUNS: tuple[str, ...] = ("teacher-a", "teacher-b", "ensemble", "ensemble-tuned")
+FOLDERS = {"original-student": "student-original"}  # a run's folder where its name is not its folder's
 
 
 def student_options(distill_argv: list[str]) -> list[str]:
     """What `deepnmt distill` records as ``student_options`` for the study's ``distill`` arguments: every argument
-    after ``--output_dir DIR`` that is not distill's own (the study passes only ``--threads N`` of those)."""
+    after ``--output_dir DIR`` that is not distill's own (the study passes only ``--threads N`` and
+    ``--keep_original_targets`` of those)."""
     rest = distill_argv[distill_argv.index("--output_dir") + 2:]
     kept, skip = [], False
     for token in rest:
@@ -209,22 +215,25 @@ def student_options(distill_argv: list[str]) -> list[str]:
             skip = False
         elif token == "--threads":
             skip = True
-        else:
+        elif token != "--keep_original_targets":
             kept.append(token)
     return kept
 
 
 def reuse_runs(args: argparse.Namespace, source: Path, student_options: list[str]) -> None:
     """Start WORK_DIR from another study of the same teachers (``--reuse_from SOURCE``): the teachers and both
-    ensemble rows are linked, not retrained; the distillation folder starts with SOURCE's translation and dataset
-    stages (its manifest's settings with this study's student options), so `deepnmt distill` resumes at the
-    student's training. Nothing in SOURCE is changed."""
+    ensemble rows are linked, not retrained (with ``--reuse_original_student`` the student on the original data too);
+    the distillation folder starts with SOURCE's translation stage, and its dataset stage when the dataset is built
+    the same way (``--keep_original_targets`` alike), under SOURCE's manifest settings with this study's student
+    options, so `deepnmt distill` resumes at the dataset or the student's training. Nothing in SOURCE is
+    changed."""
     work = Path(args.work_dir)
     (work / "entries").mkdir(parents=True, exist_ok=True)
-    for name in REUSED_RUNS:
-        link, kept = work / name, work / "entries" / f"{name}.json"
+    reused = [*REUSED_RUNS, *(["original-student"] if args.reuse_original_student else [])]
+    for name in reused:
+        link, kept = work / FOLDERS.get(name, name), work / "entries" / f"{name}.json"
         if not link.exists():
-            link.symlink_to((source / name).resolve(), target_is_directory=True)
+            link.symlink_to((source / FOLDERS.get(name, name)).resolve(), target_is_directory=True)
         if (source / "entries" / f"{name}.json").is_file() and not kept.is_file():
             kept.write_text((source / "entries" / f"{name}.json").read_text())
     distill = work / "distill"
@@ -237,10 +246,14 @@ def reuse_runs(args: argparse.Namespace, source: Path, student_options: list[str
     staging = work / "distill.partial"
     shutil.rmtree(staging, ignore_errors=True)
     (staging / "distilled").mkdir(parents=True)
-    for file in ("translations.txt", "train.jsonl"):
+    # the dataset too when it is built the same way; otherwise distill writes it again from the translations
+    same_dataset = manifest["settings"].get("keep_original_targets", False) == args.keep_original_targets
+    stages = ("translate", "dataset") if same_dataset else ("translate",)
+    for file in ("translations.txt", "train.jsonl") if same_dataset else ("translations.txt",):
         shutil.copyfile(source / "distill" / "distilled" / file, staging / "distilled" / file)
     manifest["settings"]["student_options"] = student_options
-    manifest["completed"] = {stage: manifest["completed"][stage] for stage in ("translate", "dataset")}
+    manifest["settings"]["keep_original_targets"] = args.keep_original_targets
+    manifest["completed"] = {stage: manifest["completed"][stage] for stage in stages}
     (staging / "distill.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
     staging.rename(distill)
 
@@ -328,6 +341,12 @@ def main() -> None:
                         "…_dropout<D>.{json,md}.")
     parser.add_argument("--reuse_from", default=None, help="Another study's WORK_DIR with the same teachers: link "
                         "its teachers and ensemble rows and start from its distilled data (`reuse_runs`).")
+    parser.add_argument("--keep_original_targets", action="store_true", help="The distilled student learns from the "
+                        "teachers' translations and the original targets (`deepnmt distill --keep_original_targets`); "
+                        "the results go to …_keep.{json,md}.")
+    parser.add_argument("--reuse_original_student", action="store_true", help="With --reuse_from: link its student "
+                        "trained on the original data too (when this study would run the same command: same steps, "
+                        "dropout and seed).")
     parser.add_argument("--only", default=None, help="Comma-separated runs to do now (a lane of a parallel study): "
                         f"of {RUN_NAMES}; without it, every run in order and the results page.")
     parser.add_argument("--translate_processes", type=int, default=1, help="Processes (torchrun, one thread each) "
@@ -339,7 +358,7 @@ def main() -> None:
         parser.error(f"--only {args.only!r} names {unknown}; the runs are {RUN_NAMES}")
     if args.translate_processes < 1:
         parser.error(f"--translate_processes {args.translate_processes} must be 1 or more")
-    name = results_name(args.teacher_steps, args.student_steps, args.student_dropout)
+    name = results_name(args.teacher_steps, args.student_steps, args.student_dropout, args.keep_original_targets)
     results = Path(args.work_dir) if args.smoke else Path(args.results)
     if args.render_only:
         report = json.loads((results / f"{name}.json").read_text())
@@ -374,6 +393,9 @@ def main() -> None:
         report["student_dropout"] = args.student_dropout
     if args.reuse_from is not None:
         report["reused_from"] = args.reuse_from
+        report["reused_original_student"] = args.reuse_original_student
+    if args.keep_original_targets:
+        report["keep_original_targets"] = True
     for step in steps(args):
         entry = run_one(*step, args, env)
         report["runs"][step[0]] = entry
@@ -411,7 +433,8 @@ def render(report: dict) -> str:
             (f"teacher B (quickstart{teacher}, seed 43)", "teacher-b"),
             ("ensemble A + B (mean of probabilities)", "ensemble"),
             ("ensemble A + B, weights chosen on the validation verses", "ensemble-tuned"),
-            (f"student 6-2{steps} on the distilled data", "distilled-student"),
+            (f"student 6-2{steps} on the distilled data"
+             + (" and the original targets" if report.get("keep_original_targets") else ""), "distilled-student"),
             (f"student 6-2{steps} on the original data", "original-student"),
             ("the distilled student, ONNX Runtime int8", "distilled-student-onnx-int8"),
             ("the distilled student, CTranslate2 int8", "distilled-student-ctranslate2-int8")]
@@ -419,8 +442,11 @@ def render(report: dict) -> str:
              f"Command: `{report.get('command')}` ({report.get('threads')} CPU thread per run, {how_run}). "
              "Test: the 998 verses of the held-out books, beam 4. Every command below ran as written "
              "(`deepnmt` = `python -m hf_deepnmt_training.cli`)."
-             + (f" The teachers, both ensemble rows and the distillation's translation and dataset stages were taken "
-                f"from {report['reused_from']} (`--reuse_from`): the same runs, not repeated." if report.get("reused_from")
+             + (f" The teachers, both ensemble rows and the teachers' translation of the training corpus were taken "
+                f"from {report['reused_from']} (`--reuse_from`)"
+                + (", and the student on the original data too (`--reuse_original_student`: the same command)"
+                   if report.get("reused_original_student") else "")
+                + ": the same runs, not repeated." if report.get("reused_from")
                 else ""), "",
              "| model | test BLEU | chrF | minutes | command |", "|---|---|---|---|---|"]
     for label, name in rows:
