@@ -76,9 +76,11 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
 
 
 # The model classes (by name, so that a saved folder's remote-code copy counts) whose state this search is tested to
-# retire rows of (tests/test_retiring_search.py, tests/test_serve.py): both families and their paper subclasses, and
-# an ONNX export under `OnnxSeq2SeqLM`. An ensemble (`EnsembleForConditionalGeneration`) is left to ``generate``.
-TESTED_CLASSES = {"DeepTransformerForConditionalGeneration", "DTMTForConditionalGeneration", "OnnxSeq2SeqLM"}
+# retire rows of (tests/test_retiring_search.py, tests/test_serve.py): both families and their paper subclasses, an
+# ONNX export under `OnnxSeq2SeqLM`, and an ensemble of them (`EnsembleForConditionalGeneration`: its encoder output
+# keeps each member's states as extra keys and its cache each member's cache, so rows are selected in every member).
+TESTED_CLASSES = {"DeepTransformerForConditionalGeneration", "DTMTForConditionalGeneration", "OnnxSeq2SeqLM",
+                  "EnsembleForConditionalGeneration"}
 
 
 @dataclass(frozen=True)

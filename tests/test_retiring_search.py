@@ -38,10 +38,17 @@ def ends_early(model, sources) -> bool:
     return int(ended.sum()) >= 2
 
 
-@pytest.fixture(scope="module", params=["transformer", "cad_post_ln", "dtmt"])
+@pytest.fixture(scope="module", params=["transformer", "cad_post_ln", "dtmt", "ensemble"])
 def trained(request, tiny_tokenizer):
     torch.set_num_threads(1)
     sources = shared_sources(tiny_tokenizer)
+    if request.param == "ensemble":  # a trained Transformer with a random DTMT: each member's own state retires rows
+        from hf_deepnmt import EnsembleForConditionalGeneration
+
+        transformer = train_until(lambda: variant_model("post_ln", len(tiny_tokenizer)), tiny_tokenizer,
+                                  lambda model: ends_early(model, sources)).double()
+        dtmt = dtmt_model(seed=3, vocab_size=len(tiny_tokenizer)).double()
+        return EnsembleForConditionalGeneration([transformer, dtmt], weights=[2.0, 1.0]).double(), sources, False
     if request.param == "dtmt":
         # 60 steps of the tiny corpus teach the tiny DTMT to stop at once or never (seeds 1-11 tried): a random one
         # that runs to its budgets checks the DTMT state's retirement; stopping by </s> is the Transformers' check
@@ -121,9 +128,9 @@ def test_settings_outside_the_search_are_named_so_the_caller_uses_generate(setti
     assert unsupported(model, {"num_beams": 4, "max_new_tokens": 9, "length_penalty": 0.8}) is None
 
 
-def test_an_ensemble_is_left_to_generate():
+def test_an_ensemble_takes_the_search_and_other_models_are_left_to_generate():
     from hf_deepnmt import EnsembleForConditionalGeneration
 
     ensemble = EnsembleForConditionalGeneration([dtmt_model(seed=1), dtmt_model(seed=2)])
-    assert unsupported(ensemble, {}) == "EnsembleForConditionalGeneration is not a class the retiring search is " \
-                                        "tested with"
+    assert unsupported(ensemble, {"num_beams": 4}) is None
+    assert unsupported(torch.nn.Linear(2, 2), {}) == "Linear is not a class the retiring search is tested with"
