@@ -664,11 +664,13 @@ class Batcher:
         only (a request's texts in one batch, unless one request alone has more than a batch takes); else (one
         ``generate`` call per batch) the ``max_batch_size`` consecutive ones in length order that include ``oldest``
         with the smallest length spread."""
-        by_length = sorted(queue, key=lambda item: (item.source.length, item.sequence))
         size = self.max_batch_size
-        if len(by_length) > size and oldest.queue[1] is None and oldest.job.settings.mixes_budgets:
-            by_length = sorted(self._oldest_requests(queue), key=lambda item: (item.source.length, item.sequence))
-        elif len(by_length) > size:
+        if len(queue) > size and oldest.job.settings.mixes_budgets:  # one retiring search: first come, first served
+            queue_part = self._oldest_requests(queue)
+        else:
+            queue_part = queue
+        by_length = sorted(queue_part, key=lambda item: (item.source.length, item.sequence))
+        if len(by_length) > size:  # one generate call: the closest lengths that include the oldest
             position = by_length.index(oldest)
             starts = range(max(0, position - size + 1), min(position, len(by_length) - size) + 1)
             start = min(starts, key=lambda s: (by_length[s + size - 1].source.length - by_length[s].source.length, s))
