@@ -67,3 +67,14 @@ def test_reuse_from_with_the_original_targets_rebuilds_the_dataset_and_links_the
     assert (work / "student-original").is_symlink()
     assert json.loads((work / "entries" / "original-student.json").read_text())["wall_minutes"] == 61.7
     assert distill_bible.results_name(2800, 8400, 0.1, True) == "distill_bible_teachers2800_8400steps_dropout0.1_keep"
+
+
+def test_reuse_from_a_folder_that_is_not_a_finished_study_is_refused_in_one_sentence(tmp_path):
+    import pytest
+
+    args = argparse.Namespace(work_dir=str(tmp_path / "new"), smoke=False, threads=1, teacher_steps=2800,
+                              student_steps=8400, student_dropout=0.1, keep_original_targets=False,
+                              reuse_original_student=False)
+    with pytest.raises(SystemExit, match="teacher-a does not exist; give the WORK_DIR of a study"):
+        distill_bible.reuse_runs(args, tmp_path / "typo", [])
+    assert not (tmp_path / "new").exists()  # nothing written

@@ -228,8 +228,13 @@ def reuse_runs(args: argparse.Namespace, source: Path, student_options: list[str
     options, so `deepnmt distill` resumes at the dataset or the student's training. Nothing in SOURCE is
     changed."""
     work = Path(args.work_dir)
-    (work / "entries").mkdir(parents=True, exist_ok=True)
     reused = [*REUSED_RUNS, *(["original-student"] if args.reuse_original_student else [])]
+    missing = [str(source / path) for path in (*(FOLDERS.get(name, name) for name in reused), "distill/distill.json")
+               if not (source / path).exists()]
+    if missing:
+        raise SystemExit(f"--reuse_from {source}: {missing[0]} does not exist; give the WORK_DIR of a study whose "
+                         "teachers, ensemble rows and distillation translation are complete.")
+    (work / "entries").mkdir(parents=True, exist_ok=True)
     for name in reused:
         link, kept = work / FOLDERS.get(name, name), work / "entries" / f"{name}.json"
         if not link.exists():
