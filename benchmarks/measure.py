@@ -3,6 +3,7 @@ FLOP counts, matmul peak and torch.compile. Each returns plain dicts (JSON-ready
 
 from __future__ import annotations
 
+import inspect
 import time
 from typing import Callable
 
@@ -47,22 +48,41 @@ def equivalence(models: dict[str, torch.nn.Module], batch: Batch, new_tokens: in
 # ----------------------------------------------------------------------------------------------------------------
 # Throughput
 # ----------------------------------------------------------------------------------------------------------------
-def training_step(model: torch.nn.Module, batch: Batch) -> Callable[[], None]:
-    """One optimisation step: forward with labels (mean token cross-entropy), backward, AdamW step."""
+def training_step(model: torch.nn.Module, batch: Batch, label_smoothing: float = 0.0) -> Callable[[], None]:
+    """One optimisation step: forward with labels (mean token cross-entropy), backward, AdamW step.
+
+    With ``label_smoothing`` ε > 0 the loss is the uniform-prior label-smoothed cross-entropy averaged over the
+    real target tokens, (1 − ε)·(−log p(y)) + ε·mean_v(−log p(v)): a model whose forward takes ``smoothing_epsilon``
+    (ours) computes it itself, from its labels; any other (Marian, ours-before) returns logits for the shifted labels
+    and `torch.nn.functional.cross_entropy(label_smoothing=ε)` computes the same value from them."""
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     kwargs = batch.as_kwargs()
+    own_loss = label_smoothing == 0.0 or "smoothing_epsilon" in inspect.signature(model.forward).parameters
+    if label_smoothing and own_loss:
+        kwargs["smoothing_epsilon"] = label_smoothing
+    elif label_smoothing:
+        labels = kwargs.pop("labels")
+        kwargs["decoder_input_ids"] = model.prepare_decoder_input_ids_from_labels(labels=labels)
 
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)
-        model(**kwargs).loss.backward()
+        if own_loss:
+            loss = model(**kwargs).loss
+        else:
+            logits = model(**kwargs).logits  # (B, T, V)
+            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100,
+                                                     label_smoothing=label_smoothing)
+        loss.backward()
         optimizer.step()
 
     return step
 
 
-def training_throughput(models: dict[str, torch.nn.Module], batch: Batch, repeats: int) -> dict[str, object]:
-    steps = {name: training_step(model, batch) for name, model in models.items()}
+def training_throughput(models: dict[str, torch.nn.Module], batch: Batch, repeats: int,
+                        label_smoothing: float = 0.0) -> dict[str, object]:
+    """Target tokens/s of one training step per model, interleaved (see `training_step` for ``label_smoothing``)."""
+    steps = {name: training_step(model, batch, label_smoothing) for name, model in models.items()}
     times = interleaved(steps, repeats=repeats, warmup=1)
     for model in models.values():
         model.eval()
@@ -73,6 +93,7 @@ def training_throughput(models: dict[str, torch.nn.Module], batch: Batch, repeat
         "seconds": times,
         "median_s": {name: median(values) for name, values in times.items()},
         "target_tokens_per_s": {name: batch.target_tokens / median(values) for name, values in times.items()},
+        "label_smoothing": label_smoothing,
     }
 
 

@@ -52,13 +52,16 @@ def _headline(results: dict) -> list[str]:
              "change), and the batch-32 decoding rows rest on 3 interleaved repeats: read differences below ~5 % as "
              "ties, and check the min–max ranges in the detailed tables."]
     train, decode, memory = results.get("train", {}), results.get("decode", {}), results.get("memory", {})
+    train_ls = results.get("train_ls", {})
     for size in sorted(set(train) | set(decode) | set(memory)):
         rows = []
-        if size in train:
-            t = train[size]["target_tokens_per_s"]
-            rows.append(["training target tokens/s", _num(t.get("ours")), _num(t.get("marian")),
-                         _ratio(t.get("ours"), t.get("marian")), _num(t.get("before")),
-                         _ratio(t.get("before"), t.get("marian")), _ratio(t.get("ours"), t.get("before"))])
+        for label, section in (("training target tokens/s", train),
+                               ("training target tokens/s, label smoothing 0.1", train_ls)):
+            if size in section:
+                t = section[size]["target_tokens_per_s"]
+                rows.append([label, _num(t.get("ours")), _num(t.get("marian")),
+                             _ratio(t.get("ours"), t.get("marian")), _num(t.get("before")),
+                             _ratio(t.get("before"), t.get("marian")), _ratio(t.get("ours"), t.get("before"))])
         for key, label in DECODE_ROWS:
             if key in decode.get(size, {}):
                 s = decode[size][key]["sentences_per_s"]
@@ -137,6 +140,15 @@ def _details(results: dict) -> list[str]:
             "target tokens (fairseq's wps).",
             ["size", "model", "sentences / src tok / tgt tok", "median step (s)", "target tok/s", "repeats",
              "range (s)"], _training_rows(results["train"]))
+    if "train_ls" in results:
+        lines += _section(
+            "Training throughput, label smoothing 0.1",
+            "The same step with the label-smoothed cross-entropy, ε = 0.1, averaged over the real target tokens: "
+            "ours computes it in its forward (`smoothing_epsilon`), Marian and ours-before return logits and "
+            "`torch.nn.functional.cross_entropy(label_smoothing=0.1)` computes the same value from them "
+            "(`benchmarks.measure.training_step`). Interleaved, right after the plain rows, in the same process.",
+            ["size", "model", "sentences / src tok / tgt tok", "median step (s)", "target tok/s", "repeats",
+             "range (s)"], _training_rows(results["train_ls"]))
     if "decode" in results:
         lines += _section(
             "Decoding throughput",

@@ -133,6 +133,9 @@ def run(args: argparse.Namespace) -> dict[str, object]:
             log(f"{size}: training throughput")
             repeats = cfg["train_repeats"].get(size, 3)
             results.setdefault("train", {})[size] = measure.training_throughput(models, train_batch, repeats)
+            log(f"{size}: training throughput, label smoothing 0.1")
+            results.setdefault("train_ls", {})[size] = measure.training_throughput(models, train_batch, repeats,
+                                                                                   label_smoothing=0.1)
         if "decode" in args.sections:
             for batch, source in sources.items():
                 for beams in (1, 4):

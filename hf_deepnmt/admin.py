@@ -94,9 +94,12 @@ class AdminProfiler:
             omega.data.fill_(value)  # ω_k := running value, used by this very forward pass (authors' code)
         elif self.omegas[stack]:
             raise RuntimeError(f"ADMIN profiling: a {stack} sub-layer after the first has no ω parameter.")
-        mask = self.masks[stack]  # (B, T) True at real tokens
-        input_variance = (residual * value)[mask].float().var(unbiased=False).item()  # Var(ω_k ⊙ x_{k−1})
-        branch_variance = branch[mask].float().var(unbiased=False).item()  # Var(f_k(x_{k−1}))
+        if residual.dim() == 3:  # (B, T, d): the real tokens' rows
+            mask = self.masks[stack]  # (B, T) True at real tokens
+            residual, branch = residual[mask], branch[mask]
+        # else (N, d): a training pass carries the real tokens alone (docs/transformer.md, "Padding in training")
+        input_variance = (residual * value).float().var(unbiased=False).item()  # Var(ω_k ⊙ x_{k−1})
+        branch_variance = branch.float().var(unbiased=False).item()  # Var(f_k(x_{k−1}))
         self.omegas[stack].append(value)
         self.branch_variances[stack].append(branch_variance)
         self.chain[stack] = math.sqrt(input_variance + branch_variance)  # ω_{k+1}, docs/liu2020.md (authors' code)

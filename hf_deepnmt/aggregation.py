@@ -71,8 +71,9 @@ class LinearCombination(nn.Module):
             self.weight[-1].copy_(torch.eye(self.weight.size(-1), dtype=self.weight.dtype))
 
     def forward(self, states: list[torch.Tensor]) -> torch.Tensor:
-        stacked = torch.stack(states, dim=0)  # (n, B, T, d)
-        return torch.einsum("nbtd,ned->bte", stacked, self.weight)  # Eq. (5) dou2018: Σ_i W_i h^i
+        stacked = torch.stack(states, dim=0)  # (n, B, T, d), or (n, N, d) packed in training
+        equation = "nbtd,ned->bte" if stacked.dim() == 4 else "nkd,ned->ke"
+        return torch.einsum(equation, stacked, self.weight)  # Eq. (5) dou2018: Σ_i W_i h^i
 
 
 class LayerAggregation(nn.Module):

@@ -293,6 +293,50 @@ def flash_varlen_attention(module: nn.Module, kernel: Any, query: torch.Tensor, 
     return out.reshape(batch, query_length, heads, head_dim)  # (1, B·Tq, H, d_h) -> (B, Tq, H, d_h)
 
 
+class RealPositions:
+    """The positions of a padded ``(B, T)`` batch whose outputs are needed, for running every position-wise
+    computation on them alone (docs/transformer.md, "Padding in training").
+
+    In training, the stacks carry their states *packed*, ``(N, d)`` with one row per needed position, through every
+    projection, FFN, LayerNorm, dropout and residual; only the attention products see the padded ``(B, T, …)``
+    layout, which `unpack` builds (zeros at the skipped positions) and `pack` takes apart again. For a needed
+    position the arithmetic is the padded computation's; a skipped position's output is zero instead of a value no
+    loss reads. Which positions are skipped is the caller's promise that nothing needed depends on them: source
+    padding (masked as keys everywhere), and the target positions after a row's last label (later positions under
+    a causal mask).
+    """
+
+    def __init__(self, keep: torch.Tensor) -> None:
+        self.batch, self.length = keep.shape
+        self.rows = keep.reshape(-1).nonzero().squeeze(1)  # (N,) flat index b·T + t of every kept position
+
+    def pack(self, states: torch.Tensor) -> torch.Tensor:
+        """``(B, T, …)`` -> ``(N, …)``: the kept positions, in batch-major order."""
+        flat = states.reshape(self.batch * self.length, *states.shape[2:])  # (B·T, …)
+        return flat.index_select(0, self.rows)
+
+    def unpack(self, packed: torch.Tensor) -> torch.Tensor:
+        """``(N, …)`` -> ``(B, T, …)``, zeros at the skipped positions."""
+        flat = packed.new_zeros(self.batch * self.length, *packed.shape[1:])  # (B·T, …)
+        flat.index_copy_(0, self.rows, packed)
+        return flat.view(self.batch, self.length, *packed.shape[1:])
+
+    def per_position(self, per_row: torch.Tensor) -> torch.Tensor:
+        """A ``(B, 1, 1)`` per-row value as ``(N, 1)``, one entry per kept position (li2022's per-row drop-net)."""
+        return per_row.reshape(self.batch, 1).index_select(0, torch.div(self.rows, self.length, rounding_mode="floor"))
+
+
+def real_positions(keep: torch.Tensor | None, training: bool) -> RealPositions | None:
+    """`RealPositions` for a training forward with something to skip; None otherwise — evaluation, generation and
+    export keep the padded layout (their outputs are unchanged at every position), and so does `torch.compile`,
+    whose graphs would break on the data-dependent number of kept positions."""
+    if keep is None or not training or torch.compiler.is_compiling() or torch.compiler.is_exporting():
+        return None
+    if keep.dim() != 2 or bool(keep.all()):
+        return None
+    return RealPositions(keep)
+
+
 class DeepTransformerAttention(nn.Module):
     """Multi-head attention, Vaswani et al. (2017) Eq. (1)-(2), with Marian/BART parameter names.
 
@@ -323,17 +367,18 @@ class DeepTransformerAttention(nn.Module):
         batch, length, _ = x.shape
         return x.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, d_h)
 
-    def memory(self, encoder_hidden_states: torch.Tensor | None,
-               cache: EncoderDecoderCache | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def memory(self, encoder_hidden_states: torch.Tensor | None, cache: EncoderDecoderCache | None,
+               positions: RealPositions | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """A cross-attention's keys and values ``(B, H, S, d_h)``: the encoder states projected once per sentence and
         kept in ``cache.cross_attention_cache`` (read back on later steps; ``encoder_hidden_states`` may then be None).
         The first decoding step calls this lazily; the ONNX export's encoder graph calls it for every layer up front
-        (`DeepTransformerDecoder.project_memory`)."""
+        (`DeepTransformerDecoder.project_memory`). With ``positions`` the encoder states come packed, ``(N_S, d)``:
+        only the source's real tokens are projected."""
         if cache is not None and cache.is_updated.get(self.layer_idx):
             layer = cache.cross_attention_cache.layers[self.layer_idx]
             return layer.keys, layer.values  # projected on the first step
-        key = self._heads(self.k_proj(encoder_hidden_states))  # (B, H, S, d_h)
-        value = self._heads(self.v_proj(encoder_hidden_states))
+        key = self._heads(_unpacked(self.k_proj(encoder_hidden_states), positions))  # (B, H, S, d_h)
+        value = self._heads(_unpacked(self.v_proj(encoder_hidden_states), positions))
         if cache is not None:
             key, value = cache.cross_attention_cache.update(key, value, self.layer_idx)
             cache.is_updated[self.layer_idx] = True
@@ -347,15 +392,20 @@ class DeepTransformerAttention(nn.Module):
         is_causal: bool = False,
         cache: EncoderDecoderCache | None = None,
         output_attentions: bool = False,
+        positions: RealPositions | None = None,
+        memory_positions: RealPositions | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        batch, length, _ = hidden_states.shape
-        query = self._heads(self.q_proj(hidden_states))  # (B, H, Tq, d_h)
+        """``positions``: the query states (and a multi-layer attention's lower states) come packed, ``(N, d)``,
+        and so does the output; ``memory_positions``: the same for a cross-attention's encoder states
+        (`RealPositions`). The projections run on the packed rows, the attention product on the padded layout."""
+        query = self._heads(_unpacked(self.q_proj(hidden_states), positions))  # (B, H, Tq, d_h)
+        batch, length = query.size(0), query.size(2)
         if self.is_cross_attention:
-            key, value = self.memory(key_value_states, cache)  # (B, H, S, d_h)
+            key, value = self.memory(key_value_states, cache, memory_positions)  # (B, H, S, d_h)
         else:
-            source = hidden_states if key_value_states is None else key_value_states  # (B, Tq, d)
-            key = self._heads(self.k_proj(source))  # (B, H, Tq, d_h)
-            value = self._heads(self.v_proj(source))
+            source = hidden_states if key_value_states is None else key_value_states  # (B, Tq, d) or (N, d)
+            key = self._heads(_unpacked(self.k_proj(source), positions))  # (B, H, Tq, d_h)
+            value = self._heads(_unpacked(self.v_proj(source), positions))
             if cache is not None:
                 key, value = cache.self_attention_cache.update(key, value, self.layer_idx)  # (B, H, past+Tq, d_h)
         implementation = getattr(self.config, "_attn_implementation", None) or "sdpa"
@@ -369,4 +419,11 @@ class DeepTransformerAttention(nn.Module):
                                       dropout)  # (B, Tq, H, d_h)
             weights = None
         out = out.reshape(batch, length, self.embed_dim)  # (B, Tq, d)
+        if positions is not None:
+            out = positions.pack(out)  # (N, d)
         return self.out_proj(out), weights
+
+
+def _unpacked(states: torch.Tensor, positions: RealPositions | None) -> torch.Tensor:
+    """Projected states in the padded ``(B, T, d)`` layout the attention product needs."""
+    return states if positions is None else positions.unpack(states)

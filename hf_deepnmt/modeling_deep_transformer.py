@@ -49,11 +49,13 @@ from transformers.modeling_outputs import (
 
 from .attention import (
     DeepTransformerAttention,
+    RealPositions,
     additive_mask,
     decoder_self_attention_mask,
     ensure_cache_slots,
     multi_layer_cache_slot,
     padding_mask,
+    real_positions,
 )
 from .aggregation import AggregationFunction, AggregationRun, LayerAggregation, LinearCombination
 from .configuration_deep_transformer import (
@@ -241,20 +243,22 @@ class DeepTransformerSublayerMixin:
         cache: EncoderDecoderCache | None,
         output_attentions: bool,
         lower_states: tuple[torch.Tensor, ...],
+        positions: RealPositions | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The self-attention sub-layer: f(x) vanilla, or with dou2018 multi-layer attention C^l = AGG(C_{−1}, …,
         C_{−k}) (Eq. (8)), where C_{−1} is this layer's own self-attention and C_{−j} attends with the same query to
-        H^{l−j} (``lower_states``, nearest first). Pre-LN applies this sub-layer's LayerNorm to every source."""
+        H^{l−j} (``lower_states``, nearest first). Pre-LN applies this sub-layer's LayerNorm to every source.
+        ``positions``: the states are packed (`RealPositions`)."""
         rule = self.self_attn_residual
         x = rule.sublayer_input(hidden_states)
         context, weights = self.self_attn(x, attention_mask=attention_mask, is_causal=is_causal, cache=cache,
-                                          output_attentions=output_attentions)
+                                          output_attentions=output_attentions, positions=positions)
         if self.multi_layer_attns is not None:
             contexts = [context]  # C_{−1}
             for attention_j, lower in zip(self.multi_layer_attns, lower_states):
                 context_j, _ = attention_j(x, key_value_states=rule.sublayer_input(lower),
                                            attention_mask=attention_mask, is_causal=is_causal,
-                                           cache=cache)  # Eq. (8) dou2018: C_{−j} = ATT(Q^l, K^{l−j}, V^{l−j})
+                                           cache=cache, positions=positions)  # Eq. (8) dou2018: C_{−j} = ATT(Q^l, K^{l−j}, V^{l−j})
                 contexts.append(context_j)
             context = self.multi_layer_agg(*contexts)  # Eq. (8) dou2018: C^l = AGG(C_{−1}, …, C_{−k})
         return self._residual("self_attn", hidden_states, context), weights
@@ -292,12 +296,14 @@ class DeepTransformerEncoderLayer(DeepTransformerSublayerMixin, nn.Module):
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None,
         output_attentions: bool = False,
+        positions: RealPositions | None = None,
         *lower_states: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``lower_states``: H^{l−2} … H^{l−k} for dou2018 multi-layer attention (none otherwise), positional so
-        that reentrant gradient checkpointing sees every tensor the layer reads."""
+        that reentrant gradient checkpointing sees every tensor the layer reads. ``positions``: the states are packed,
+        ``(N, d)`` (`RealPositions`, training only)."""
         hidden_states, weights = self._self_attention_sublayer(hidden_states, attention_mask, False, None,
-                                                               output_attentions, lower_states)
+                                                               output_attentions, lower_states, positions)
         return self._feed_forward(hidden_states), weights
 
 
@@ -353,14 +359,18 @@ class DeepTransformerDecoderLayer(DeepTransformerSublayerMixin, nn.Module):
         cache: EncoderDecoderCache | None = None,
         output_attentions: bool = False,
         use_cross_attention: bool | torch.Tensor = True,
+        positions: RealPositions | None = None,
+        memory_positions: RealPositions | None = None,
         *lower_states: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """``use_cross_attention``: li2022 CAD's decision for this forward, True/False for every row or a
         ``(R, 1, 1)`` 0/1 tensor per row (independent drop-net groups, see `DeepTransformerDecoder.forward`).
         ``lower_states``: H^{l−2} … H^{l−k} for dou2018 multi-layer attention (none otherwise), positional so that
-        reentrant gradient checkpointing sees every tensor the layer reads."""
+        reentrant gradient checkpointing sees every tensor the layer reads. ``positions`` / ``memory_positions``: the
+        target states / the encoder states are packed, ``(N, d)`` (`RealPositions`, training only)."""
         hidden_states, self_weights = self._self_attention_sublayer(
-            hidden_states, self_attention_mask, self_attention_is_causal, cache, output_attentions, lower_states)
+            hidden_states, self_attention_mask, self_attention_is_causal, cache, output_attentions, lower_states,
+            positions)
         cross_weights = None
         if self.encoder_attn is None or use_cross_attention is False:
             if self.encoder_attn_layer_norm is not None:  # §3.3 li2022: only self-attention is used in this layer
@@ -373,11 +383,15 @@ class DeepTransformerDecoderLayer(DeepTransformerSublayerMixin, nn.Module):
                 attention_mask=encoder_attention_mask,
                 cache=cache,
                 output_attentions=output_attentions,
+                positions=positions,
+                memory_positions=memory_positions,
             )
             if isinstance(use_cross_attention, torch.Tensor):
                 # Rows of different drop-net groups drew differently (li2022 §3.3 drop-net formula, with the 0/1
                 # indicator per row): a dropped row gets LN(Ĥ + 0) = LN(Ĥ).
-                x = x * use_cross_attention  # (R, T, d) * (R, 1, 1)
+                if positions is not None:
+                    use_cross_attention = positions.per_position(use_cross_attention)  # (R, 1, 1) -> (N, 1)
+                x = x * use_cross_attention  # (R, T, d) * (R, 1, 1), packed: (N, d) * (N, 1)
             hidden_states = self._residual("encoder_attn", hidden_states, x)
         return self._feed_forward(hidden_states), self_weights, cross_weights
 
@@ -408,16 +422,26 @@ class _DeepTransformerStack(nn.Module):
             kind, getattr(config, f"{stack}_layers"), config.d_model, getattr(config, f"{stack}_ffn_dim"),
             config.aggregation_activation, config.layer_norm_eps)
 
-    def _run_layers(self, hidden_states: torch.Tensor, call: Any) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def _run_layers(self, hidden_states: torch.Tensor, call: Any, positions: RealPositions | None = None,
+                    states_wanted: bool = True) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Walk the layers from the embeddings ``hidden_states`` (H^0): ``call(layer, x, lower_states)`` runs one
-        layer. Returns the stack's output (after aggregation and the final pre-LN norm) and [H^0, …, H^L]."""
+        layer. Returns the stack's output (after aggregation and the final pre-LN norm) and [H^0, …, H^L].
+
+        With ``positions`` (training, `RealPositions`) the layers see only the needed positions, packed ``(N, d)``;
+        the returned states are padded again, zeros at the skipped positions (H^0 … H^L only when
+        ``states_wanted``, else an empty list)."""
+        if positions is not None:
+            hidden_states = positions.pack(hidden_states)  # (B, T, d) -> (N, d)
         run = AggregationRun(self.aggregation, hidden_states)
         for number, layer in enumerate(self.layers, start=1):
             lower: tuple[torch.Tensor, ...] = ()
             if layer.multi_layer_attns is not None:  # Eq. (8) dou2018: H^{l−2} … H^{l−k}, nearest first
                 lower = tuple(run.outputs[number - j] for j in range(2, len(layer.multi_layer_attns) + 2))
             run.add(number, call(layer, run.layer_input(number), lower))
-        return self._finish(run.output()), run.outputs
+        if positions is None:
+            return self._finish(run.output()), run.outputs
+        return (positions.unpack(self._finish(run.output())),
+                [positions.unpack(h) for h in run.outputs] if states_wanted else [])
 
     def _embed(self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, past_length: int,
                name: str = "input_ids"):
@@ -476,15 +500,17 @@ class DeepTransformerEncoder(_DeepTransformerStack):
         hidden_states = self._embed(input_ids, inputs_embeds, past_length=0)
         check_attention_mask("attention_mask", attention_mask, "input_ids", tuple(hidden_states.shape[:2]))
         mask = additive_mask(padding_mask(attention_mask), hidden_states.dtype)  # (B, 1, 1, S)
+        # training: the real source tokens alone go through the layers (docs/transformer.md, "Padding in training")
+        positions = real_positions(None if attention_mask is None else attention_mask.bool(), self.training)
         all_attentions: list[torch.Tensor] = []
 
         def call(layer: DeepTransformerEncoderLayer, x: torch.Tensor, lower: tuple[torch.Tensor, ...]) -> torch.Tensor:
-            x, weights = self._call_layer(layer, x, mask, output_attentions, *lower)
+            x, weights = self._call_layer(layer, x, mask, output_attentions, positions, *lower)
             if output_attentions:
                 all_attentions.append(weights)
             return x
 
-        hidden_states, all_states = self._run_layers(hidden_states, call)
+        hidden_states, all_states = self._run_layers(hidden_states, call, positions, output_hidden_states)
         output = BaseModelOutput(
             last_hidden_state=hidden_states,
             hidden_states=tuple(all_states) if output_hidden_states else None,
@@ -626,10 +652,14 @@ class DeepTransformerDecoder(_DeepTransformerStack):
         return_dict: bool | None = None,
         drop_net_group_sizes: list[int] | tuple[int, ...] | None = None,
         drop_cross_attention: bool = True,
+        target_lengths: torch.LongTensor | None = None,
     ) -> BaseModelOutputWithPastAndCrossAttentions | tuple:
         """``drop_net_group_sizes``: consecutive row groups that draw li2022 CAD's drop-net independently
         (`draw_cross_attention`); ``None`` is one group, the whole batch. ``drop_cross_attention=False``: no drop-net
-        draw in training mode either, every existing cross-attention runs (ADMIN profiling, docs/liu2020.md)."""
+        draw in training mode either, every existing cross-attention runs (ADMIN profiling, docs/liu2020.md).
+        ``target_lengths`` ``(B,)``: in training, row b needs its first ``target_lengths[b]`` positions only (the
+        rest is label padding): later positions are not computed and come back as zeros (docs/transformer.md,
+        "Padding in training")."""
         output_attentions = bool(output_attentions if output_attentions is not None else self.config.output_attentions)
         output_hidden_states = bool(
             output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
@@ -643,25 +673,36 @@ class DeepTransformerDecoder(_DeepTransformerStack):
         self_mask, is_causal, cross_mask = self._attention_masks(attention_mask, encoder_attention_mask, hidden_states,
                                                                 past_length)
         use_cross = self._cross_attention_draws(drop_net_group_sizes, hidden_states, drop_cross_attention)
+        batch, length = hidden_states.shape[:2]
+        positions = memory_positions = None
+        memory = encoder_hidden_states
+        if cache is None:  # training: the needed target positions and the real source tokens alone
+            if target_lengths is not None:
+                needed = torch.arange(length, device=hidden_states.device)[None, :] < target_lengths[:, None]
+                positions = real_positions(needed, self.training)  # (B, T) -> N_T positions
+            if encoder_attention_mask is not None and encoder_hidden_states is not None:
+                memory_positions = real_positions(encoder_attention_mask.bool(), self.training)
+                if memory_positions is not None:
+                    memory = memory_positions.pack(encoder_hidden_states)  # (B, S, d) -> (N_S, d)
         all_self: list[torch.Tensor] = []
         all_cross: list[torch.Tensor] = []
 
         def call(layer: DeepTransformerDecoderLayer, x: torch.Tensor, lower: tuple[torch.Tensor, ...]) -> torch.Tensor:
             x, self_weights, cross_weights = self._call_layer(
-                layer, x, self_mask, is_causal, encoder_hidden_states, cross_mask, cache, output_attentions,
-                use_cross[layer], *lower,
+                layer, x, self_mask, is_causal, memory, cross_mask, cache, output_attentions,
+                use_cross[layer], positions, memory_positions, *lower,
             )
             if output_attentions:
                 all_self.append(self_weights)
                 if cross_weights is None:
                     # li2022 CAD: a layer without (or, in training, skipping) cross-attention attended to nothing —
                     # zeros, so transformers' tools (assisted decoding, attention plots) can index every layer
-                    cross_weights = x.new_zeros(x.size(0), self.config.decoder_attention_heads, x.size(1),
+                    cross_weights = x.new_zeros(batch, self.config.decoder_attention_heads, length,
                                                 encoder_hidden_states.size(1))  # (B, H, T, S)
                 all_cross.append(cross_weights)
             return x
 
-        hidden_states, all_states = self._run_layers(hidden_states, call)
+        hidden_states, all_states = self._run_layers(hidden_states, call, positions, output_hidden_states)
         output = BaseModelOutputWithPastAndCrossAttentions(
             last_hidden_state=hidden_states,
             **cache_field(cache if use_cache else None),
@@ -776,6 +817,7 @@ class DeepTransformerModel(DeepTransformerPreTrainedModel):
         encoder_row_index: torch.LongTensor | None = None,
         drop_net_group_sizes: list[int] | tuple[int, ...] | None = None,
         drop_cross_attention: bool = True,
+        target_lengths: torch.LongTensor | None = None,
     ) -> Seq2SeqModelOutput | tuple:
         """The usual seq2seq arguments, plus two that let one call hold several views of a batch (li2022's DDR and
         ALD losses, `hf_deepnmt.losses`; one call keeps DDP and gradient checkpointing correct):
@@ -783,7 +825,9 @@ class DeepTransformerModel(DeepTransformerPreTrainedModel):
         * ``encoder_row_index`` ``(R,)``: decoder row r attends to encoder row ``encoder_row_index[r]`` (default:
           row r), so one encoder pass can feed several decoder passes;
         * ``drop_net_group_sizes``: consecutive decoder row groups with independent CAD drop-net draws;
-        * ``drop_cross_attention=False``: no CAD draw even in training mode (ADMIN profiling, docs/liu2020.md).
+        * ``drop_cross_attention=False``: no CAD draw even in training mode (ADMIN profiling, docs/liu2020.md);
+        * ``target_lengths`` ``(R,)``: in training, the decoder computes row r's first ``target_lengths[r]`` positions
+          only (`DeepTransformerDecoder.forward`).
         """
         past_key_values = merge_cache_arguments(cache, past_key_values)
         if encoder_outputs is None:
@@ -816,6 +860,7 @@ class DeepTransformerModel(DeepTransformerPreTrainedModel):
             output_hidden_states=output_hidden_states,
             drop_net_group_sizes=drop_net_group_sizes,
             drop_cross_attention=drop_cross_attention,
+            target_lengths=target_lengths,
         )
         output = Seq2SeqModelOutput(
             last_hidden_state=decoder_outputs.last_hidden_state,
@@ -1007,6 +1052,10 @@ class DeepTransformerForConditionalGeneration(TranslationGenerationMixin, DeepTr
         self._warn_if_trainer_counts_pad_labels(labels, num_items_in_batch, loss_normalizers)
         views = training_views(input_ids, attention_mask, config, labels.size(0))
         diversity = config.diversity_stacks() if config.diversity_weight > 0.0 else ()
+        # each row's positions up to its last real label; later ones (label padding) are not computed (docs/transformer.md)
+        real = target_mask(labels, config.pad_token_id)  # (B, T)
+        steps = torch.arange(1, labels.size(1) + 1, device=labels.device)  # (T,) 1-based positions
+        lengths = views.per_pass(torch.where(real, steps, 0).amax(dim=-1, keepdim=True))  # (passes·B, 1)
         outputs = self.model(
             input_ids=views.encoder_input_ids(),
             attention_mask=views.per_source(attention_mask),
@@ -1020,9 +1069,16 @@ class DeepTransformerForConditionalGeneration(TranslationGenerationMixin, DeepTr
             output_hidden_states=bool(output_hidden_states) or bool(diversity),
             encoder_row_index=views.encoder_row_index(labels.device),
             drop_net_group_sizes=views.group_sizes(),
+            target_lengths=lengths[:, 0],
         )
         x_passes = [p.name for p in views.passes if p.source == "x"]  # X, and DDR's second pass
-        logits = self.lm_head(views.take(outputs.last_hidden_state, *x_passes))  # (passes·B, T, V)
+        states = views.take(outputs.last_hidden_state, *x_passes)  # (passes·B, T, d)
+        needed = steps[None, :] <= views.take(lengths, *x_passes)  # (passes·B, T)
+        positions = real_positions(needed, self.training)
+        if positions is None:
+            logits = self.lm_head(states)  # (passes·B, T, V)
+        else:  # the output projection of the needed positions only; zeros after each row's last label
+            logits = positions.unpack(self.lm_head(positions.pack(states)))  # (N, V) -> (passes·B, T, V)
         terms = self._objective_terms(views, outputs, logits, labels, input_ids, attention_mask, diversity,
                                       smoothing_epsilon)
         source_mask = self._source_mask(input_ids, attention_mask, outputs.encoder_last_hidden_state, views)

@@ -75,3 +75,58 @@ def test_cached_decoding_through_the_explicit_attention_equals_uncached():
     uncached = model.generate(**source, use_cache=False, **kwargs)
     assert torch.equal(cached.sequences, uncached.sequences)
     assert torch.allclose(cached.sequences_scores, uncached.sequences_scores, atol=1e-5)
+
+
+# Every switch that reads or combines positions in a training forward: li2022's per-row drop-net groups (DDR's two
+# passes) and ALD's source views, dou2018's aggregations, multi-layer attention and layer diversity, liu2020's ω.
+PACKED_TRAINING_CASES = {
+    "post-LN": {},
+    "pre-LN, CAD, DDR, ALD": dict(layer_norm_position="pre", decoder_layers=3, cross_attention_drop_depth=2,
+                                  cross_attention_drop_ratio=0.5, ddr_weight=1.0, ald_weight=0.5),
+    "dou2018 hierarchical + linear, MLA k=2, diversity": dict(
+        encoder_layers=4, decoder_layers=5, encoder_layer_aggregation="hierarchical",
+        decoder_layer_aggregation="linear", multi_layer_attention_k=2, diversity_weight=0.1),
+    "ADMIN, label smoothing": dict(residual_scaling="admin", label_smoothing=0.1),
+}
+
+
+@pytest.mark.parametrize("case", list(PACKED_TRAINING_CASES))
+def test_training_forward_on_real_positions_equals_the_padded_forward(case, monkeypatch):
+    """In training, the stacks compute only the real source tokens and each row's target positions up to its last
+    label (docs/transformer.md, "Padding in training"): the loss, every gradient and the logits of real positions
+    are the padded computation's, and the skipped positions are really skipped."""
+    from hf_deepnmt import modeling_deep_transformer
+
+    input_ids = torch.tensor([[5, 6, 7, 8, 9, 10, 2], [11, 12, 2, 0, 0, 0, 0], [13, 14, 15, 16, 2, 0, 0]])
+    labels = torch.tensor([[17, 18, 19, 2, -100, -100], [20, 21, 22, 23, 24, 2], [25, 2, -100, -100, -100, -100]])
+    batch = {"input_ids": input_ids, "attention_mask": (input_ids != 0).long(), "labels": labels}
+    model = tiny_model(dropout=0.0, **PACKED_TRAINING_CASES[case]).train()
+
+    def run() -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor], list[int]]:
+        rows: list[int] = []  # rows the first encoder and decoder FFN see
+        hooks = [layers[0].fc1.register_forward_hook(lambda m, args, out: rows.append(args[0].numel() // 16))
+                 for layers in (model.model.encoder.layers, model.model.decoder.layers)]
+        model.zero_grad()
+        torch.manual_seed(0)  # the same drop-net draws and ALD views on both paths
+        out = model(**batch)
+        out.loss.backward()
+        for hook in hooks:
+            hook.remove()
+        grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+        return out.loss.detach(), out.logits.detach(), grads, rows
+
+    loss, logits, grads, rows = run()
+    monkeypatch.setattr(modeling_deep_transformer, "real_positions", lambda keep, training: None)
+    padded_loss, padded_logits, padded_grads, padded_rows = run()
+
+    views = 3 if "ALD" in case else 1  # X, X⁺, X⁻ through the encoder
+    passes = (2 if "DDR" in case else 1) + (2 if "ALD" in case else 0)
+    assert rows == [views * int(batch["attention_mask"].sum()), passes * (4 + 6 + 2)]  # real tokens only
+    assert padded_rows == [views * input_ids.numel(), passes * labels.numel()]
+    torch.testing.assert_close(loss, padded_loss, atol=1e-6, rtol=1e-5)
+    assert grads.keys() == padded_grads.keys()
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, padded_grads[name], atol=1e-6, rtol=1e-4, msg=name)
+    real = labels != -100
+    torch.testing.assert_close(logits[real], padded_logits[real], atol=1e-6, rtol=1e-5)
+    assert not logits[~real].any()  # skipped positions: zero

@@ -246,8 +246,10 @@ def test_ddr_runs_two_decoder_passes_that_differ_and_averages_their_nll(batch):
     model.lm_head.register_forward_hook(lambda module, args, output: projected.append(output))
     torch.manual_seed(0)
     out = compute_losses(model, batch)
-    logits = projected[0]  # (2B, T, V): the two passes over one encoder output
-    assert logits.size(0) == 2 * batch["input_ids"].size(0) and len(projected) == 1
+    logits = projected[0]  # the two passes over one encoder output, packed: (N, V), N needed positions
+    needed = (batch["labels"] != -100).repeat(2, 1)  # (2B, T): right-padded labels, so up to each last label
+    assert logits.shape == (int(needed.sum()), model.config.vocab_size) and len(projected) == 1
+    logits = logits.new_zeros(*needed.shape, logits.size(-1)).index_put((needed,), logits)  # (2B, T, V)
     torch.testing.assert_close(out.outputs.logits, logits[:2])  # the output holds the first pass, (B, T, V)
     assert (logits[:2] - logits[2:]).abs().max() > 1e-3 and out.components["ddr"] > 0
     mask = batch["labels"] != -100

@@ -18,7 +18,7 @@ from conftest import TINY, tiny_config, tiny_model
 from invariance_worker import PAD, TERMS, collate, examples, one_step
 
 from hf_deepnmt import DeepDecoderTransformerConfig, admin_profile
-from hf_deepnmt.losses import LossNormalizers, batch_normalizers, compute_losses
+from hf_deepnmt.losses import LossNormalizers, batch_normalizers, compute_losses, label_smoothed_nll_loss
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -128,10 +128,14 @@ def test_eval_loss_is_the_unsmoothed_nll_on_every_path(predict_with_generate, tm
     batch = collate(examples())
     model.eval()
     with torch.no_grad():
-        unsmoothed = model(**batch).loss.item()
-        smoothed = compute_losses(model.train(), batch, label_smoothing=0.3).components["smoothed_nll"].item()
+        outputs = model(**batch)
+        unsmoothed = outputs.loss.item()
+        # what the eval loss would be if it were smoothed: the same logits, ε = 0.3 (no dropout draw in it)
+        smoothed_sum, nll_sum, count = label_smoothed_nll_loss(outputs.logits, batch["labels"], 0.3,
+                                                               model.config.pad_token_id)
     assert metrics["eval_loss"] == pytest.approx(unsmoothed, rel=1e-5)
-    assert abs(metrics["eval_loss"] - smoothed) > 0.1  # the smoothed value would be clearly different
+    assert unsmoothed == pytest.approx((nll_sum / count).item(), rel=1e-5)
+    assert abs(metrics["eval_loss"] - (smoothed_sum / count).item()) > 1e-3  # the smoothed value differs
 
 
 # ------------------------------------------------------------------------------------------------ item 4
