@@ -344,12 +344,17 @@ def scaling(cfg: dict[str, object], threads: int) -> dict[str, object]:
     return {"tokens_depth": cfg["scaling_tokens"], "tokens_length": cfg["length_tokens"], **points}
 
 
+SECTION_EXTRA_KEYS = {"train": ("train_ls",)}
+
+
 def merge(existing: dict[str, object], new: dict[str, object], sections: list[str]) -> dict[str, object]:
     """``existing`` with the measured ``sections`` of ``new`` put in; the run that measured them is recorded under
     ``existing["merged"][section]`` (the top-level command, machine and sections stay those of the full run).
     ``engine_quality`` holds one entry per trained model: the models measured now join (or replace, by folder name)
     those already there (`merge_quality`)."""
-    for section in sections:
+    # the keys a section's run writes besides its own (the train section's label-smoothed rows)
+    keys = [key for section in sections for key in (section, *SECTION_EXTRA_KEYS.get(section, ()))]
+    for section in keys:
         if section in new:
             if section == "engine_quality" and section in existing:
                 existing[section] = merge_quality(existing, new[section])
