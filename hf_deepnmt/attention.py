@@ -410,11 +410,20 @@ class DeepTransformerAttention(nn.Module):
                 key, value = cache.self_attention_cache.update(key, value, self.layer_idx)  # (B, H, past+Tq, d_h)
         implementation = getattr(self.config, "_attn_implementation", None) or "sdpa"
         dropout = self.dropout if self.training else 0.0
-        if implementation in ("sdpa", "eager") or output_attentions:
+        groups = memory_groups(batch, key.size(0)) if self.is_cross_attention else 1
+        explicit = implementation in ("sdpa", "eager") or output_attentions
+        if groups > 1 and explicit:
+            out, weights = self._grouped_attention(query, key, value, attention_mask, groups, dropout,
+                                                   output_attentions, implementation == "eager")
+        elif explicit:
             out, weights = attention(query, key, value, attention_mask, is_causal, dropout, output_attentions,
                                      eager=implementation == "eager")
             out = out.transpose(1, 2)  # (B, Tq, H, d_h)
         else:  # a kernel registered with transformers' AttentionInterface (docs/transformer.md, "Attention")
+            if groups > 1:  # the kernels take one key row per query row
+                key, value = key.repeat_interleave(groups, 0), value.repeat_interleave(groups, 0)  # (B, H, S, d_h)
+                if attention_mask is not None and attention_mask.size(0) > 1:
+                    attention_mask = attention_mask.repeat_interleave(groups, 0)
             out = interface_attention(self, implementation, query, key, value, attention_mask, is_causal,
                                       dropout)  # (B, Tq, H, d_h)
             weights = None
@@ -422,6 +431,39 @@ class DeepTransformerAttention(nn.Module):
         if positions is not None:
             out = positions.pack(out)  # (N, d)
         return self.out_proj(out), weights
+
+    @staticmethod
+    def _grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
+                           groups: int, dropout: float, need_weights: bool,
+                           eager: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Cross-attention of ``groups`` consecutive query rows over one memory row each: the beams of a sentence
+        read its source keys/values once, as one ``(groups·Tq)``-query attention, instead of one copy per beam
+        (docs/transformer.md, "Caches"). The same softmax(QKᵀ/√d_h + M)V per query; ``(M·g, H, Tq, d_h)`` queries,
+        ``(M, H, S, d_h)`` keys/values; returns ``(M·g, Tq, H, d_h)`` and the weights ``(M·g, H, Tq, S)``."""
+        rows, heads, length, head_dim = query.shape
+        memory = key.size(0)
+        grouped = query.view(memory, groups, heads, length, head_dim).transpose(1, 2)  # (M, H, g, Tq, d_h)
+        grouped = grouped.reshape(memory, heads, groups * length, head_dim)  # (M, H, g·Tq, d_h)
+        out, weights = attention(grouped, key, value, mask, False, dropout, need_weights,
+                                 eager=eager)  # (M, H, g·Tq, d_h)
+        out = out.view(memory, heads, groups, length, head_dim).permute(0, 2, 3, 1, 4)  # (M, g, Tq, H, d_h)
+        out = out.reshape(rows, length, heads, head_dim)  # (M·g, Tq, H, d_h)
+        if weights is not None:
+            source = weights.size(-1)
+            weights = weights.view(memory, heads, groups, length, source).transpose(1, 2)  # (M, g, H, Tq, S)
+            weights = weights.reshape(rows, heads, length, source)  # (M·g, H, Tq, S)
+        return out, weights
+
+
+def memory_groups(query_rows: int, memory_rows: int) -> int:
+    """How many consecutive query rows share one memory row in a cross-attention: 1 when each query row has its own;
+    ``g`` when the memory holds one row per sentence and the queries ``g`` (its beams, `retiring_generate`)."""
+    if query_rows == memory_rows:
+        return 1
+    if memory_rows == 0 or query_rows % memory_rows:
+        raise UserInputError(f"cross-attention: {query_rows} decoder rows cannot share {memory_rows} encoder rows; "
+                             "give one encoder row per decoder row, or one per group of consecutive decoder rows.")
+    return query_rows // memory_rows
 
 
 def _unpacked(states: torch.Tensor, positions: RealPositions | None) -> torch.Tensor:

@@ -887,6 +887,9 @@ class DeepTransformerForConditionalGeneration(TranslationGenerationMixin, DeepTr
 
     _tied_weights_keys = {"lm_head.weight": "model.shared.weight"}
     base_model_class: type[DeepTransformerModel] = DeepTransformerModel
+    # The cross-attention takes one encoder row per sentence for g consecutive decoder rows (its beams): the retiring
+    # search passes the source once per sentence (`hf_deepnmt.attention.memory_groups`, docs/transformer.md "Caches").
+    beams_share_memory = True
 
     def __init__(self, config: DeepTransformerConfig):
         super().__init__(config)

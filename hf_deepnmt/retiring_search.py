@@ -174,9 +174,14 @@ def retiring_generate(model: Any, input_ids: torch.Tensor, attention_mask: torch
     device = input_ids.device
     beams = settings.num_beams
     encoder_outputs = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask, return_dict=True)
-    rows = torch.arange(batch, device=device).repeat_interleave(beams)  # (B·k,): each sentence's rows, beam-major
-    encoder_outputs = _select_rows(encoder_outputs, rows)
-    mask = attention_mask.index_select(0, rows)
+    # a model whose cross-attention groups a sentence's beams over one copy of its source (`beams_share_memory`)
+    # keeps one encoder row per sentence; any other gets one per beam
+    shared = beams > 1 and getattr(model, "beams_share_memory", False)
+    mask = attention_mask
+    if not shared:
+        rows = torch.arange(batch, device=device).repeat_interleave(beams)  # (B·k,): each sentence's rows
+        encoder_outputs = _select_rows(encoder_outputs, rows)
+        mask = attention_mask.index_select(0, rows)
     limits = torch.tensor([1 + int(budget) for budget in max_new_tokens], device=device)  # max_length per sentence
     width = int(limits.max())
     results: list[Hypotheses | None] = [None] * batch
@@ -209,9 +214,15 @@ def retiring_generate(model: Any, input_ids: torch.Tensor, attention_mask: torch
             keep_rows = (keep[:, None] * beams + torch.arange(beams, device=device)).reshape(-1)  # (A'·k,)
             search.keep(keep)
             tokens = tokens.index_select(0, keep_rows)
-            cache.reorder_cache(keep_rows)  # every row-indexed tensor of the state, the encoder's included
-            encoder_outputs = _select_rows(encoder_outputs, keep_rows)
-            mask = mask.index_select(0, keep_rows)
+            if shared:  # the decoder's rows per beam, the source's per sentence
+                cache.self_attention_cache.reorder_cache(keep_rows)
+                cache.cross_attention_cache.reorder_cache(keep)
+                encoder_outputs = _select_rows(encoder_outputs, keep)
+                mask = mask.index_select(0, keep)
+            else:
+                cache.reorder_cache(keep_rows)  # every row-indexed tensor of the state, the encoder's included
+                encoder_outputs = _select_rows(encoder_outputs, keep_rows)
+                mask = mask.index_select(0, keep_rows)
     return [result for result in results if result is not None]
 
 

@@ -130,3 +130,32 @@ def test_training_forward_on_real_positions_equals_the_padded_forward(case, monk
     real = labels != -100
     torch.testing.assert_close(logits[real], padded_logits[real], atol=1e-6, rtol=1e-5)
     assert not logits[~real].any()  # skipped positions: zero
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "eager", "weights"])
+def test_beams_grouped_over_one_memory_row_equal_one_memory_row_per_beam(implementation):
+    """A cross-attention given one encoder row per sentence for its consecutive beam rows (what the retiring search
+    passes, `memory_groups`) gives the outputs and attention weights of the encoder rows repeated per beam."""
+    from hf_deepnmt.attention import DeepTransformerAttention, additive_mask, padding_mask
+
+    torch.manual_seed(0)
+    config = tiny_model().config
+    config._attn_implementation = "eager" if implementation == "eager" else "sdpa"
+    attention = DeepTransformerAttention(16, 4, 0.0, 0, is_cross_attention=True, config=config).eval()
+    sentences, beams, source = 3, 4, 5
+    memory = torch.randn(sentences, source, 16)
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 0, 0, 0]])
+    queries = torch.randn(sentences * beams, 2, 16)  # two target positions per beam row
+    weights = implementation == "weights"
+    grouped, grouped_weights = attention(queries, key_value_states=memory, output_attentions=weights,
+                                         attention_mask=additive_mask(padding_mask(mask), queries.dtype))
+    repeated_mask = additive_mask(padding_mask(mask.repeat_interleave(beams, 0)), queries.dtype)
+    expected, expected_weights = attention(queries, key_value_states=memory.repeat_interleave(beams, 0),
+                                           attention_mask=repeated_mask, output_attentions=weights)
+    torch.testing.assert_close(grouped, expected, atol=1e-6, rtol=1e-5)
+    if weights:
+        torch.testing.assert_close(grouped_weights, expected_weights, atol=1e-6, rtol=1e-5)
+    from hf_deepnmt.errors import UserInputError
+
+    with pytest.raises(UserInputError, match="10 decoder rows cannot share 3 encoder rows"):
+        attention(queries[:10], key_value_states=memory)

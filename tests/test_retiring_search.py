@@ -98,8 +98,13 @@ def test_finished_sentences_leave_the_batch(trained):
     batch = source_batch(sources, model.config.pad_token_id)
     budgets = [3] * (len(sources) - 1) + [14]
     rows: list[int] = []
-    hook = model.register_forward_pre_hook(lambda module, args, kwargs: rows.append(kwargs["decoder_input_ids"].size(0)),
-                                           with_kwargs=True)
+    memory_rows: list[int] = []  # rows of the encoder output the decoder is given
+
+    def spy(module, args, kwargs) -> None:
+        rows.append(kwargs["decoder_input_ids"].size(0))
+        memory_rows.append(kwargs["encoder_outputs"].last_hidden_state.size(0))
+
+    hook = model.register_forward_pre_hook(spy, with_kwargs=True)
     reported: list[tuple[int, int, object]] = []  # (sentence, decoder calls so far, hypotheses) from on_result
     try:
         found = retiring_generate(model, batch["input_ids"], batch["attention_mask"], budgets,
@@ -109,6 +114,10 @@ def test_finished_sentences_leave_the_batch(trained):
         hook.remove()
     # every sentence for 3 steps, then the long one alone (4 beams) until it ends
     assert rows[:3] == [4 * len(sources)] * 3 and len(rows) > 3 and set(rows[3:]) == {4}, rows
+    # a Transformer's cross-attention reads one copy of each source for its 4 beams (`beams_share_memory`)
+    shared = getattr(model, "beams_share_memory", False)
+    assert memory_rows == [row // 4 if shared else row for row in rows], memory_rows
+    assert shared == (type(model).__name__ == "DeepTransformerForConditionalGeneration")
     # each result is reported once, the step it is final: the short ones after 3 decoder calls, the long one last
     assert sorted(index for index, _, _ in reported) == list(range(len(sources)))
     assert all(calls == 3 for index, calls, _ in reported if index < len(sources) - 1)
