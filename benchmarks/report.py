@@ -787,6 +787,16 @@ def _serve(results: dict) -> list[str]:
         lines.append(f"- {engine}, 32 clients: dynamic {speedup} the baseline's sentences/s, p99 {verdict['p99_s']:.2f} "
                      f"s, {verdict['errors']} errors in all its runs — goal (≥ 3×, p99 < 2 s, 0 errors) "
                      f"{'met' if verdict['met'] else 'not met'}")
+    layouts = serve.get("search_layouts")
+    if layouts:
+        lines += ["", f"One retiring search over {layouts['sentences']} sentences of the workload (the model's "
+                  f"generation settings, each sentence its own budget), {layouts['threads']} thread(s), "
+                  f"in each decoding-state layout (docs/transformer.md, \"Caches\"); medians of "
+                  f"{layouts['repeats']} interleaved rounds; the same translations in every layout: "
+                  f"{'yes' if layouts['same_translations'] else 'NO'}.", ""]
+        lines += _table(["layout", "s per search", "× transformers' layout"],
+                        [[name, f"{seconds:.3f}", f"{layouts['speedup'][name]:.2f}×"]
+                         for name, seconds in layouts["median_s"].items()]) + [""]
     exits = {f"{engine} {setting}": cells.get("exit_status") for engine, settings in serve["runs"].items()
              for setting, cells in settings.items()}
     if serve.get("kept"):

@@ -255,6 +255,7 @@ def serve_section(model_dir: str | None, threads: int, requests: int, clients: S
             log(f"serve: exporting {model_dir} to {export_format} int8")
             export_model(model, tokenizer, folders[engine], export_format, "int8")
         folders = {engine: folder for engine, folder in folders.items() if engine in wanted}
+        layouts = search_layouts(model, tokenizer, workload, threads, log) if "torch" in folders else None
         result: dict[str, object] = {
             "model_dir": str(model_dir), "threads": threads, "requests": requests, "clients": list(clients),
             "time_limit_s": time_limit_s, "parameters": parameters,
@@ -297,7 +298,60 @@ def serve_section(model_dir: str | None, threads: int, requests: int, clients: S
                 cells["exit_status"] = status
                 result["runs"].setdefault(engine, {})[setting] = cells
         result["goal"] = goal(result)
+        if layouts:
+            result["search_layouts"] = layouts
     return result
+
+
+# The decoding state layouts of one retiring search, each switched off in turn (docs/transformer.md, "Caches"):
+# (the source once per sentence, the self-attention reorder deferred to the next append).
+SEARCH_LAYOUTS = {"per beam (transformers' layout)": (False, False), "source once per sentence": (True, False),
+                  "source once per sentence + deferred reorder": (True, True)}
+
+
+def search_layouts(model, tokenizer, workload: Sequence[Sequence[str]], threads: int, log: Callable[[str], None],
+                   sentences: int = 32, repeats: int = 5) -> dict[str, object] | None:
+    """One retiring search over the workload's first ``sentences`` sentences (the model's own settings, each its
+    own new-token budget, as the server decodes a full batch), timed in each `SEARCH_LAYOUTS` layout: interleaved
+    medians, and whether every layout gives the same translations. None for a model without these layouts."""
+    import torch
+
+    from hf_deepnmt.pipeline_translation import new_token_budget
+    from hf_deepnmt.retiring_search import retiring_generate, search_settings
+
+    from .common import interleaved, median
+
+    if not hasattr(model, "beam_search_cache") or int(model.generation_config.num_beams or 1) < 2:
+        return None
+    texts = [text for request in workload for text in request][:sentences]
+    batch = tokenizer(texts, return_tensors="pt", padding=True, truncation=True)
+    limit = int(model.config.max_position_embeddings)
+    budgets = [new_token_budget(int(length), limit) for length in batch["attention_mask"].sum(-1)]
+    settings = search_settings(model, {})
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    model.eval()
+
+    def layout(shared: bool, deferred: bool) -> Callable[[], list]:
+        def run() -> list:
+            model.beams_share_memory = shared  # instance attributes over the class's
+            model.beam_search_cache = (lambda: type(model).beam_search_cache(model)) if deferred else (lambda: None)
+            try:
+                return retiring_generate(model, batch["input_ids"], batch["attention_mask"], budgets, settings)
+            finally:
+                del model.beams_share_memory, model.beam_search_cache
+        return run
+
+    runs = {name: layout(*switches) for name, switches in SEARCH_LAYOUTS.items()}
+    log(f"serve: one retiring search over {len(texts)} sentences in {len(runs)} state layouts, {repeats} rounds")
+    outputs = {name: [hypotheses.sequences.tolist() for hypotheses in run()] for name, run in runs.items()}
+    times = interleaved(runs, repeats=repeats, warmup=0)
+    torch.set_num_threads(previous_threads)
+    medians = {name: median(values) for name, values in times.items()}
+    first = next(iter(medians))
+    return {"sentences": len(texts), "threads": threads, "repeats": repeats, "median_s": medians,
+            "speedup": {name: medians[first] / value for name, value in medians.items()},
+            "same_translations": all(output == outputs[first] for output in outputs.values())}
 
 
 def goal(result: dict[str, object]) -> dict[str, dict[str, object]]:

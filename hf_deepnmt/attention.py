@@ -119,6 +119,51 @@ def ensure_cache_slots(cache: DynamicCache, slots: int) -> None:
         cache.layers.append(DynamicLayer())
 
 
+class DeferredReorderLayer(DynamicLayer):
+    """A self-attention cache layer for beam search whose reorder waits for the next append.
+
+    transformers' `DynamicLayer` copies the whole cache twice per beam-search step: the reorder gathers the rows the
+    surviving hypotheses continue from (``index_select``), then the next step appends the new position
+    (``torch.cat``). Here the reorder only records the rows (composing several reorders into one index), and the
+    append gathers them straight into the grown tensor: one copy per step, the same keys and values
+    (docs/transformer.md, "Caches"). Reading ``keys``/``values`` directly between a reorder and the next `update`
+    would see the old row order; the model reads them only through `update`.
+    """
+
+    pending: torch.Tensor | None = None
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        if self.get_seq_length() > 0:
+            rows = beam_idx.to(self.keys.device)
+            self.pending = rows if self.pending is None else self.pending.index_select(0, rows)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.pending is None or not self.is_initialized:
+            return super().update(key_states, value_states, *args, **kwargs)
+        rows, self.pending = self.pending, None
+        self.keys = _gather_and_append(self.keys, rows, key_states)
+        self.values = _gather_and_append(self.values, rows, value_states)
+        return self.keys, self.values
+
+
+def _gather_and_append(cached: torch.Tensor, rows: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """``cat([cached[rows], new], dim=-2)`` without the intermediate ``cached[rows]``: ``(R, H, t + q, d_h)``."""
+    past = cached.size(-2)
+    grown = cached.new_empty(rows.size(0), cached.size(1), past + new.size(-2), cached.size(-1))
+    torch.index_select(cached, 0, rows, out=grown[:, :, :past])  # written in place into the strided view
+    grown[:, :, past:] = new
+    return grown
+
+
+def beam_search_cache(num_layers: int) -> EncoderDecoderCache:
+    """An empty decoding cache whose ``num_layers`` self-attention layers defer beam reorders
+    (`DeferredReorderLayer`); further slots (dou2018's multi-layer attention) are ordinary layers."""
+    self_attention = DynamicCache()
+    self_attention.layers = [DeferredReorderLayer() for _ in range(num_layers)]
+    return EncoderDecoderCache(self_attention, DynamicCache())
+
+
 def attention(
     query: torch.Tensor,
     key: torch.Tensor,

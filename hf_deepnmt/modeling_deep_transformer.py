@@ -51,6 +51,7 @@ from .attention import (
     DeepTransformerAttention,
     RealPositions,
     additive_mask,
+    beam_search_cache,
     decoder_self_attention_mask,
     ensure_cache_slots,
     multi_layer_cache_slot,
@@ -903,6 +904,11 @@ class DeepTransformerForConditionalGeneration(TranslationGenerationMixin, DeepTr
 
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.model.set_input_embeddings(value)
+
+    def beam_search_cache(self) -> EncoderDecoderCache:
+        """An empty decoding cache for beam search whose self-attention layers gather each step's reordered rows
+        straight into the grown cache (`hf_deepnmt.attention.DeferredReorderLayer`; the retiring search uses it)."""
+        return beam_search_cache(self.config.decoder_layers)
 
     def _reorder_cache(self, past_key_values: EncoderDecoderCache, beam_idx: torch.LongTensor) -> EncoderDecoderCache:
         """Beam search (called by `GenerationMixin` after every step): make the self-attention keys/values follow

@@ -187,7 +187,8 @@ def retiring_generate(model: Any, input_ids: torch.Tensor, attention_mask: torch
     results: list[Hypotheses | None] = [None] * batch
     search = _Beams(settings, batch, width, limits, device) if beams > 1 else _Greedy(settings, batch, width, limits,
                                                                                       device)
-    cache = None
+    # a model may give a cache made for beam search (the Transformer's defers each reorder to the next append)
+    cache = model.beam_search_cache() if beams > 1 and hasattr(model, "beam_search_cache") else None
     tokens = torch.full((batch * beams, 1), settings.decoder_start_token_id, dtype=torch.long, device=device)
     reorder = getattr(model, "_reorder_cache", None)
     while True:

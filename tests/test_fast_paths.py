@@ -159,3 +159,26 @@ def test_beams_grouped_over_one_memory_row_equal_one_memory_row_per_beam(impleme
 
     with pytest.raises(UserInputError, match="10 decoder rows cannot share 3 encoder rows"):
         attention(queries[:10], key_value_states=memory)
+
+
+def test_deferred_reorder_cache_holds_what_the_plain_cache_holds():
+    """`DeferredReorderLayer` records beam reorders (also several in a row, and a reorder that drops rows, as the
+    retiring search's) and gathers them into the next append: the same keys and values as `DynamicLayer`."""
+    from transformers.cache_utils import DynamicLayer
+
+    from hf_deepnmt.attention import DeferredReorderLayer
+
+    torch.manual_seed(0)
+    plain, deferred = DynamicLayer(), DeferredReorderLayer()
+    rows = 6
+    for step in range(5):
+        keys, values = torch.randn(rows, 2, 1, 3), torch.randn(rows, 2, 1, 3)
+        expected = plain.update(keys, values)
+        got = deferred.update(keys, values)
+        assert all(torch.equal(a, b) for a, b in zip(got, expected)), step
+        reorders = [torch.randint(0, rows, (rows,))] + ([torch.tensor([0, 2, 3, 5])] if step == 2 else [])
+        for index in reorders:
+            plain.reorder_cache(index)
+            deferred.reorder_cache(index)
+            rows = index.numel()
+    assert deferred.pending is not None and deferred.get_seq_length() == plain.get_seq_length() == 5
