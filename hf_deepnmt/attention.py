@@ -173,6 +173,7 @@ def attention(
     dropout_p: float,
     need_weights: bool,
     eager: bool = False,
+    grouped_beams: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """softmax(Q Kᵀ / sqrt(d_h) + M) V (Vaswani et al. Eq. 1) on ``(B, H, T, d_h)`` tensors.
 
@@ -181,15 +182,17 @@ def attention(
     (docs/transformer.md), except in two cases that take the explicit product below:
 
     * the weights are requested (``output_attentions=True``) or ``eager`` (``attn_implementation="eager"``);
-    * one incremental decoding step (a single query) of many (batch, head) rows on CPU, where the CPU flash kernel's
-      per-row overhead makes SDPA up to 2x slower than two batched matmuls (with few rows SDPA is the faster one;
-      `EXPLICIT_SINGLE_QUERY_MIN_ROWS`, benchmarks/RESULTS.md "Profile and fixes");
+    * one incremental decoding step (a single query, or ``grouped_beams``: a sentence's beams as the queries of its
+      one memory row, `DeepTransformerAttention._grouped_attention`) of many (batch, head) rows on CPU, where the CPU
+      flash kernel's per-row overhead makes SDPA up to 2x slower than two batched matmuls (with few rows SDPA is the
+      faster one; `EXPLICIT_SINGLE_QUERY_MIN_ROWS`, benchmarks/RESULTS.md "Profile and fixes"; 4 beams over 40 keys,
+      32 sentences × 4 heads, one thread: 86 µs explicit vs 124 µs SDPA);
     * `torch.onnx.export` (``torch.compiler.is_exporting()``): the graph holds the product itself (docs/fast-inference.md).
     """
     # torch.onnx.export traces the explicit product: no branch on the (symbolic) batch size, and ONNX Runtime fuses it
     exporting = torch.compiler.is_exporting()
     explicit_decoding_step = not exporting and (
-        query.size(-2) == 1 and query.size(0) * query.size(1) >= EXPLICIT_SINGLE_QUERY_MIN_ROWS
+        (query.size(-2) == 1 or grouped_beams) and query.size(0) * query.size(1) >= EXPLICIT_SINGLE_QUERY_MIN_ROWS
         and query.device.type == "cpu")
     if not need_weights and not explicit_decoding_step and not eager and not exporting:
         out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
@@ -489,8 +492,8 @@ class DeepTransformerAttention(nn.Module):
         memory = key.size(0)
         grouped = query.view(memory, groups, heads, length, head_dim).transpose(1, 2)  # (M, H, g, Tq, d_h)
         grouped = grouped.reshape(memory, heads, groups * length, head_dim)  # (M, H, g·Tq, d_h)
-        out, weights = attention(grouped, key, value, mask, False, dropout, need_weights,
-                                 eager=eager)  # (M, H, g·Tq, d_h)
+        out, weights = attention(grouped, key, value, mask, False, dropout, need_weights, eager=eager,
+                                 grouped_beams=length == 1)  # (M, H, g·Tq, d_h)
         out = out.view(memory, heads, groups, length, head_dim).permute(0, 2, 3, 1, 4)  # (M, g, Tq, H, d_h)
         out = out.reshape(rows, length, heads, head_dim)  # (M·g, Tq, H, d_h)
         if weights is not None:
