@@ -104,6 +104,10 @@ def _section(title: str, intro: str, header: list[str], rows: list[list[str]]) -
     return [f"## {title}", "", intro, "", *_table(header, rows), ""]
 
 
+TRAINING_HEADER = ["size", "model", "sentences / src tok / tgt tok", "median step (s)", "target tok/s", "repeats",
+                   "range (s)"]
+
+
 def _training_rows(train: dict) -> list[list[str]]:
     return [[size, name, f"{r['sentences']} / {r['source_tokens']} / {r['target_tokens']}", f"{seconds:.3f}",
              _num(r["target_tokens_per_s"][name]), str(len(r["seconds"][name])),
@@ -132,25 +136,24 @@ def _flat_rows(flat: dict) -> list[list[str]]:
 
 def _details(results: dict) -> list[str]:
     lines = []
-    if "train" in results:
-        lines += _section(
-            "Training throughput",
-            "Forward with labels (mean token cross-entropy), backward and an AdamW step on one synthetic batch (random "
-            "ids, lengths uniform in 20–40, padded to the longest); dropout 0.1 in both models. Tokens/s counts non-pad "
-            "target tokens (fairseq's wps). Ours computes the real positions only in training (docs/transformer.md, "
-            "\"Padding in training\"): its lead over Marian is the batch's padding (a quarter of the positions here); "
-            "on a batch without padding (137 × 30 tokens, d256) the two steps tie (1.01×, 2026-11-27).",
-            ["size", "model", "sentences / src tok / tgt tok", "median step (s)", "target tok/s", "repeats",
-             "range (s)"], _training_rows(results["train"]))
-    if "train_ls" in results:
-        lines += _section(
-            "Training throughput, label smoothing 0.1",
-            "The same step with the label-smoothed cross-entropy, ε = 0.1, averaged over the real target tokens: "
-            "ours computes it in its forward (`smoothing_epsilon`), Marian and ours-before return logits and "
-            "`torch.nn.functional.cross_entropy(label_smoothing=0.1)` computes the same value from them "
-            "(`benchmarks.measure.training_step`). Interleaved, right after the plain rows, in the same process.",
-            ["size", "model", "sentences / src tok / tgt tok", "median step (s)", "target tok/s", "repeats",
-             "range (s)"], _training_rows(results["train_ls"]))
+    training = {
+        "train": ("Training throughput",
+                  "Forward with labels (mean token cross-entropy), backward and an AdamW step on one synthetic batch "
+                  "(random ids, lengths uniform in 20–40, padded to the longest); dropout 0.1 in both models. Tokens/s "
+                  "counts non-pad target tokens (fairseq's wps). Ours computes the real positions only in training "
+                  "(docs/transformer.md, \"Padding in training\"): its lead over Marian is the batch's padding (a "
+                  "quarter of the positions here); on a batch without padding (137 × 30 tokens, d256) the two steps "
+                  "tie (1.01×, 2026-11-27)."),
+        "train_ls": ("Training throughput, label smoothing 0.1",
+                     "The same step with the label-smoothed cross-entropy, ε = 0.1, averaged over the real target "
+                     "tokens: ours computes it in its forward (`smoothing_epsilon`), Marian and ours-before return "
+                     "logits and `torch.nn.functional.cross_entropy(label_smoothing=0.1)` computes the same value from "
+                     "them (`benchmarks.measure.training_step`). Interleaved, right after the plain rows, in the same "
+                     "process."),
+    }
+    for key, (title, intro) in training.items():
+        if key in results:
+            lines += _section(title, intro, TRAINING_HEADER, _training_rows(results[key]))
     if "decode" in results:
         lines += _section(
             "Decoding throughput",
