@@ -60,9 +60,16 @@ def eager_random_numbers():
 # ------------------------------------------------------------------------------------------------ Transformer
 @pytest.mark.integration
 @pytest.mark.parametrize("name", TRANSFORMER_CASES)
-def test_compiled_transformer_training_step_matches_eager(name, batch, eager_random_numbers):
+def test_compiled_transformer_training_step_matches_eager(name, batch, eager_random_numbers, monkeypatch):
     """Forward with labels in training mode (the full objective of the config, with transformers' Trainer's
-    ``num_items_in_batch``) and backward compile as one graph, and give the eager loss and gradients."""
+    ``num_items_in_batch``) and backward compile as one graph, and give the eager loss and gradients.
+
+    A compiled forward keeps the padded layout (docs/transformer.md, "Padding in training"), so the eager reference
+    does too here: dropout then draws its numbers for the same positions in both, number for number. (That the
+    packed eager forward equals the padded one is tests/test_fast_paths.py's.)"""
+    from hf_deepnmt import modeling_deep_transformer
+
+    monkeypatch.setattr(modeling_deep_transformer, "real_positions", lambda keep, training: None)
     eager = transformer(name).train()  # residual dropout 0.1
     compiled_model = copy.deepcopy(eager)
     compiled = torch.compile(compiled_model, fullgraph=True)  # fullgraph: a graph break is an error
