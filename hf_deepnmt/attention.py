@@ -126,15 +126,46 @@ class DeferredReorderLayer(DynamicLayer):
     surviving hypotheses continue from (``index_select``), then the next step appends the new position
     (``torch.cat``). Here the reorder only records the rows (composing several reorders into one index), and the
     append gathers them straight into the grown tensor: one copy per step, the same keys and values
-    (docs/transformer.md, "Caches"). Reading ``keys``/``values`` directly between a reorder and the next `update`
-    would see the old row order; the model reads them only through `update`.
+    (docs/transformer.md, "Caches"). Whoever reads ``keys``/``values`` in between (a returned cache) gets them
+    reordered then: the pending rows are applied on that read.
     """
 
     pending: torch.Tensor | None = None
+    _keys: torch.Tensor | None = None
+    _values: torch.Tensor | None = None
+
+    @property
+    def keys(self) -> torch.Tensor | None:  # type: ignore[override]
+        self._apply_pending()
+        return self._keys
+
+    @keys.setter
+    def keys(self, value: torch.Tensor | None) -> None:
+        self._keys = value
+
+    @property
+    def values(self) -> torch.Tensor | None:  # type: ignore[override]
+        self._apply_pending()
+        return self._values
+
+    @values.setter
+    def values(self, value: torch.Tensor | None) -> None:
+        self._values = value
+
+    def _apply_pending(self) -> None:
+        if self.pending is not None:
+            rows, self.pending = self.pending, None
+            self._keys, self._values = self._keys.index_select(0, rows), self._values.index_select(0, rows)
+
+    def get_seq_length(self) -> int:
+        """The cached length, read without applying a pending reorder (the decoder asks every step)."""
+        if not self.is_initialized or self._keys is None or self._keys.numel() == 0:
+            return 0
+        return self._keys.shape[-2]
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         if self.get_seq_length() > 0:
-            rows = beam_idx.to(self.keys.device)
+            rows = beam_idx.to(self._keys.device)
             self.pending = rows if self.pending is None else self.pending.index_select(0, rows)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
@@ -142,9 +173,9 @@ class DeferredReorderLayer(DynamicLayer):
         if self.pending is None or not self.is_initialized:
             return super().update(key_states, value_states, *args, **kwargs)
         rows, self.pending = self.pending, None
-        self.keys = _gather_and_append(self.keys, rows, key_states)
-        self.values = _gather_and_append(self.values, rows, value_states)
-        return self.keys, self.values
+        self._keys = _gather_and_append(self._keys, rows, key_states)
+        self._values = _gather_and_append(self._values, rows, value_states)
+        return self._keys, self._values
 
 
 def _gather_and_append(cached: torch.Tensor, rows: torch.Tensor, new: torch.Tensor) -> torch.Tensor:

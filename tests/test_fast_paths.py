@@ -182,3 +182,24 @@ def test_deferred_reorder_cache_holds_what_the_plain_cache_holds():
             deferred.reorder_cache(index)
             rows = index.numel()
     assert deferred.pending is not None and deferred.get_seq_length() == plain.get_seq_length() == 5
+    # a reader between a reorder and the next append (a cache returned by generate) sees the reordered rows
+    assert torch.equal(deferred.keys, plain.keys) and torch.equal(deferred.values, plain.values)
+    assert deferred.pending is None
+
+
+def test_generate_with_the_deferred_reorder_cache_gives_generate_s_beams(batch):
+    """`beam_search_cache()` passed to transformers' `generate`: the same sequences and scores, and the returned
+    cache holds what the default cache holds."""
+    from hf_deepnmt.modeling_common import CACHE_NAME
+
+    model = tiny_model()
+    kwargs = dict(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], num_beams=4,
+                  num_return_sequences=2, max_new_tokens=8, return_dict_in_generate=True, output_scores=True)
+    with torch.no_grad():
+        plain = model.generate(**kwargs)
+        deferred = model.generate(**kwargs, **{CACHE_NAME: model.beam_search_cache()})
+    assert torch.equal(plain.sequences, deferred.sequences)
+    torch.testing.assert_close(plain.sequences_scores, deferred.sequences_scores, rtol=0, atol=0)
+    returned = [getattr(output, CACHE_NAME, None) or output.past_key_values for output in (plain, deferred)]
+    for a, b in zip(returned[0].self_attention_cache.layers, returned[1].self_attention_cache.layers):
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
