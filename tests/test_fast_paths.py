@@ -187,17 +187,22 @@ def test_deferred_reorder_cache_holds_what_the_plain_cache_holds():
     assert deferred.pending is None
 
 
-def test_generate_with_the_deferred_reorder_cache_gives_generate_s_beams(batch):
-    """`beam_search_cache()` passed to transformers' `generate`: the same sequences and scores, and the returned
-    cache holds what the default cache holds."""
+def test_generate_s_beam_search_on_the_deferred_reorder_cache_gives_the_plain_cache_s_beams(batch):
+    """A Transformer's beam search in transformers' `generate` starts from `beam_search_cache()`: the same sequences
+    and scores as on transformers' own cache layers, and the returned cache holds what theirs holds."""
+    from transformers.cache_utils import DynamicCache
+
+    from hf_deepnmt.attention import DeferredReorderLayer
     from hf_deepnmt.modeling_common import CACHE_NAME
 
     model = tiny_model()
     kwargs = dict(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], num_beams=4,
                   num_return_sequences=2, max_new_tokens=8, return_dict_in_generate=True, output_scores=True)
     with torch.no_grad():
-        plain = model.generate(**kwargs)
-        deferred = model.generate(**kwargs, **{CACHE_NAME: model.beam_search_cache()})
+        plain = model.generate(**kwargs, **{CACHE_NAME: EncoderDecoderCache(DynamicCache(), DynamicCache())})
+        deferred = model.generate(**kwargs)  # the default
+    layers = (getattr(deferred, CACHE_NAME, None) or deferred.past_key_values).self_attention_cache.layers
+    assert all(isinstance(layer, DeferredReorderLayer) for layer in layers)
     assert torch.equal(plain.sequences, deferred.sequences)
     torch.testing.assert_close(plain.sequences_scores, deferred.sequences_scores, rtol=0, atol=0)
     returned = [getattr(output, CACHE_NAME, None) or output.past_key_values for output in (plain, deferred)]
