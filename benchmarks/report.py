@@ -764,8 +764,12 @@ def _serve(results: dict) -> list[str]:
              "default" + (", one retiring search over every new-token budget; **dynamic_generate** = the same with "
                           "`--search generate`, one transformers generate call per budget"
                           if "dynamic_generate" in limits else "")
+             + ("; **dynamic_continuous** = the default with `--continuous_batching`, sentences join the running "
+                "search between decoder steps" if "dynamic_continuous" in limits else "")
              + f"), **baseline** = `--max_batch_size {limits['baseline']}`; × baseline = sentences/s over the "
-             "baseline's at the same client count; mean batch = sentences per generate call (the server's /metrics). "
+             "baseline's at the same client count; mean batch = sentences taken from the queue together (per "
+             "generate call without continuous batching), mean step = sentences per decoder step with continuous "
+             "batching (the server's /metrics). "
              f"Commit `{machine.get('commit', '?')}`. Measured by:", "", "```bash", run.get("command", ""), "```", ""]
     if run.get("quick"):
         lines += ["**Quick (smoke) run**: few requests; do not quote these numbers.", ""]
@@ -781,10 +785,10 @@ def _serve(results: dict) -> list[str]:
                              _ratio(cell["sentences_per_s"], baseline) if setting != "baseline" else "",
                              f"{cell['p50_s']:.3f}" if cell["p50_s"] is not None else "–",
                              f"{cell['p99_s']:.3f}" if cell["p99_s"] is not None else "–", str(cell["errors"]),
-                             _num(cell.get("mean_batch"), 1),
+                             _num(cell.get("mean_batch"), 1), _num(cell.get("mean_search"), 1),
                              f"{cell['requests']}" + (" (time limit)" if cell.get("time_limited") else "")])
     lines += _table(["engine", "server", "clients", "sentences/s", "× baseline", "p50 s", "p99 s", "errors",
-                     "mean batch", "requests"], rows) + [""]
+                     "mean batch", "mean step", "requests"], rows) + [""]
     for engine, verdict in serve.get("goal", {}).items():
         speedup = "–" if verdict["speedup"] is None else f"{verdict['speedup']:.2f}×"
         lines.append(f"- {engine}, 32 clients: dynamic {speedup} the baseline's sentences/s, p99 {verdict['p99_s']:.2f} "

@@ -7,7 +7,8 @@ per `generate` call.
 For each engine — torch (the model folder) and ONNX Runtime int8 (``deepnmt export --format onnx --quantization
 int8``, into a temporary folder) — and each server setting — dynamic batching (``--max_batch_size 32``, the
 default, whose torch and ONNX engines decode every budget in one retiring search), the same with ``--search generate``
-(one transformers ``generate`` call per budget; not for CTranslate2) and the baseline ``--max_batch_size 1`` — one
+(one transformers ``generate`` call per budget; not for CTranslate2), the same with ``--continuous_batching`` (torch
+only) and the baseline ``--max_batch_size 1`` — one
 `deepnmt serve` process on a free loopback port
 (127.0.0.1 only), ``--threads`` = the harness' ``--engine-threads``; against it, 1, 8 and 32 concurrent clients, each
 a keep-alive HTTP/1.1 connection sending its next request as soon as the last is answered, share a bounded list of
@@ -16,7 +17,8 @@ requests: ``serve_requests`` (2,000; quick: 40) of 1–3 consecutive verses of t
 (beam 4 for a model of `deepnmt train`), stopping early after ``serve_time_limit_s`` (300 s; quick: 30 s) per client
 count. ``--serve-requests`` and ``--serve-time-limit-s`` of the harness change both. Each cell:
 sentences/s (sentences answered / wall time), p50 / p99 request latency, errors (non-200 answers and broken
-connections: must be 0), the mean batch the server ran (its /metrics). Goal (issue 38): at 32 clients dynamic
+connections: must be 0), the mean batch the server ran and, with continuous batching, the mean sentences per decoder
+step (its /metrics). Goal (issue 38): at 32 clients dynamic
 batching ≥ 3× the baseline's sentences/s with p99 < 2 s, for the quickstart model.
 
 The clients run in this process (asyncio, one thread) beside the server: on a small machine they take some CPU from
@@ -47,8 +49,11 @@ REPO = Path(__file__).resolve().parent.parent
 ENGINES = {"torch": "torch (the model folder)", "onnx_int8": "ONNX Runtime int8",
            "ctranslate2_int8": "CTranslate2 int8 (a standard Transformer only)"}
 # Each server setting: its --max_batch_size and --search. "dynamic" is the default server; "dynamic_generate" the
-# same with one transformers `generate` call per new-token budget (the server before the retiring search).
-SETTINGS = {"dynamic": (32, "retiring"), "dynamic_generate": (32, "generate"), "baseline": (1, "retiring")}
+# same with one transformers `generate` call per new-token budget (the server before the retiring search);
+# "dynamic_continuous" the default with --continuous_batching (the torch engine only: sentences join the running
+# search between decoder steps).
+SETTINGS = {"dynamic": (32, "retiring"), "dynamic_generate": (32, "generate"),
+            "dynamic_continuous": (32, "continuous"), "baseline": (1, "retiring")}
 GOAL_SPEEDUP, GOAL_P99_S, GOAL_CLIENTS = 3.0, 2.0, 32
 QUICKSTART_COMMAND = "deepnmt quickstart --output_dir runs/quickstart"
 
@@ -75,7 +80,9 @@ class ServerProcess:
     def __init__(self, folder: Path, max_batch_size: int, threads: int, timeout_s: float = 300,
                  search: str = "retiring") -> None:
         command = [sys.executable, "-m", "hf_deepnmt_training.cli", "serve", str(folder), "--host", "127.0.0.1", "--port", "0",
-                   "--threads", str(threads), "--max_batch_size", str(max_batch_size), "--search", search]
+                   "--threads", str(threads), "--max_batch_size", str(max_batch_size),
+                   *(["--search", "retiring", "--continuous_batching"] if search == "continuous"
+                     else ["--search", search])]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
                "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
         self.process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -262,9 +269,11 @@ def serve_section(model_dir: str | None, threads: int, requests: int, clients: S
             "max_batch_size": {name: size for name, (size, _) in SETTINGS.items()},
             "search": {name: search for name, (_, search) in SETTINGS.items()},
             "sentences_in_workload": sum(map(len, workload)), "runs": {}}
-        same = ("model_dir", "threads", "requests", "clients", "time_limit_s", "parameters", "max_batch_size",
-                "search")
-        if previous and all(previous.get(key) == result[key] for key in same):
+        same = ("model_dir", "threads", "requests", "clients", "time_limit_s", "parameters")
+        settings_kept = previous and all(  # every setting of the earlier run is still one (same flags)
+            result[key].get(name) == value for key in ("max_batch_size", "search")
+            for name, value in previous.get(key, {}).items())
+        if previous and settings_kept and all(previous.get(key) == result[key] for key in same):
             result["runs"] = {engine: cells for engine, cells in previous["runs"].items() if engine not in folders}
             if result["runs"]:
                 log(f"serve: keeping the earlier cells of {', '.join(result['runs'])}")
@@ -274,6 +283,8 @@ def serve_section(model_dir: str | None, threads: int, requests: int, clients: S
             for setting, (max_batch_size, search) in SETTINGS.items():
                 if engine.startswith("ctranslate2") and search != "retiring":
                     continue  # CTranslate2 has its own search: --search changes nothing there
+                if search == "continuous" and engine != "torch":
+                    continue  # only the torch Transformer takes sentences into a running search
                 log(f"serve: {engine}, {setting} (--max_batch_size {max_batch_size} --search {search}): starting "
                     "the server")
                 server = ServerProcess(folder, max_batch_size, threads, search=search)
@@ -289,6 +300,11 @@ def serve_section(model_dir: str | None, threads: int, requests: int, clients: S
                         cell["mean_batch"] = ((after["deepnmt_batch_size_sentences_sum"]
                                                - before["deepnmt_batch_size_sentences_sum"]) / batches
                                               if batches else None)
+                        steps = (after.get("deepnmt_search_size_sentences_count", 0)
+                                 - before.get("deepnmt_search_size_sentences_count", 0))
+                        cell["mean_search"] = ((after.get("deepnmt_search_size_sentences_sum", 0)
+                                                - before.get("deepnmt_search_size_sentences_sum", 0)) / steps
+                                               if steps else None)
                         cells[str(count)] = cell
                         log(f"serve: {engine}, {setting}, {count} clients: {cell['sentences_per_s']:.1f} sentences/s, "
                             f"p50 {cell['p50_s']:.3f} s, p99 {cell['p99_s']:.3f} s, {cell['errors']} errors, "

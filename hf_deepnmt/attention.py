@@ -187,6 +187,45 @@ def _gather_and_append(cached: torch.Tensor, rows: torch.Tensor, new: torch.Tens
     return grown
 
 
+def add_empty_rows(layer: DynamicLayer, rows: int) -> None:
+    """Append ``rows`` rows of zeros to a self-attention cache layer, ``(R, H, t, d_h)`` → ``(R + rows, H, t, d_h)``:
+    sentences that join a running search (`hf_deepnmt.retiring_search.ContinuousSearch`) have no past yet, and the
+    decoder's mask hides these positions from them (a pending deferred reorder is applied first)."""
+    if layer.is_initialized and layer.get_seq_length() > 0:
+        keys, values = layer.keys, layer.values
+        layer.keys = torch.cat((keys, keys.new_zeros(rows, *keys.shape[1:])))
+        layer.values = torch.cat((values, values.new_zeros(rows, *values.shape[1:])))
+
+
+def drop_leading_columns(layer: DynamicLayer, columns: int) -> None:
+    """Drop the first ``columns`` positions of a self-attention cache layer (a view, no copy): positions every row's
+    mask hides once the sentences that had them left the search. A deferred reorder stays pending (rows only)."""
+    if columns and layer.is_initialized and layer.get_seq_length() > 0:
+        if isinstance(layer, DeferredReorderLayer):
+            layer._keys, layer._values = layer._keys[:, :, columns:], layer._values[:, :, columns:]
+        else:
+            layer.keys, layer.values = layer.keys[:, :, columns:], layer.values[:, :, columns:]
+
+
+def keep_leading_columns(layer: DynamicLayer, columns: int) -> None:
+    """Keep the first ``columns`` positions of a cross-attention cache layer (a view, no copy): its memory once the
+    longest source left the search."""
+    if layer.is_initialized and layer.get_seq_length() > 0:
+        layer.keys, layer.values = layer.keys[:, :, :columns], layer.values[:, :, :columns]
+
+
+def join_rows(layer: DynamicLayer, keys: torch.Tensor, values: torch.Tensor) -> None:
+    """Append rows ``(n, H, S', d_h)`` to a cross-attention cache layer of ``(M, H, S, d_h)``: both padded with zeros
+    to the longer source (the source mask hides the padding)."""
+    width = max(layer.keys.size(-2), keys.size(-2))
+
+    def padded(tensor: torch.Tensor) -> torch.Tensor:
+        return F.pad(tensor, (0, 0, 0, width - tensor.size(-2)))  # (n, H, width, d_h)
+
+    layer.keys = torch.cat((padded(layer.keys), padded(keys)))
+    layer.values = torch.cat((padded(layer.values), padded(values)))
+
+
 def beam_search_cache(num_layers: int) -> EncoderDecoderCache:
     """An empty decoding cache whose ``num_layers`` self-attention layers defer beam reorders
     (`DeferredReorderLayer`); further slots (dou2018's multi-layer attention) are ordinary layers."""

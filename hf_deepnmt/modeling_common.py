@@ -41,11 +41,17 @@ def sinusoidal_positions(start: int | torch.Tensor, length: int, dim: int, devic
     Layout follows Marian (all sines, then all cosines), so a model without deep-NMT features exports exactly to
     `transformers.MarianMTModel`. Computed in float64 and cast, as Marian's table is.
     """
-    half = dim // 2
-    inv_freq = torch.pow(10000.0, -torch.arange(half, device=device, dtype=torch.float64) * 2.0 / dim)  # (d/2,)
     positions = torch.arange(length, device=device, dtype=torch.float64) + start  # (T,), exact integers in float64
-    angles = positions[:, None] * inv_freq[None, :]  # (T, d/2)
-    return torch.cat([angles.sin(), angles.cos()], dim=-1).to(dtype)  # (T, d)
+    return sinusoidal_encodings(positions, dim, dtype)  # (T, d)
+
+
+def sinusoidal_encodings(positions: torch.Tensor, dim: int, dtype: torch.dtype) -> torch.Tensor:
+    """`sinusoidal_positions`' encodings of any tensor of positions: shape ``positions.shape + (dim,)`` (a decoder
+    whose rows stand at different positions, `hf_deepnmt.retiring_search.ContinuousSearch`)."""
+    half = dim // 2
+    inv_freq = torch.pow(10000.0, -torch.arange(half, device=positions.device, dtype=torch.float64) * 2.0 / dim)
+    angles = positions.to(torch.float64)[..., None] * inv_freq  # (..., d/2)
+    return torch.cat([angles.sin(), angles.cos()], dim=-1).to(dtype)  # (..., d)
 
 
 class ScaledEmbedding(nn.Embedding):

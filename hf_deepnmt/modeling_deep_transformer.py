@@ -92,6 +92,7 @@ from .modeling_common import (
     check_token_ids,
     merge_cache_arguments,
     output_cache,
+    sinusoidal_encodings,
     sinusoidal_positions,
 )
 from .errors import UserInputError
@@ -446,7 +447,9 @@ class _DeepTransformerStack(nn.Module):
                 [positions.unpack(h) for h in run.outputs] if states_wanted else [])
 
     def _embed(self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, past_length: int,
-               name: str = "input_ids"):
+               name: str = "input_ids", position_ids: torch.Tensor | None = None):
+        """Token embeddings plus sinusoidal positions: ``past_length`` … for every row, or ``position_ids`` ``(B, T)``
+        when the rows stand at different positions (a decoder over a left-padded cache, docs/serving.md)."""
         if (input_ids is None) == (inputs_embeds is None):
             raise UserInputError(f"{type(self).__name__}: pass exactly one of `input_ids` and `inputs_embeds`.")
         # the value scan runs on every full pass; incremental steps feed back ids generate itself chose
@@ -454,15 +457,25 @@ class _DeepTransformerStack(nn.Module):
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)  # (B, T, d), scaled by `ScaledEmbedding`
         length = inputs_embeds.size(1)
-        if past_length + length > self.config.max_position_embeddings:
+        if position_ids is not None:
+            if tuple(position_ids.shape) != tuple(inputs_embeds.shape[:2]):
+                raise UserInputError(f"`decoder_position_ids` has shape {tuple(position_ids.shape)}; it needs one "
+                                     f"position per input token, {tuple(inputs_embeds.shape[:2])}.")
+            longest = int(position_ids.max()) + 1 if position_ids.numel() else 0
+        else:
+            longest = past_length + length
+        if longest > self.config.max_position_embeddings:
             raise UserInputError(
-                f"{type(self).__name__}: a sequence of {past_length + length} tokens is longer than "
+                f"{type(self).__name__}: a sequence of {longest} tokens is longer than "
                 f"max_position_embeddings={self.config.max_position_embeddings}; truncate the input (the tokenizer "
                 "and the translation pipeline do this with truncation=True)."
             )
-        positions = sinusoidal_positions(past_length, length, self.config.d_model, inputs_embeds.device,
-                                         inputs_embeds.dtype)
-        hidden_states = inputs_embeds + positions[None]  # (B, T, d)
+        if position_ids is not None:
+            positions = sinusoidal_encodings(position_ids, self.config.d_model, inputs_embeds.dtype)  # (B, T, d)
+        else:
+            positions = sinusoidal_positions(past_length, length, self.config.d_model, inputs_embeds.device,
+                                             inputs_embeds.dtype)[None]  # (1, T, d)
+        hidden_states = inputs_embeds + positions  # (B, T, d)
         return F.dropout(hidden_states, p=self.dropout, training=self.training)
 
     def _call_layer(self, layer: nn.Module, *args: Any) -> tuple:
@@ -655,13 +668,16 @@ class DeepTransformerDecoder(_DeepTransformerStack):
         drop_net_group_sizes: list[int] | tuple[int, ...] | None = None,
         drop_cross_attention: bool = True,
         target_lengths: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
     ) -> BaseModelOutputWithPastAndCrossAttentions | tuple:
         """``drop_net_group_sizes``: consecutive row groups that draw li2022 CAD's drop-net independently
         (`draw_cross_attention`); ``None`` is one group, the whole batch. ``drop_cross_attention=False``: no drop-net
         draw in training mode either, every existing cross-attention runs (ADMIN profiling, docs/liu2020.md).
         ``target_lengths`` ``(B,)``: in training, row b needs its first ``target_lengths[b]`` positions only (the
         rest is label padding): later positions are not computed and come back as zeros (docs/transformer.md,
-        "Padding in training")."""
+        "Padding in training"). ``position_ids`` ``(B, T)``: each input token's position when the rows stand at
+        different positions (a left-padded cache whose ``attention_mask`` masks each row's leading columns,
+        `hf_deepnmt.retiring_search.ContinuousSearch`); default ``past_length`` … for every row."""
         output_attentions = bool(output_attentions if output_attentions is not None else self.config.output_attentions)
         output_hidden_states = bool(
             output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
@@ -671,7 +687,8 @@ class DeepTransformerDecoder(_DeepTransformerStack):
             raise UserInputError(f"{type(self).__name__}: `encoder_hidden_states` is required (run the encoder first).")
         past_length = cache.get_seq_length() if cache is not None else 0
 
-        hidden_states = self._embed(input_ids, inputs_embeds, past_length, name="decoder_input_ids")  # (B, T, d)
+        hidden_states = self._embed(input_ids, inputs_embeds, past_length, name="decoder_input_ids",
+                                    position_ids=position_ids)  # (B, T, d)
         self_mask, is_causal, cross_mask = self._attention_masks(attention_mask, encoder_attention_mask, hidden_states,
                                                                 past_length)
         use_cross = self._cross_attention_draws(drop_net_group_sizes, hidden_states, drop_cross_attention)
@@ -820,6 +837,7 @@ class DeepTransformerModel(DeepTransformerPreTrainedModel):
         drop_net_group_sizes: list[int] | tuple[int, ...] | None = None,
         drop_cross_attention: bool = True,
         target_lengths: torch.LongTensor | None = None,
+        decoder_position_ids: torch.LongTensor | None = None,
     ) -> Seq2SeqModelOutput | tuple:
         """The usual seq2seq arguments, plus two that let one call hold several views of a batch (li2022's DDR and
         ALD losses, `hf_deepnmt.losses`; one call keeps DDP and gradient checkpointing correct):
@@ -829,7 +847,9 @@ class DeepTransformerModel(DeepTransformerPreTrainedModel):
         * ``drop_net_group_sizes``: consecutive decoder row groups with independent CAD drop-net draws;
         * ``drop_cross_attention=False``: no CAD draw even in training mode (ADMIN profiling, docs/liu2020.md);
         * ``target_lengths`` ``(R,)``: in training, the decoder computes row r's first ``target_lengths[r]`` positions
-          only (`DeepTransformerDecoder.forward`).
+          only (`DeepTransformerDecoder.forward`);
+        * ``decoder_position_ids`` ``(R, T)``: the decoder rows' positions when they differ (a left-padded decoding
+          cache, `DeepTransformerDecoder.forward`).
         """
         past_key_values = merge_cache_arguments(cache, past_key_values)
         if encoder_outputs is None:
@@ -863,6 +883,7 @@ class DeepTransformerModel(DeepTransformerPreTrainedModel):
             drop_net_group_sizes=drop_net_group_sizes,
             drop_cross_attention=drop_cross_attention,
             target_lengths=target_lengths,
+            position_ids=decoder_position_ids,
         )
         output = Seq2SeqModelOutput(
             last_hidden_state=decoder_outputs.last_hidden_state,
@@ -892,6 +913,9 @@ class DeepTransformerForConditionalGeneration(TranslationGenerationMixin, DeepTr
     # The cross-attention takes one encoder row per sentence for g consecutive decoder rows (its beams): the retiring
     # search passes the source once per sentence (`hf_deepnmt.attention.memory_groups`, docs/transformer.md "Caches").
     beams_share_memory = True
+    # Sentences may join a running retiring search: every row takes its own positions (`decoder_position_ids`) and
+    # masks the cache columns before its first one (`hf_deepnmt.retiring_search.ContinuousSearch`, docs/serving.md).
+    admits_mid_search = True
 
     def __init__(self, config: DeepTransformerConfig):
         super().__init__(config)
@@ -957,6 +981,7 @@ class DeepTransformerForConditionalGeneration(TranslationGenerationMixin, DeepTr
         num_items_in_batch: torch.Tensor | int | None = None,
         loss_normalizers: LossNormalizers | None = None,
         smoothing_epsilon: float | None = None,
+        decoder_position_ids: torch.LongTensor | None = None,
     ) -> DeepTransformerSeq2SeqLMOutput | tuple:
         """The usual seq2seq forward. With ``labels``:
 
@@ -971,7 +996,8 @@ class DeepTransformerForConditionalGeneration(TranslationGenerationMixin, DeepTr
         ``loss_normalizers`` (every unit's step count, passed by ``DeepNMTTrainer``) make the loss a share of the
         whole step, so gradient accumulation and data parallelism equal one large batch (`hf_deepnmt.losses`).
         Padding in ``labels`` may be -100 or the pad id; ``logits`` are those of the (first) decoder pass,
-        ``(B, T, V)``.
+        ``(B, T, V)``. ``decoder_position_ids`` ``(B, T)``: the decoder rows' positions when they differ (decoding
+        over a left-padded cache, `hf_deepnmt.retiring_search.ContinuousSearch`).
         """
         past_key_values = merge_cache_arguments(cache, past_key_values)
         if labels is not None:
@@ -1003,6 +1029,7 @@ class DeepTransformerForConditionalGeneration(TranslationGenerationMixin, DeepTr
             use_cache=use_cache,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
+            decoder_position_ids=decoder_position_ids,
         )
         logits = self.lm_head(outputs.last_hidden_state)  # (B, T, V)
         loss = components = counts = None

@@ -34,6 +34,12 @@ from torch.nn import functional as F
 from transformers import GenerationConfig
 from transformers.modeling_outputs import ModelOutput
 
+from .attention import (
+    add_empty_rows,
+    drop_leading_columns,
+    join_rows,
+    keep_leading_columns,
+)
 from .modeling_common import CACHE_NAME
 
 # Settings (of a merged generation config) that this search reproduces; each other one must be at the value that
@@ -171,104 +177,287 @@ def retiring_generate(model: Any, input_ids: torch.Tensor, attention_mask: torch
     batch = input_ids.size(0)
     if len(max_new_tokens) != batch:
         raise ValueError(f"max_new_tokens has {len(max_new_tokens)} budgets for a batch of {batch} sentences.")
-    device = input_ids.device
-    beams = settings.num_beams
-    encoder_outputs = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask, return_dict=True)
-    # a model whose cross-attention groups a sentence's beams over one copy of its source (`beams_share_memory`)
-    # keeps one encoder row per sentence; any other gets one per beam
-    shared = beams > 1 and getattr(model, "beams_share_memory", False)
-    mask = attention_mask
-    if not shared:
-        rows = torch.arange(batch, device=device).repeat_interleave(beams)  # (B·k,): each sentence's rows
-        encoder_outputs = _select_rows(encoder_outputs, rows)
-        mask = attention_mask.index_select(0, rows)
-    limits = torch.tensor([1 + int(budget) for budget in max_new_tokens], device=device)  # max_length per sentence
-    width = int(limits.max())
+    search = ContinuousSearch(model, settings)
+    search.admit(input_ids, attention_mask, max_new_tokens, range(batch))
     results: list[Hypotheses | None] = [None] * batch
-    search = _Beams(settings, batch, width, limits, device) if beams > 1 else _Greedy(settings, batch, width, limits,
-                                                                                      device)
-    # a model may give a cache made for beam search (the Transformer's defers each reorder to the next append)
-    cache = model.beam_search_cache() if beams > 1 and hasattr(model, "beam_search_cache") else None
-    tokens = torch.full((batch * beams, 1), settings.decoder_start_token_id, dtype=torch.long, device=device)
-    reorder = getattr(model, "_reorder_cache", None)
-    while True:
-        outputs = model(encoder_outputs=encoder_outputs, attention_mask=mask, decoder_input_ids=tokens,
-                        use_cache=True, return_dict=True, **{CACHE_NAME: cache})
-        cache = getattr(outputs, CACHE_NAME)
+    while len(search):
+        for sentence, hypotheses in search.step():
+            results[sentence] = hypotheses
+            if on_result is not None:
+                on_result(sentence, hypotheses)
+    return [result for result in results if result is not None]
+
+
+class ContinuousSearch:
+    """The retiring search as a running state: `admit` sentences, `step` the decoder once for every sentence
+    searched, collect the sentences whose result became final. `retiring_generate` admits one batch and steps until
+    it is empty; ``deepnmt serve --continuous_batching`` admits the sentences that arrived while it steps —
+    continuous batching, as text-generation-inference does (docs/serving.md, "Continuous batching", with what it costs
+    on a CPU: a row that joins late attends over the positions of the oldest row's hypotheses).
+
+    Sentences join an empty search with any model the search takes. A model whose class sets ``admits_mid_search``
+    (the Transformer family) also takes sentences while others are half-way: their decoder rows start at the current
+    cache column (the columns before are zeros their mask hides, and ``decoder_position_ids`` gives each row its own
+    positions, so a row sees exactly what it would alone), their source joins the cross-attention's memory (padded to
+    the longest source) and the columns no remaining row needs are dropped as rows leave. A sentence's result is the
+    one it gets alone (tests/test_retiring_search.py)."""
+
+    def __init__(self, model: Any, settings: SearchSettings) -> None:
+        self.model, self.settings = model, settings
+        self.beams = settings.num_beams
+        # a model whose cross-attention groups a sentence's beams over one copy of its source (`beams_share_memory`)
+        # keeps one encoder row per sentence; any other gets one per beam
+        self.shared = self.beams > 1 and getattr(model, "beams_share_memory", False)
+        self.admits_mid_search = bool(getattr(model, "admits_mid_search", False))
+        self._reorder = getattr(model, "_reorder_cache", None)
+        self._tags: dict[int, Any] = {}  # sentence number -> the caller's tag
+        self._numbers = 0
+        self._clear()
+
+    def _clear(self) -> None:
+        self.state: _Beams | _Greedy | None = None
+        self.encoder_outputs: Any = None
+        self.mask: torch.Tensor | None = None  # (memory rows, S)
+        self.cache: Any = None
+        self.tokens: torch.Tensor | None = None  # (A·k, 1) the next decoder input
+        self.columns = 0  # self-attention cache positions (each row's own occupy the last ones)
+
+    def __len__(self) -> int:
+        return 0 if self.state is None else int(self.state.sentences.numel())
+
+    def can_admit(self) -> bool:
+        """Whether `admit` takes sentences now: into an empty search always, into a running one if the model can."""
+        return self.state is None or self.admits_mid_search
+
+    @torch.no_grad()
+    def admit(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: Sequence[int],
+              tags: Sequence[Any]) -> None:
+        """Add sentences ``(n, S)`` with their new-token budgets; `step` reports each with its tag."""
+        count = input_ids.size(0)
+        if len(max_new_tokens) != count or len(tags) != count:
+            raise ValueError(f"{count} sentences need {count} budgets and tags, got {len(max_new_tokens)} and "
+                             f"{len(tags)}.")
+        if not self.can_admit():
+            raise RuntimeError(f"{type(self.model).__name__} takes new sentences only into an empty search "
+                               "(`admits_mid_search`); wait until `len(search) == 0`.")
+        if count == 0:
+            return
+        device, beams = input_ids.device, self.beams
+        numbers = torch.arange(self._numbers, self._numbers + count, device=device)  # (n,) sentence numbers
+        self._tags.update(zip(range(self._numbers, self._numbers + count), tags))
+        self._numbers += count
+        encoder_outputs = self.model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask,
+                                                   return_dict=True)
+        mask = attention_mask
+        if not self.shared:
+            rows = torch.arange(count, device=device).repeat_interleave(beams)  # (n·k,): each sentence's rows
+            encoder_outputs = _select_rows(encoder_outputs, rows)
+            mask = attention_mask.index_select(0, rows)
+        limits = torch.tensor([1 + int(budget) for budget in max_new_tokens], device=device)  # max_length each
+        state = (_Beams if beams > 1 else _Greedy)(self.settings, numbers, limits, device)
+        tokens = torch.full((count * beams, 1), self.settings.decoder_start_token_id, dtype=torch.long, device=device)
+        if self.state is None:
+            self.state, self.encoder_outputs, self.mask, self.tokens = state, encoder_outputs, mask, tokens
+            # a model may give a cache made for beam search (the Transformer's defers each reorder to the next append)
+            maker = getattr(self.model, "beam_search_cache", None)
+            self.cache = maker() if beams > 1 and maker is not None else None
+            return
+        # sentences join half-way (`admits_mid_search`): rows after the running ones, no past, their own source
+        self.state.extend(state)
+        self.tokens = torch.cat((self.tokens, tokens))
+        if self.cache is not None:
+            for layer in self.cache.self_attention_cache.layers:
+                add_empty_rows(layer, count * beams)  # (R, H, t, d_h) -> (R + n·k, H, t, d_h)
+            self._join_memory(encoder_outputs.last_hidden_state, mask)
+        self.encoder_outputs = _join_rows(self.encoder_outputs, encoder_outputs)
+        self.mask = _join_rows(self.mask, mask)
+
+    def _join_memory(self, states: torch.Tensor, mask: torch.Tensor) -> None:
+        """Project the joining sentences' encoder states into every cross-attention's keys and values and add them
+        to the cache's rows (padded to the longer source; the source mask hides the padding)."""
+        from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+
+        cache = self.cache
+        if not any(cache.is_updated.values()):
+            return  # not projected yet: the next step projects every row
+        joining = EncoderDecoderCache(DynamicCache(), DynamicCache())
+        self.model.get_decoder().project_memory(states, joining)
+        for index, layer in enumerate(cache.cross_attention_cache.layers):
+            if cache.is_updated.get(index):
+                new = joining.cross_attention_cache.layers[index]
+                join_rows(layer, new.keys, new.values)  # (M, H, S, d_h) + (n, H, S', d_h) -> (M + n, H, max, d_h)
+
+    @torch.no_grad()
+    def step(self) -> list[tuple[Any, Hypotheses]]:
+        """One decoder step for every sentence searched; the ``(tag, hypotheses)`` of those whose result is now final
+        (they have left the search)."""
+        state, beams = self.state, self.beams
+        if state is None:
+            return []
+        device = self.tokens.device
+        # each row's own position: the tokens of its hypothesis so far minus the one fed now
+        positions = (state.lengths - 1).repeat_interleave(beams)  # (A·k,)
+        extra: dict[str, torch.Tensor] = {}
+        if self.admits_mid_search and bool((positions != self.columns).any()):
+            # rows that joined later: their first columns are not theirs (left padding of the cache)
+            first = self.columns - positions  # (A·k,) the first column of each row
+            extra["decoder_attention_mask"] = (torch.arange(self.columns + 1, device=device)[None, :]
+                                               >= first[:, None]).long()  # (A·k, t + 1)
+            extra["decoder_position_ids"] = positions[:, None]  # (A·k, 1)
+        outputs = self.model(encoder_outputs=self.encoder_outputs, attention_mask=self.mask,
+                             decoder_input_ids=self.tokens, use_cache=True, return_dict=True,
+                             **{CACHE_NAME: self.cache}, **extra)
+        self.cache = getattr(outputs, CACHE_NAME)
+        self.columns += 1
         logits = outputs.logits[:, -1, :].to(copy=True, dtype=torch.float32)  # (A·k, V)
         del outputs
-        source_rows, tokens, done = search.step(logits)  # (A·k,) rows to continue from, (A·k, 1), (A,)
+        source_rows, self.tokens, done = state.step(logits)  # (A·k,) rows to continue from, (A·k, 1), (A,)
         if source_rows is not None:  # beam search: the hypotheses that go on come from these rows of the state
-            if reorder is not None:  # the model's own reorder (it may leave the per-sentence encoder part alone)
-                cache = reorder(cache, source_rows)
+            if self._reorder is not None:  # the model's own reorder (it may leave the per-sentence encoder part alone)
+                self.cache = self._reorder(self.cache, source_rows)
             else:
-                cache.reorder_cache(source_rows)
-        if bool(done.any()):
-            for position, sentence in enumerate(search.sentences.tolist()):
-                if done[position]:
-                    results[sentence] = search.result(position)
-                    if on_result is not None:
-                        on_result(sentence, results[sentence])
-            keep = (~done).nonzero().squeeze(1)  # (A',) sentences still searched
-            if keep.numel() == 0:
-                break
-            keep_rows = (keep[:, None] * beams + torch.arange(beams, device=device)).reshape(-1)  # (A'·k,)
-            search.keep(keep)
-            tokens = tokens.index_select(0, keep_rows)
-            if shared:  # the decoder's rows per beam, the source's per sentence
-                cache.self_attention_cache.reorder_cache(keep_rows)
-                cache.cross_attention_cache.reorder_cache(keep)
-                encoder_outputs = _select_rows(encoder_outputs, keep)
-                mask = mask.index_select(0, keep)
-            else:
-                cache.reorder_cache(keep_rows)  # every row-indexed tensor of the state, the encoder's included
-                encoder_outputs = _select_rows(encoder_outputs, keep_rows)
-                mask = mask.index_select(0, keep_rows)
-    return [result for result in results if result is not None]
+                self.cache.reorder_cache(source_rows)
+        if not bool(done.any()):
+            return []
+        finished = []
+        for position, number in enumerate(state.sentences.tolist()):
+            if done[position]:
+                finished.append((self._tags.pop(number), state.result(position)))
+        keep = (~done).nonzero().squeeze(1)  # (A',) sentences still searched
+        if keep.numel() == 0:
+            self._clear()
+            return finished
+        self._keep(keep)
+        return finished
+
+    def _keep(self, keep: torch.Tensor) -> None:
+        """Only the sentences ``keep`` ``(A',)`` stay: every row-indexed tensor of the search loses the others, and
+        the cache positions and source positions no remaining row needs are dropped."""
+        beams, state = self.beams, self.state
+        keep_rows = (keep[:, None] * beams + torch.arange(beams, device=keep.device)).reshape(-1)  # (A'·k,)
+        state.keep(keep)
+        self.tokens = self.tokens.index_select(0, keep_rows)
+        if self.shared:  # the decoder's rows per beam, the source's per sentence
+            self.cache.self_attention_cache.reorder_cache(keep_rows)
+            self.cache.cross_attention_cache.reorder_cache(keep)
+            self.encoder_outputs = _select_rows(self.encoder_outputs, keep)
+            self.mask = self.mask.index_select(0, keep)
+        else:
+            self.cache.reorder_cache(keep_rows)  # every row-indexed tensor of the state, the encoder's included
+            self.encoder_outputs = _select_rows(self.encoder_outputs, keep_rows)
+            self.mask = self.mask.index_select(0, keep_rows)
+        if not self.admits_mid_search:
+            return
+        unused = self.columns - int(state.lengths.max()) + 1  # cache columns before every row's first one
+        if unused > 0:
+            for layer in self.cache.self_attention_cache.layers:
+                drop_leading_columns(layer, unused)
+            self.columns -= unused
+        longest = int(self.mask.sum(dim=1).max()) if self.mask.dim() == 2 else self.mask.size(-1)
+        if longest < self.mask.size(-1) and bool(self.mask[:, longest:].eq(0).all()):
+            # the longest source left: its padding columns go from the memory, its mask and its projections
+            self.mask = self.mask[:, :longest]
+            self.encoder_outputs = _cut_memory(self.encoder_outputs, longest)
+            for index, layer in enumerate(self.cache.cross_attention_cache.layers):
+                if self.cache.is_updated.get(index):
+                    keep_leading_columns(layer, longest)
+
+
+def _join_rows(old: Any, new: Any, dim: int = 1) -> Any:
+    """``old`` with ``new``'s rows after its own (dim 0), tensor by tensor (model outputs item by item); tensors
+    whose ``dim`` (the source positions) differ are padded with zeros to the longer one first."""
+    if isinstance(old, torch.Tensor):
+        if old.dim() > dim and old.size(dim) != new.size(dim):
+            width = max(old.size(dim), new.size(dim))
+            old, new = (F.pad(t, (0, 0) * (t.dim() - dim - 1) + (0, width - t.size(dim))) for t in (old, new))
+        return torch.cat((old, new))
+    if isinstance(old, ModelOutput):
+        joined = type(old)()
+        for key, item in old.items():
+            joined[key] = _join_rows(item, new[key], dim)
+        return joined
+    if isinstance(old, (tuple, list)):
+        return type(old)(_join_rows(a, b, dim) for a, b in zip(old, new))
+    return old
+
+
+def _cut_memory(value: Any, width: int) -> Any:
+    """``value`` with its source positions (dim 1) cut to ``width`` (the encoder states of a search)."""
+    if isinstance(value, torch.Tensor):
+        return value[:, :width] if value.dim() > 2 else value
+    if isinstance(value, ModelOutput):
+        cut = type(value)()
+        for key, item in value.items():
+            cut[key] = _cut_memory(item, width)
+        return cut
+    if isinstance(value, (tuple, list)):
+        return type(value)(_cut_memory(item, width) for item in value)
+    return value
+
+
+def _pad_width(tensor: torch.Tensor, width: int, fill: int) -> torch.Tensor:
+    """``tensor`` ``(..., W)`` filled to ``(..., width)`` with ``fill`` (hypothesis tokens of a narrower state)."""
+    return F.pad(tensor, (0, width - tensor.size(-1)), value=fill) if tensor.size(-1) < width else tensor
 
 
 class _Greedy:
     """transformers' greedy search (``num_beams=1``, no sampling), one row per sentence."""
 
-    def __init__(self, settings: SearchSettings, batch: int, width: int, limits: torch.Tensor,
+    def __init__(self, settings: SearchSettings, sentences: torch.Tensor, limits: torch.Tensor,
                  device: torch.device) -> None:
         self.settings = settings
-        self.sentences = torch.arange(batch, device=device)  # (A,) input position of each searched sentence
-        self.sequences = torch.full((batch, width), settings.pad_token_id, dtype=torch.long, device=device)
+        self.sentences = sentences  # (A,) the number of each searched sentence
+        self.sequences = torch.full((sentences.numel(), int(limits.max())), settings.pad_token_id, dtype=torch.long,
+                                    device=device)
         self.sequences[:, 0] = settings.decoder_start_token_id
         self.limits = limits
-        self.length = 1  # tokens in every searched sequence so far
+        self.lengths = torch.ones_like(limits)  # (A,) tokens in each sequence so far
         self.eos = torch.tensor(settings.eos_token_ids, dtype=torch.long, device=device)
 
     def step(self, logits: torch.Tensor) -> tuple[None, torch.Tensor, torch.Tensor]:
         chosen = logits.argmax(dim=-1)  # (A,) transformers' greedy choice, on the logits
-        self.sequences[:, self.length] = chosen
-        self.length += 1
-        done = torch.isin(chosen, self.eos) | (self.length >= self.limits)
+        self.sequences.scatter_(1, self.lengths[:, None], chosen[:, None])  # each row's next position
+        self.lengths = self.lengths + 1
+        done = torch.isin(chosen, self.eos) | (self.lengths >= self.limits)
         return None, chosen[:, None], done
 
     def result(self, position: int) -> Hypotheses:
-        return Hypotheses(self.sequences[position:position + 1, :self.length])  # (1, T)
+        return Hypotheses(self.sequences[position:position + 1, :int(self.lengths[position])])  # (1, T)
 
     def keep(self, keep: torch.Tensor) -> None:
-        self.sentences, self.sequences, self.limits = (self.sentences[keep], self.sequences[keep], self.limits[keep])
+        for name in ("sentences", "sequences", "limits", "lengths"):
+            setattr(self, name, getattr(self, name)[keep])
+
+    def extend(self, other: _Greedy) -> None:
+        """Add ``other``'s sentences after these (sentences joining a running search)."""
+        width = max(self.sequences.size(1), other.sequences.size(1))
+        fill = self.settings.pad_token_id
+        self.sequences = torch.cat((_pad_width(self.sequences, width, fill), _pad_width(other.sequences, width, fill)))
+        for name in ("sentences", "limits", "lengths"):
+            setattr(self, name, torch.cat((getattr(self, name), getattr(other, name))))
 
 
 class _Beams:
-    """transformers' beam search, sentence by sentence: the state of the ``A`` sentences still searched."""
+    """transformers' beam search, sentence by sentence: the state of the ``A`` sentences still searched. Each
+    sentence has its own length (sentences may join a running search), so each step's normalisation divides by its
+    own ``length ** length_penalty`` — the same float transformers divides by (`_divisors`)."""
 
-    def __init__(self, settings: SearchSettings, batch: int, width: int, limits: torch.Tensor,
+    _ROWS = ("sentences", "limits", "lengths", "running", "running_scores", "finished", "finished_scores",
+             "finished_flags", "finished_lengths", "can_improve")
+
+    def __init__(self, settings: SearchSettings, sentences: torch.Tensor, limits: torch.Tensor,
                  device: torch.device) -> None:
         k = settings.num_beams
+        batch, width = sentences.numel(), int(limits.max())
         self.settings, self.k, self.device = settings, k, device
         self.candidates = max(2, 1 + len(settings.eos_token_ids)) * k  # continuations kept per step
-        self.sentences = torch.arange(batch, device=device)  # (A,)
+        self.sentences = sentences  # (A,)
         self.limits = limits  # (A,) the max_length (1 + budget) of each sentence
-        self.length = 1  # tokens in every running hypothesis
+        self.lengths = torch.ones_like(limits)  # (A,) tokens in each sentence's running hypotheses
         # running hypotheses: tokens and accumulated log-probabilities; only the first beam starts alive
         # transformers fills beam search's unused positions with the pad token, or with </s> when the pad id is 0
-        fill = settings.pad_token_id or (settings.eos_token_ids[0] if settings.eos_token_ids else -1)
-        self.running = torch.full((batch, k, width), fill, dtype=torch.long, device=device)
+        self.fill = settings.pad_token_id or (settings.eos_token_ids[0] if settings.eos_token_ids else -1)
+        self.running = torch.full((batch, k, width), self.fill, dtype=torch.long, device=device)
         self.running[:, :, 0] = settings.decoder_start_token_id
         self.running_scores = torch.zeros(batch, k, device=device)
         self.running_scores[:, 1:] = -1e9
@@ -280,10 +469,18 @@ class _Beams:
         self.can_improve = torch.ones(batch, 1, dtype=torch.bool, device=device)
         self.eos = torch.tensor(settings.eos_token_ids, dtype=torch.long, device=device)
         self.top_k_mask = torch.arange(self.candidates, device=device) < k  # only these may finish
+        self._divisors = self._divisor_table(width)
+
+    def _divisor_table(self, width: int) -> torch.Tensor:
+        """``length ** length_penalty`` for every length 0 … ``width`` ``(width + 1,)``, each computed as transformers
+        does (a Python ``int ** float``, `GNMTLengthPenalty` included) and divided by as a float32."""
+        penalty = self.settings.length_penalty
+        return torch.tensor([float(length ** penalty) if length else 1.0 for length in range(width + 1)],
+                            dtype=torch.float32, device=self.device)
 
     def step(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         log_probs = F.log_softmax(logits, dim=-1)  # (A·k, V)
-        k, cur = self.k, self.length
+        k, cur = self.k, self.lengths  # cur (A,): tokens in each sentence's hypotheses
         active = self.running.size(0)
         vocab = log_probs.size(-1)
         # accumulated scores of every continuation of every running hypothesis, per sentence
@@ -292,7 +489,7 @@ class _Beams:
         parent = top_index // vocab  # (A, 2k) the running hypothesis each continuation extends
         token = top_index % vocab
         extended = torch.take_along_dim(self.running, parent[:, :, None], dim=1)  # (A, 2k, W)
-        extended[:, :, cur] = token
+        extended.scatter_(2, cur[:, None, None].expand(active, self.candidates, 1), token[:, :, None])
         # a continuation ends with an end-of-sentence token or at its sentence's max_length
         ends = torch.isin(token, self.eos) | (cur + 1 >= self.limits)[:, None]  # (A, 2k)
 
@@ -306,7 +503,8 @@ class _Beams:
 
         # merge the continuations that just ended among the top k into the finished ones (length-normalised)
         just_finished = ends & self.top_k_mask[None, :]
-        normalised = top_scores / ((cur + 1 - 1) ** self.settings.length_penalty)
+        divisor = self._divisors[cur][:, None]  # (A, 1) transformers' (cur_len + 1 - 1) ** length_penalty
+        normalised = top_scores / divisor
         full = self.finished_flags.all(dim=-1, keepdim=True) & (self.settings.early_stopping is True)
         normalised = normalised + full.to(torch.float32) * -1.0e9
         normalised = normalised + (~self.can_improve).to(torch.float32) * -1.0e9
@@ -317,17 +515,13 @@ class _Beams:
         self.finished_scores = torch.take_along_dim(merged_scores, keep, dim=1)
         self.finished_flags = torch.take_along_dim(torch.cat((self.finished_flags, just_finished), dim=1), keep, dim=1)
         self.finished_lengths = torch.take_along_dim(
-            torch.cat((self.finished_lengths, torch.full_like(just_finished, cur + 1, dtype=torch.long)), dim=1),
-            keep, dim=1)
+            torch.cat((self.finished_lengths, (cur + 1)[:, None].expand_as(just_finished)), dim=1), keep, dim=1)
 
-        self.length = cur = cur + 1
+        self.lengths = cur = cur + 1
         # can a running hypothesis still beat the worst finished one? (transformers' early-stopping heuristic)
-        penalty = self.settings.length_penalty
-        if self.settings.early_stopping == "never" and penalty > 0.0:
-            divisor = torch.tensor([(int(limit) - 1) ** penalty for limit in self.limits.tolist()],
-                                   device=self.device)[:, None]  # (A, 1): the longest each sentence may grow
-        else:
-            divisor = (cur - 1) ** penalty
+        if self.settings.early_stopping == "never" and self.settings.length_penalty > 0.0:
+            divisor = self._divisors[self.limits - 1][:, None]  # (A, 1): the longest each sentence may grow
+        # otherwise (cur - 1) ** length_penalty: the divisor above
         best_possible = self.running_scores[:, :1] / divisor
         worst_finished = torch.where(self.finished_flags, self.finished_scores.min(dim=1, keepdim=True)[0], -1.0e9)
         self.can_improve = self.can_improve & (best_possible > worst_finished).any(dim=-1, keepdim=True)
@@ -335,7 +529,8 @@ class _Beams:
         done = ~self.can_improve[:, 0] | ends.all(dim=-1)
         if self.settings.early_stopping is True:
             done = done | self.finished_flags.all(dim=-1)
-        return source_rows, self.running[:, :, cur - 1].reshape(-1, 1), done
+        last = torch.take_along_dim(self.running, (cur - 1)[:, None, None].expand(active, k, 1), dim=2)  # (A, k, 1)
+        return source_rows, last.reshape(-1, 1), done
 
     def result(self, position: int) -> Hypotheses:
         n = self.settings.num_return_sequences
@@ -343,6 +538,16 @@ class _Beams:
         return Hypotheses(self.finished[position, :n, :max(longest, 1)], self.finished_scores[position, :n])
 
     def keep(self, keep: torch.Tensor) -> None:
-        for name in ("sentences", "limits", "running", "running_scores", "finished", "finished_scores",
-                     "finished_flags", "finished_lengths", "can_improve"):
+        for name in self._ROWS:
             setattr(self, name, getattr(self, name)[keep])
+
+    def extend(self, other: _Beams) -> None:
+        """Add ``other``'s sentences after these (sentences joining a running search)."""
+        width = max(self.running.size(-1), other.running.size(-1))
+        for name in self._ROWS:
+            mine, theirs = getattr(self, name), getattr(other, name)
+            if name in ("running", "finished"):
+                mine, theirs = _pad_width(mine, width, self.fill), _pad_width(theirs, width, self.fill)
+            setattr(self, name, torch.cat((mine, theirs)))
+        if self._divisors.numel() <= width:
+            self._divisors = self._divisor_table(width)

@@ -27,11 +27,11 @@ def with_faults(load_delay_s: float, batch_delay_s: float) -> None:
         translator = load_translator(*args, **kwargs)
         translate = translator.translate
 
-        def slow_translate(sources, settings, deliver=None):
+        def slow_translate(sources, settings, deliver=None, more=None):
             time.sleep(batch_delay_s)
             if settings.parameters.get("max_new_tokens") == FAULT_MAX_NEW_TOKENS:
                 raise RuntimeError("injected fault")
-            return translate(sources, settings, deliver)
+            return translate(sources, settings, deliver, more)
 
         translator.translate = slow_translate
         return translator

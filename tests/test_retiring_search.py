@@ -12,10 +12,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import dtmt_model
+from conftest import dtmt_model, tiny_model
 from export_cases import shared_sources, source_batch, train_until, variant_model
 
-from hf_deepnmt.retiring_search import retiring_generate, search_settings, unsupported
+from hf_deepnmt.retiring_search import (
+    ContinuousSearch,
+    retiring_generate,
+    search_settings,
+    unsupported,
+)
 
 SETTINGS = [
     {"num_beams": 4},
@@ -38,10 +43,15 @@ def ends_early(model, sources) -> bool:
     return int(ended.sum()) >= 2
 
 
-@pytest.fixture(scope="module", params=["transformer", "cad_post_ln", "dtmt", "ensemble"])
+@pytest.fixture(scope="module", params=["transformer", "cad_post_ln", "dou2018_mla", "dtmt", "ensemble"])
 def trained(request, tiny_tokenizer):
     torch.set_num_threads(1)
     sources = shared_sources(tiny_tokenizer)
+    if request.param == "dou2018_mla":  # random, to its budgets: dou2018's extra cache slots (k = 2) and aggregation
+        model = tiny_model(seed=3, vocab_size=len(tiny_tokenizer), init_std=0.5, multi_layer_attention_k=2,
+                           encoder_layers=3, decoder_layers=3,
+                           encoder_layer_aggregation="hierarchical", decoder_layer_aggregation="linear")
+        return model.double(), sources, False
     if request.param == "ensemble":  # a trained Transformer with a random DTMT: each member's own state retires rows
         from hf_deepnmt import EnsembleForConditionalGeneration
 
@@ -59,13 +69,22 @@ def trained(request, tiny_tokenizer):
     return model, sources, True
 
 
-@pytest.mark.parametrize("settings", SETTINGS, ids=lambda settings: "-".join(f"{k}={v}" for k, v in settings.items()))
+def settings_id(settings: dict) -> str:
+    return "-".join(f"{k}={v}" for k, v in settings.items())
+
+
+@pytest.mark.parametrize("settings", SETTINGS, ids=settings_id)
 def test_one_call_over_every_budget_gives_generate_s_results_sentence_by_sentence(trained, settings):
     model, sources, ends_by_eos = trained
     assert unsupported(model, settings) is None
     batch = source_batch(sources, model.config.pad_token_id)
     budgets = [BUDGETS[index % len(BUDGETS)] for index in range(len(sources))]
     got = retiring_generate(model, batch["input_ids"], batch["attention_mask"], budgets, search_settings(model, settings))
+    assert_results_alone(model, batch, budgets, settings, got, ends_by_eos)
+
+
+def assert_results_alone(model, batch, budgets, settings, got, ends_by_eos) -> None:
+    """``got[i]`` is what ``generate`` gives sentence i alone with its budget: the same sequences, the same scores."""
     pad, eos = model.config.pad_token_id, model.config.eos_token_id
     ended_early = at_budget = 0
     for index, budget in enumerate(budgets):
@@ -90,6 +109,49 @@ def test_one_call_over_every_budget_gives_generate_s_results_sentence_by_sentenc
             else:
                 at_budget += 1
     assert at_budget and (ended_early or not ends_by_eos), "the case must end hypotheses with </s> and at budgets"
+
+
+# sentences join the running search in waves: (step it joins at, sentences), the later ones with longer sources
+WAVES = ((0, (0, 1, 2)), (1, (5, 6)), (2, (3,)), (4, (7, 8, 9, 10)), (7, (4, 11, 12, 13, 14, 15, 16, 17)))
+
+
+@pytest.mark.parametrize("settings", [SETTINGS[index] for index in (0, 1, 3, 4, 5)], ids=settings_id)
+def test_sentences_that_join_a_running_search_get_what_they_get_alone(trained, settings):
+    """Continuous batching (`ContinuousSearch.admit` between steps): each sentence's result is ``generate``'s on it
+    alone, whenever it joined, while the others are half-way; models that cannot take sentences half-way say so."""
+    model, sources, ends_by_eos = trained
+    batch = source_batch(sources, model.config.pad_token_id)
+    assert sorted(index for _, wave in WAVES for index in wave) == list(range(len(sources)))
+    budgets = [BUDGETS[index % len(BUDGETS)] for index in range(len(sources))]
+    search = ContinuousSearch(model, search_settings(model, settings))
+    if not getattr(model, "admits_mid_search", False):
+        first = {name: value[:2] for name, value in batch.items()}
+        search.admit(first["input_ids"], first["attention_mask"], budgets[:2], [0, 1])
+        search.step()
+        assert not search.can_admit()
+        with pytest.raises(RuntimeError, match="only into an empty search"):
+            search.admit(first["input_ids"], first["attention_mask"], budgets[:2], [0, 1])
+        return
+    got: dict[int, object] = {}
+    joined_running = trimmed = 0
+    step = 0
+    while len(got) < len(sources):
+        for at, wave in WAVES:
+            if at == step:
+                rows = list(wave)
+                part = {name: value[rows] for name, value in batch.items()}
+                width = int(part["attention_mask"].sum(dim=1).max())  # each wave padded to its own longest source
+                joined_running += len(search) > 0
+                search.admit(part["input_ids"][:, :width], part["attention_mask"][:, :width],
+                             [budgets[index] for index in rows], rows)
+        columns = search.columns
+        for index, hypotheses in search.step():
+            got[index] = hypotheses
+        trimmed += len(search) > 0 and search.columns <= columns  # a step whose leavers freed leading columns
+        step += 1
+    assert joined_running == 4 and trimmed, (joined_running, trimmed)
+    assert_results_alone(model, batch, budgets, settings, [got[index] for index in range(len(sources))],
+                         ends_by_eos)
 
 
 def test_finished_sentences_leave_the_batch(trained):

@@ -502,7 +502,7 @@ def _run_batcher(jobs: list[tuple[str, list[int]]], max_batch_size: int,
     the calls as ``(key, length)`` lists. ``budget`` gives each source's new-token budget."""
     calls: list[list[tuple[str, int]]] = []
 
-    def translate(sources, settings, deliver=None):
+    def translate(sources, settings, deliver=None, more=None):
         calls.append([(settings.key, source.length) for source in sources])
         return [[str(source.length)] for source in sources]
 
@@ -572,7 +572,7 @@ def test_a_sentence_whose_search_is_over_is_answered_before_its_batch_ends():
     release = threading.Event()
     answered_early = []
 
-    def translate(sources, settings, deliver):
+    def translate(sources, settings, deliver, more=None):
         deliver(0, ["early"])  # the batch's first source (request "a", one text) is done
         answered_early.append(release.wait(10))  # the test answers request "a" before this batch may end
         return [["late"] if index == 0 else [str(source.length)] for index, source in enumerate(sources)]
@@ -605,6 +605,87 @@ def test_the_server_decodes_every_budget_in_one_retiring_search_unless_told_othe
     assert not retiring.prepare({"repetition_penalty": 1.2}).mixes_budgets
     assert not retiring.prepare({"max_new_tokens": 9}).mixes_budgets
     assert not load_translator("torch", model_folder, search="generate").prepare({}).mixes_budgets
+
+
+def test_with_continuous_batching_sentences_join_the_running_search_and_get_their_own_translations(model_folder,
+                                                                                                   handler):
+    """``--continuous_batching``: the sentences ``more`` hands over between decoder steps join the running retiring
+    search (the first call's search is half-way when they come) and get what the handler gives each request."""
+    from hf_deepnmt_training.serve import load_translator
+
+    translator = load_translator("torch", model_folder, continuous=True)
+    settings = translator.prepare({"num_beams": 3})
+    assert settings.mixes_budgets
+    first, later = SOURCES[:3], [SOURCES[3:5], SOURCES[5:7]]
+    sources = [translator.encode(text, index, settings) for index, text in enumerate(first)]
+    calls: list[int] = []  # sentences in the search at each call of `more`
+
+    def more(searched: int) -> list:
+        calls.append(searched)
+        if len(calls) in (2, 4):  # after the first and the third decoder step
+            texts = later[0] if len(calls) == 2 else later[1]
+            return [translator.encode(text, index, settings) for index, text in enumerate(texts)]
+        return []
+
+    delivered: dict[int, list[str]] = {}
+    outputs = translator.translate(sources, settings, lambda index, texts: delivered.setdefault(index, texts), more)
+    assert calls[1] == 3 and calls[3] >= 1, calls  # both groups joined a search that was running
+    assert len(outputs) == 7 and delivered == dict(enumerate(outputs))
+    expected = [handler({"inputs": texts, "parameters": {"num_beams": 3}}) for texts in (first, *later)]
+    assert [[text] for request in expected for text in (record["translation_text"] for record in request)] == outputs
+    # without the option, the search takes no one half-way: `more` is never asked
+    calls.clear()
+    plain = load_translator("torch", model_folder)
+    assert plain.translate([plain.encode(SOURCES[0], 0, settings)], plain.prepare({"num_beams": 3}), None, more) \
+        and calls == []
+
+
+def test_a_running_search_takes_waiting_sentences_of_its_parameters_only_whole_requests_up_to_the_batch_size():
+    """`Batcher.admit` (continuous batching): between decoder steps the search gets the oldest waiting requests of
+    its own parameters, whole, as many sentences as leave it at most ``--max_batch_size``; sentences of other
+    parameters are never taken, and once their oldest has waited ``--max_wait_ms`` the search takes no one more (it
+    ends, and their batch goes next)."""
+    calls: list[list[tuple[str, int]]] = []  # each search: its first sentences
+    joined: list[list[int]] = []  # what each `more` call handed over
+    gate = threading.Event()
+
+    def translate(sources, settings, deliver=None, more=None):
+        calls.append([(settings.key, source.length) for source in sources])
+        total = list(sources)
+        if len(calls) == 1:
+            gate.wait(10)  # the test queues requests while this search "runs"
+            for searched, pause in ((3, 0.0), (1, 0.3)):  # 2 of the 5 sentences left, then 4; then "b" waited 300 ms
+                time.sleep(pause)
+                joining = list(more(searched))
+                joined.append([source.length for source in joining])
+                total += joining
+        return [[str(source.length)] for source in total]
+
+    async def scenario():
+        batcher = Batcher(translate, Metrics(), max_batch_size=5, max_wait_ms=200, max_queue=100)
+        settings = {key: Settings(key=key, parameters={}, num_return_sequences=1, mixes_budgets=True)
+                    for key in "ab"}
+
+        def submit(key, lengths):
+            return batcher.submit(settings[key], [(i, Source(n, None, None)) for i, n in enumerate(lengths)],
+                                  len(lengths))
+
+        jobs = [submit("a", [1, 2, 3, 4, 5])]  # a full batch: the search starts at once
+        batcher.start()
+        await asyncio.sleep(0.05)
+        jobs += [submit("a", [6]), submit("b", [9]), submit("a", [7, 8])]
+        gate.set()
+        results = await asyncio.wait_for(asyncio.gather(*(job.future for job in jobs)), 10)
+        await batcher.stop()
+        return results, batcher.metrics
+
+    results, metrics = asyncio.run(scenario())
+    assert results == [[["1"], ["2"], ["3"], ["4"], ["5"]], [["6"]], [["9"]], [["7"], ["8"]]]
+    # 3 in the search: room for 2 — request [6] joins, [7, 8] would be cut in two and waits; then "b" has waited
+    # its 200 ms: the search takes no one more, and b's batch goes before the newer [7, 8]
+    assert joined == [[6], []], joined
+    assert calls == [[("a", 1), ("a", 2), ("a", 3), ("a", 4), ("a", 5)], [("b", 9)], [("a", 7), ("a", 8)]]
+    assert metrics.batches == 4 and metrics.sentences == 9 and metrics.search_size.count == 2
 
 
 def test_a_full_batch_does_not_wait_for_an_older_sentence_of_other_parameters():
@@ -686,7 +767,7 @@ def test_the_serve_benchmark_block_shows_each_cell_and_the_goal():
     assert not section["goal"]["onnx_int8"]["met"] and section["goal"]["onnx_int8"]["errors"] == 1
     text = "\n".join(report._serve({"command": "python -m benchmarks.run --sections serve", "machine": {"commit": "c"},
                                     "serve": section}))
-    assert "| torch | dynamic | 32 | 40.0 | 4.00× | 0.500 | 1.500 | 0 | 30.0 | 2000 |" in text
+    assert "| torch | dynamic | 32 | 40.0 | 4.00× | 0.500 | 1.500 | 0 | 30.0 | – | 2000 |" in text
     assert "- torch, 32 clients: dynamic 4.00× the baseline's sentences/s, p99 1.50 s, 0 errors in all its runs — " \
            "goal (≥ 3×, p99 < 2 s, 0 errors) met" in text
     assert "onnx_int8, 32 clients: dynamic 2.50×" in text and text.count("not met") == 1

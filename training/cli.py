@@ -477,6 +477,11 @@ def _serve(argv: Sequence[str]) -> int:
                         "engines: 'retiring' (default) decodes texts of every new-token budget in one search that "
                         "drops each sentence from the batch once it is done, with generate's results; 'generate' "
                         "makes one transformers generate call per budget (docs/serving.md).")
+    parser.add_argument("--continuous_batching", action="store_true", help="torch engine, Transformer family, "
+                        "retiring search: sentences that arrive while a search runs join it between two decoder steps "
+                        "(up to --max_batch_size) instead of waiting for the next batch; each gets the translation it "
+                        "gets alone. On the 2-core CPU measured it lowers throughput (docs/serving.md, \"Continuous "
+                        "batching\"); off by default.")
     args = parser.parse_args(argv)
     if bool(args.folder) == bool(args.model):
         parser.error("give the model folder once, as MODEL_DIR or --model_name_or_path")
@@ -501,7 +506,8 @@ def _serve(argv: Sequence[str]) -> int:
     return serve(ServeOptions(model=folder, engine=args.engine, host=args.host, port=args.port,
                               max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms,
                               max_queue=args.max_queue, max_input_tokens=args.max_input_tokens,
-                              threads=args.threads, search=args.search))
+                              threads=args.threads, search=args.search,
+                              continuous_batching=args.continuous_batching))
 
 
 def _push(argv: Sequence[str]) -> int:

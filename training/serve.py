@@ -99,6 +99,7 @@ class ServeOptions:
     max_input_tokens: int | None = None  # None: the longest source the model accepts
     threads: int | None = None  # None: torch's default
     search: str = "retiring"  # torch/onnx: one retiring search over every budget, or "generate" per budget
+    continuous_batching: bool = False  # sentences join a running retiring search between decoder steps
 
 
 def choose_engine(folder: str | os.PathLike, requested: str | None, cuda: bool = False,
@@ -179,10 +180,16 @@ def budget_of(length: int, forward: dict[str, Any], positions: int) -> int | Non
     return None if {"max_new_tokens", "max_length"} & forward.keys() else new_token_budget(length, positions)
 
 
+More = Callable[[int], Sequence[Source]]
+"""``more(searched)``: the sources that join a running search now, given how many sentences it holds (continuous
+batching: `Batcher.admit`); they take the batch's next indices."""
+
+
 class Translator(Protocol):
     """What the server needs of an engine. ``prepare`` and ``encode`` run on the event loop (cheap, they raise
     `UserInputError` / `InputTooLong` sentences); ``translate`` runs on the worker thread and may hand a source's
-    translations to ``deliver(i, translations)`` before the batch is over (the retiring search does)."""
+    translations to ``deliver(i, translations)`` before the batch is over (the retiring search does), and take more
+    sources between decoder steps from ``more`` (continuous batching; an engine without it ignores ``more``)."""
 
     engine: str
     max_input_tokens: int
@@ -192,7 +199,8 @@ class Translator(Protocol):
     def encode(self, text: str, index: int, settings: Settings) -> Source: ...
 
     def translate(self, sources: Sequence[Source], settings: Settings,
-                  deliver: Callable[[int, list[str]], None] | None = None) -> list[list[str]]: ...
+                  deliver: Callable[[int, list[str]], None] | None = None,
+                  more: More | None = None) -> list[list[str]]: ...
 
 
 def _type_ok(value: Any, kind: str) -> bool:
@@ -242,7 +250,7 @@ class PipelineTranslator:
     ``postprocess``; only the grouping of texts into batches is the server's."""
 
     def __init__(self, pipeline: Any, engine: str, max_input_tokens: int | None = None,
-                 retiring: bool = True) -> None:
+                 retiring: bool = True, continuous: bool = False) -> None:
         from transformers.pipelines.base import pad_collate_fn
 
         from hf_deepnmt.errors import UserInputError
@@ -250,6 +258,7 @@ class PipelineTranslator:
         self.pipeline = pipeline
         self.engine = engine
         self.retiring = retiring  # decode every budget in one retiring search where it takes the settings
+        self.continuous = continuous  # sentences join a running search (a model with `admits_mid_search`)
         self.model_limit = pipeline._max_source_tokens()
         if max_input_tokens is not None and max_input_tokens > self.model_limit:
             raise UserInputError(f"`--max_input_tokens` = {max_input_tokens} is more than the model accepts "
@@ -310,33 +319,49 @@ class PipelineTranslator:
                           budget_of(length, settings.forward, positions))
 
     def translate(self, sources: Sequence[Source], settings: Settings,
-                  deliver: Callable[[int, list[str]], None] | None = None) -> list[list[str]]:
-        """Every source's translations, in order; with the retiring search, ``deliver(i, translations)`` gets
-        source ``i``'s as soon as its search is over (the batch goes on with the others)."""
+                  deliver: Callable[[int, list[str]], None] | None = None,
+                  more: More | None = None) -> list[list[str]]:
+        """Every source's translations, in order (those ``more`` added after them); with the retiring search,
+        ``deliver(i, translations)`` gets source ``i``'s as soon as its search is over (the batch goes on with the
+        others), and between decoder steps the sources ``more`` gives join the search (`ContinuousSearch`)."""
         pipeline = self.pipeline
-        batch = self.collate([source.inputs for source in sources])
 
         def decode(output_ids: torch.Tensor) -> list[str]:  # (1, sequences per text, length)
             with self.tokenizer_lock:
                 return [record["translation_text"] for record in
                         pipeline.postprocess({"output_ids": output_ids}, **settings.postprocess)]
 
-        if settings.mixes_budgets:
-            from hf_deepnmt.retiring_search import Hypotheses, retiring_generate, search_settings
+        if not settings.mixes_budgets:
+            batch = self.collate([source.inputs for source in sources])
+            output_ids = pipeline.forward(batch, **settings.forward)["output_ids"]  # (batch, sequences, length)
+            return [decode(output_ids[row:row + 1]) for row in range(len(sources))]
+        from hf_deepnmt.retiring_search import ContinuousSearch, search_settings
 
-            decoded: dict[int, list[str]] = {}
+        search = ContinuousSearch(pipeline.model, search_settings(pipeline.model, settings.forward))
+        decoded: dict[int, list[str]] = {}
+        total = 0
 
-            def finished(index: int, hypotheses: Hypotheses) -> None:
+        def admit(joining: Sequence[Source]) -> None:
+            nonlocal total
+            batch = self.collate([source.inputs for source in joining])
+            search.admit(batch["input_ids"].to(pipeline.device), batch["attention_mask"].to(pipeline.device),
+                         [source.budget for source in joining], range(total, total + len(joining)))
+            total += len(joining)
+
+        admit(sources)
+        joins = more is not None and self.continuous and search.admits_mid_search
+        while True:
+            if joins:  # continuous batching: the sentences that arrived join between two decoder steps
+                joining = more(len(search))
+                if joining:
+                    admit(joining)
+            if not len(search):
+                break
+            for index, hypotheses in search.step():
                 decoded[index] = decode(hypotheses.sequences[None])
                 if deliver is not None:
                     deliver(index, decoded[index])
-
-            retiring_generate(pipeline.model, batch["input_ids"], batch["attention_mask"],
-                              [source.budget for source in sources],
-                              search_settings(pipeline.model, settings.forward), on_result=finished)
-            return [decoded[index] for index in range(len(sources))]
-        output_ids = pipeline.forward(batch, **settings.forward)["output_ids"]  # (batch, sequences, length)
-        return [decode(output_ids[row:row + 1]) for row in range(len(sources))]
+        return [decoded[index] for index in range(total)]
 
 
 class CTranslate2Translator:
@@ -389,7 +414,9 @@ class CTranslate2Translator:
         return Source(len(ids), ids, budget_of(len(ids), settings.forward, self.ct2.max_positions))
 
     def translate(self, sources: Sequence[Source], settings: Settings,
-                  deliver: Callable[[int, list[str]], None] | None = None) -> list[list[str]]:
+                  deliver: Callable[[int, list[str]], None] | None = None,
+                  more: More | None = None) -> list[list[str]]:
+        """Every source's translations, in order (one batch: CTranslate2 takes no sentences mid-search)."""
         from hf_deepnmt.pipeline_translation import rows_by_budget
 
         # each text's own budget (`Source.budget`; None: the request's max_new_tokens), one call per budget, as the
@@ -405,9 +432,11 @@ class CTranslate2Translator:
 
 
 def load_translator(engine: str, folder: str | os.PathLike, threads: int | None = None,
-                    max_input_tokens: int | None = None, search: str = "retiring") -> Translator:
+                    max_input_tokens: int | None = None, search: str = "retiring",
+                    continuous: bool = False) -> Translator:
     """Load ``engine`` for ``folder`` (as `choose_engine` returned them) with ``threads`` intra-op threads;
-    ``search``: how the torch and onnx engines decode a batch (`ServeOptions.search`)."""
+    ``search``: how the torch and onnx engines decode a batch (`ServeOptions.search`); ``continuous``: sentences join
+    a running retiring search (`ServeOptions.continuous_batching`)."""
     import torch
     from transformers import AutoTokenizer
 
@@ -432,7 +461,8 @@ def load_translator(engine: str, folder: str | os.PathLike, threads: int | None 
         from transformers import pipeline as make_pipeline
 
         pipeline = make_pipeline("translation", model=str(folder), device=0 if torch.cuda.is_available() else -1)
-    return PipelineTranslator(pipeline, engine, max_input_tokens, retiring=search == "retiring")
+    return PipelineTranslator(pipeline, engine, max_input_tokens, retiring=search == "retiring",
+                              continuous=continuous)
 
 
 def answer(single: bool, candidates: Sequence[Sequence[str]], num_return_sequences: int) -> list[Any]:
@@ -488,10 +518,13 @@ class Metrics:
         self.disconnects = 0
         self.latency = Histogram("deepnmt_request_duration_seconds", "Time from a translation request's arrival to "
                                  "its answer.", (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30))
-        self.batch_size = Histogram("deepnmt_batch_size_sentences", "Sentences per generate call.",
-                                    (1, 2, 4, 8, 16, 32, 64, 128, 256))
-        self.batch_duration = Histogram("deepnmt_batch_duration_seconds", "Time of one generate call with its "
-                                        "padding and decoding.", (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10))
+        self.batch_size = Histogram("deepnmt_batch_size_sentences", "Sentences taken from the queue together (a "
+                                    "new search, or sentences joining a running one).", (1, 2, 4, 8, 16, 32, 64, 128,
+                                                                                        256))
+        self.batch_duration = Histogram("deepnmt_batch_duration_seconds", "Time from a batch's start to its last "
+                                        "sentence's translation.", (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10))
+        self.search_size = Histogram("deepnmt_search_size_sentences", "Sentences decoded by each decoder step of a "
+                                     "search that takes sentences while it runs.", (1, 2, 4, 8, 16, 32, 64, 128, 256))
 
     def answered(self, code: int, seconds: float, error: str | None = None) -> None:
         self.requests[code] = self.requests.get(code, 0) + 1
@@ -513,14 +546,15 @@ class Metrics:
         family("deepnmt_client_disconnects_total", "counter", "Requests whose client left before the answer (their "
                "waiting sentences are dropped from the queue).", [("", self.disconnects)])
         family("deepnmt_sentences_total", "counter", "Sentences translated.", [("", self.sentences)])
-        family("deepnmt_batches_total", "counter", "Generate calls.", [("", self.batches)])
-        family("deepnmt_batch_failures_total", "counter", "Generate calls that raised (their requests got an error).",
-               [("", self.batch_failures)])
+        family("deepnmt_batches_total", "counter", "Batches: sentences taken from the queue together.",
+               [("", self.batches)])
+        family("deepnmt_batch_failures_total", "counter", "Batches whose search raised (their requests got an "
+               "error).", [("", self.batch_failures)])
         family("deepnmt_queue_depth_sentences", "gauge", "Sentences waiting for a batch.", [("", queue_depth)])
         family("deepnmt_requests_in_flight", "gauge", "Translation requests received and not yet answered.",
                [("", in_flight)])
         family("deepnmt_model_loaded", "gauge", "1 once the model is loaded.", [("", int(loaded))])
-        for histogram in (self.latency, self.batch_size, self.batch_duration):
+        for histogram in (self.latency, self.batch_size, self.batch_duration, self.search_size):
             lines.extend(histogram.render())
         return "\n".join(lines) + "\n"
 
@@ -547,6 +581,19 @@ class Job:
 
 
 @dataclass(eq=False)
+class Batch:
+    """Sentences taken from the queue together: a new search, or sentences joining a running one."""
+
+    number: int
+    sentences: int
+    requests: int
+    lengths: tuple[int, int]  # shortest and longest source, in tokens
+    searched: int  # sentences already in the search it joined (0: it started the search)
+    started: float  # time.perf_counter()
+    remaining: int = 0  # sentences not yet delivered
+
+
+@dataclass(eq=False)
 class Item:
     """One sentence waiting for a batch."""
 
@@ -556,6 +603,7 @@ class Item:
     sequence: int  # arrival order
     arrived: float  # time.monotonic()
     delivered: bool = False  # its translations went to its request (early, or at the end of its batch)
+    batch: Batch | None = None
 
     @property
     def queue(self) -> tuple[str, int | None]:
@@ -568,10 +616,12 @@ class Item:
 
 class Batcher:
     """Dynamic batching (see the module docstring): a queue per generation-parameter key and new-token budget, one
-    batch at a time on a single worker thread (the model is not run on the event loop, so the server answers /health
-    and /metrics and takes requests while it translates)."""
+    search at a time on a single worker thread (the model is not run on the event loop, so the server answers /health
+    and /metrics and takes requests while it translates). While a retiring search runs, sentences of its parameters
+    join it between decoder steps as rows free up (`admit`, continuous batching). The queue is shared by the event
+    loop and the worker: ``lock`` guards it."""
 
-    def __init__(self, translate: Callable[[Sequence[Source], Settings, Callable[[int, list[str]], None]],
+    def __init__(self, translate: Callable[[Sequence[Source], Settings, Callable[[int, list[str]], None], More],
                                            list[list[str]]], metrics: Metrics,
                  max_batch_size: int = 32, max_wait_ms: float = 10.0, max_queue: int = 256,
                  executor: ThreadPoolExecutor | None = None) -> None:
@@ -588,6 +638,7 @@ class Batcher:
         self.wakeup = asyncio.Event()
         self.stopping = False
         self.task: asyncio.Task | None = None
+        self.lock = threading.Lock()  # `pending` and `waiting`: the worker takes joining sentences from them
 
     def start(self) -> None:
         self.task = asyncio.get_running_loop().create_task(self.run(), name="deepnmt-batcher")
@@ -603,17 +654,18 @@ class Batcher:
 
     def submit(self, settings: Settings, sources: Sequence[tuple[int, Source]], texts: int) -> Job:
         """Queue a request's sources (``(index among its texts, source)``); raises `QueueFull`."""
-        if self.waiting + len(sources) > self.max_queue:
-            raise QueueFull(f"the queue holds {self.waiting} sentences and takes at most {self.max_queue} "
-                            f"(--max_queue); retry in {RETRY_AFTER_S} s.")
-        future = asyncio.get_running_loop().create_future()
-        job = Job(settings, future, [None] * texts, len(sources))
-        now = time.monotonic()
-        for index, source in sources:
-            self.sequence += 1
-            item = Item(job, index, source, self.sequence, now)
-            self.pending.setdefault(item.queue, []).append(item)
-        self.waiting += len(sources)
+        with self.lock:
+            if self.waiting + len(sources) > self.max_queue:
+                raise QueueFull(f"the queue holds {self.waiting} sentences and takes at most {self.max_queue} "
+                                f"(--max_queue); retry in {RETRY_AFTER_S} s.")
+            future = asyncio.get_running_loop().create_future()
+            job = Job(settings, future, [None] * texts, len(sources))
+            now = time.monotonic()
+            for index, source in sources:
+                self.sequence += 1
+                item = Item(job, index, source, self.sequence, now)
+                self.pending.setdefault(item.queue, []).append(item)
+            self.waiting += len(sources)
         self.wakeup.set()
         return job
 
@@ -621,16 +673,17 @@ class Batcher:
         """Take a job's waiting sentences out of the queue (its client left, or another of its batches failed);
         returns how many. Its sentences already in the running batch are translated and dropped."""
         removed = 0
-        for key, queue in list(self.pending.items()):
-            kept = [item for item in queue if item.job is not job]
-            if len(kept) < len(queue):
-                removed += len(queue) - len(kept)
-                if kept:
-                    self.pending[key] = kept
-                else:
-                    del self.pending[key]
-        if removed:
+        with self.lock:
+            for key, queue in list(self.pending.items()):
+                kept = [item for item in queue if item.job is not job]
+                if len(kept) < len(queue):
+                    removed += len(queue) - len(kept)
+                    if kept:
+                        self.pending[key] = kept
+                    else:
+                        del self.pending[key]
             self.waiting -= removed
+        if removed:
             self.wakeup.set()
         return removed
 
@@ -646,14 +699,15 @@ class Batcher:
                 self.wakeup.clear()
                 await self.wakeup.wait()
                 continue
-            oldest = min((queue[0] for queue in self.pending.values()), key=lambda item: item.sequence)
-            queue = self.pending[oldest.queue]
-            wait = oldest.arrived + self.max_wait_s - time.monotonic()
-            if len(queue) >= self.max_batch_size or wait <= 0 or self.stopping:
-                return self.take(oldest, queue)
-            full = next((queue for queue in self.pending.values() if len(queue) >= self.max_batch_size), None)
-            if full is not None:
-                return self.take(full[0], full)
+            with self.lock:  # the worker is idle here, but withdraw/submit run on this loop only between awaits
+                oldest = min((queue[0] for queue in self.pending.values()), key=lambda item: item.sequence)
+                queue = self.pending[oldest.queue]
+                wait = oldest.arrived + self.max_wait_s - time.monotonic()
+                if len(queue) >= self.max_batch_size or wait <= 0 or self.stopping:
+                    return self.take(oldest, queue)
+                full = next((queue for queue in self.pending.values() if len(queue) >= self.max_batch_size), None)
+                if full is not None:
+                    return self.take(full[0], full)
             self.wakeup.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.wakeup.wait(), wait)
@@ -666,7 +720,7 @@ class Batcher:
         with the smallest length spread."""
         size = self.max_batch_size
         if len(queue) > size and oldest.job.settings.mixes_budgets:  # one retiring search: first come, first served
-            queue_part = self._oldest_requests(queue)
+            queue_part = self._oldest_requests(queue, size)
         else:
             queue_part = queue
         by_length = sorted(queue_part, key=lambda item: (item.source.length, item.sequence))
@@ -685,11 +739,11 @@ class Batcher:
         self.waiting -= len(by_length)
         return by_length
 
-    def _oldest_requests(self, queue: list[Item]) -> list[Item]:
-        """The first ``max_batch_size`` sentences of ``queue`` in arrival order, cut before the first request that
-        does not fit whole (a request's waiting sentences are consecutive in arrival order: one `submit`)."""
+    @staticmethod
+    def _oldest_requests(queue: list[Item], size: int) -> list[Item]:
+        """The first ``size`` sentences of ``queue`` in arrival order, cut before the first request that does not
+        fit whole (a request's waiting sentences are consecutive in arrival order: one `submit`)."""
         by_arrival = sorted(queue, key=lambda item: item.sequence)
-        size = self.max_batch_size
         chosen = by_arrival[:size]
         if len(by_arrival) > size and by_arrival[size].job is chosen[-1].job:  # the cut splits the last request
             split = chosen[-1].job
@@ -697,62 +751,122 @@ class Batcher:
             chosen = whole or chosen  # one request larger than a batch: its first sentences
         return chosen
 
+    def admit(self, key: tuple[str, int | None], searched: int) -> list[Item]:
+        """Worker thread, between two decoder steps of a search of ``key``'s parameters holding ``searched``
+        sentences: the waiting sentences of ``key`` that join it now — the oldest requests' (whole requests, as
+        `take`), as many as leave the search at most ``max_batch_size`` — or none while a sentence of other
+        parameters has waited its ``max_wait_ms`` (the search then ends and that batch goes next)."""
+        free = self.max_batch_size - searched
+        with self.lock:
+            queue = self.pending.get(key)
+            if free <= 0 or not queue:
+                return []
+            now = time.monotonic()
+            if any(other[0].arrived + self.max_wait_s <= now for other_key, other in self.pending.items()
+                   if other_key != key):
+                return []
+            chosen = self._oldest_requests(queue, free)
+            taken = set(map(id, chosen))
+            kept = [item for item in queue if id(item) not in taken]
+            if kept:
+                self.pending[key] = kept
+            else:
+                del self.pending[key]
+            self.waiting -= len(chosen)
+        return chosen
+
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            batch = await self.next_batch()
-            if batch is None:
+            first = await self.next_batch()
+            if first is None:
                 return
-            batch = [item for item in batch if not item.job.future.done()]  # a failed or abandoned request's rest
-            if not batch:
+            first = [item for item in first if not item.job.future.done()]  # a failed or abandoned request's rest
+            if not first:
                 continue
-            settings = batch[0].job.settings
-            self.batch_number += 1
-            started = time.perf_counter()
+            settings = first[0].job.settings
+            items = list(first)  # every sentence of this search, in the order the engine numbers them
+            self.open_batch(first, 0)
 
-            def deliver_early(position: int, candidates: list[str], batch: list[Item] = batch) -> None:
+            def deliver_early(position: int, candidates: list[str], items: list[Item] = items) -> None:
                 # worker thread: the sentence's search is over while its batch goes on; its request may be answered
-                loop.call_soon_threadsafe(self.deliver, batch[position], candidates)
+                loop.call_soon_threadsafe(self.deliver, items[position], candidates)
+
+            def more(searched: int, items: list[Item] = items, key: tuple[str, int | None] = first[0].queue
+                     ) -> list[Source]:
+                # worker thread, between decoder steps: sentences of the same parameters join the running search
+                joining = self.admit(key, searched)
+                items.extend(joining)
+                loop.call_soon_threadsafe(self.stepped, joining, searched)
+                return [item.source for item in joining]
 
             try:
-                outputs = await loop.run_in_executor(self.executor, self.translate, [item.source for item in batch],
-                                                     settings, deliver_early)
-                if len(outputs) != len(batch):
-                    raise RuntimeError(f"the engine gave {len(outputs)} results for a batch of {len(batch)} sentences")
-            except Exception as error:  # noqa: BLE001  (the batch's requests get it; the server goes on)
-                failed = True
-                logger.error("batch %d failed", self.batch_number, exc_info=error)
-                self.fail(batch, error)
+                outputs = await loop.run_in_executor(self.executor, self.translate, [item.source for item in first],
+                                                     settings, deliver_early, more)
+                if len(outputs) != len(items):
+                    raise RuntimeError(f"the engine gave {len(outputs)} results for a batch of {len(items)} sentences")
+            except Exception as error:  # noqa: BLE001  (the search's requests get it; the server goes on)
+                logger.error("the search of batch %d failed", first[0].batch.number, exc_info=error)
+                self.fail(items, error)
             else:
-                failed = False
-                for item, candidates in zip(batch, outputs):
+                for item, candidates in zip(items, outputs):
                     self.deliver(item, candidates)
-            seconds = time.perf_counter() - started
-            self.metrics.batches += 1
-            self.metrics.batch_failures += failed
-            self.metrics.sentences += 0 if failed else len(batch)
-            self.metrics.batch_size.observe(len(batch))
-            self.metrics.batch_duration.observe(seconds)
-            requests = len({id(item.job) for item in batch})
-            lengths = [item.source.length for item in batch]
-            logger.info("batch %d: %d sentences from %d requests, %d-%d source tokens, parameters %s: %s in %.3f s, "
-                        "%d sentences waiting", self.batch_number, len(batch), requests, min(lengths), max(lengths),
-                        settings.key, "FAILED" if failed else "translated", seconds, self.waiting)
 
-    @staticmethod
-    def deliver(item: Item, candidates: list[str]) -> None:
-        """Hand a sentence's translations to its request, once (early from the search, or at its batch's end)."""
-        if not item.delivered:
-            item.delivered = True
-            if not item.job.future.done():
-                item.job.deliver(item.index, candidates)
+    def open_batch(self, items: Sequence[Item], searched: int) -> None:
+        """Count and log a batch: ``items`` start a search (``searched`` 0) or join one of ``searched`` sentences."""
+        self.batch_number += 1
+        lengths = [item.source.length for item in items]
+        batch = Batch(self.batch_number, len(items), len({id(item.job) for item in items}),
+                      (min(lengths), max(lengths)), searched, time.perf_counter(), remaining=len(items))
+        for item in items:
+            item.batch = batch
+        self.metrics.batches += 1
+        self.metrics.batch_size.observe(len(items))
 
-    def fail(self, batch: Sequence[Item], error: Exception) -> None:
-        """Every request with a sentence in ``batch`` gets ``error``; their other waiting sentences leave the queue."""
-        for job in {id(item.job): item.job for item in batch}.values():
+    def stepped(self, joining: Sequence[Item], searched: int) -> None:
+        """Event loop: a decoder step of a continuous search is next, with ``joining`` sentences added to the
+        ``searched`` ones."""
+        if joining:
+            self.open_batch(joining, searched)
+        self.metrics.search_size.observe(searched + len(joining))
+
+    def deliver(self, item: Item, candidates: list[str]) -> None:
+        """Hand a sentence's translations to its request, once (early from the search, or at its batch's end); a
+        batch whose last sentence this is gets its log line."""
+        if item.delivered:
+            return
+        item.delivered = True
+        if not item.job.future.done():
+            item.job.deliver(item.index, candidates)
+        self._count_delivered(item, failed=False)
+
+    def _count_delivered(self, item: Item, failed: bool) -> None:
+        batch = item.batch
+        if batch is None:
+            return
+        batch.remaining -= 1
+        if batch.remaining:
+            return
+        seconds = time.perf_counter() - batch.started
+        self.metrics.batch_failures += failed
+        self.metrics.sentences += 0 if failed else batch.sentences
+        self.metrics.batch_duration.observe(seconds)
+        joined = f"joined a search of {batch.searched} sentences and " if batch.searched else ""
+        logger.info("batch %d: %d sentences from %d requests, %d-%d source tokens, parameters %s: %s%s in %.3f s, "
+                    "%d sentences waiting", batch.number, batch.sentences, batch.requests, *batch.lengths,
+                    item.job.settings.key, joined, "FAILED" if failed else "translated", seconds, self.waiting)
+
+    def fail(self, items: Sequence[Item], error: Exception) -> None:
+        """Every request with a sentence in ``items`` (a failed search) gets ``error``; their other waiting
+        sentences leave the queue."""
+        for job in {id(item.job): item.job for item in items}.values():
             if not job.future.done():
                 job.future.set_exception(error)
             self.withdraw(job)
+        for item in items:
+            if not item.delivered:
+                item.delivered = True
+                self._count_delivered(item, failed=True)
 
 
 # ------------------------------------------------------------------------------------------------ the application
@@ -765,7 +879,7 @@ class ServerState:
         self.engine = engine
         self.folder = folder
         self.loader = loader or (lambda: load_translator(engine, folder, options.threads, options.max_input_tokens,
-                                                         options.search))
+                                                         options.search, options.continuous_batching))
         self.metrics = Metrics()
         self.translator: Translator | None = None
         self.batcher: Batcher | None = None
@@ -807,9 +921,10 @@ class ServerState:
         future.add_done_callback(loaded)
 
     def translate(self, sources: Sequence[Source], settings: Settings,
-                  deliver: Callable[[int, list[str]], None] | None = None) -> list[list[str]]:
+                  deliver: Callable[[int, list[str]], None] | None = None,
+                  more: More | None = None) -> list[list[str]]:
         assert self.translator is not None  # batches exist only once the model is loaded
-        return self.translator.translate(sources, settings, deliver)
+        return self.translator.translate(sources, settings, deliver, more)
 
     async def stop(self) -> None:
         if self.batcher is not None:
