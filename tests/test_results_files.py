@@ -93,6 +93,7 @@ class Renderer(NamedTuple):
 RENDERED: dict[str, Renderer] = {
     "admin_miniature.md": Renderer("admin_miniature", "write_markdown", "admin_miniature.json", "markdown"),
     "bf16_cpu.md": Renderer("bf16_cpu", "render", "bf16_cpu.json", "folder"),
+    "continuous_batching.md": Renderer("continuous_batching", "render", "continuous_batching.json", "folder"),
     "defaults_budget.md": Renderer("defaults_budget", "render", "defaults_budget.json", "folder"),
     "distill_bible.md": Renderer("distill_bible", "write_markdown", "distill_bible.json", "markdown"),
     "distill_bible_2800steps.md": Renderer("distill_bible", "write_markdown", "distill_bible_2800steps.json",
