@@ -143,18 +143,24 @@ def search_settings(model: Any, settings: dict[str, Any]) -> SearchSettings:
                           decoder_start_token_id=int(start))
 
 
-def _select_rows(value: Any, rows: torch.Tensor) -> Any:
-    """``value`` with only the given rows (dim 0) of every tensor in it (tensors, tuples, model outputs)."""
+def _map_tensors(value: Any, function: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """``value`` with ``function`` applied to every tensor in it (tensors, tuples, model outputs item by item: an
+    output may carry extra keys, an ONNX encoder's memory)."""
     if isinstance(value, torch.Tensor):
-        return value.index_select(0, rows)
-    if isinstance(value, ModelOutput):  # item by item: an output may carry extra keys (an ONNX encoder's memory)
-        selected = type(value)()
+        return function(value)
+    if isinstance(value, ModelOutput):
+        mapped = type(value)()
         for key, item in value.items():
-            selected[key] = _select_rows(item, rows)
-        return selected
+            mapped[key] = _map_tensors(item, function)
+        return mapped
     if isinstance(value, (tuple, list)):
-        return type(value)(_select_rows(item, rows) for item in value)
+        return type(value)(_map_tensors(item, function) for item in value)
     return value
+
+
+def _select_rows(value: Any, rows: torch.Tensor) -> Any:
+    """``value`` with only the given rows (dim 0) of every tensor in it."""
+    return _map_tensors(value, lambda tensor: tensor.index_select(0, rows))
 
 
 @dataclass
@@ -382,17 +388,8 @@ def _join_rows(old: Any, new: Any, dim: int = 1) -> Any:
 
 
 def _cut_memory(value: Any, width: int) -> Any:
-    """``value`` with its source positions (dim 1) cut to ``width`` (the encoder states of a search)."""
-    if isinstance(value, torch.Tensor):
-        return value[:, :width] if value.dim() > 2 else value
-    if isinstance(value, ModelOutput):
-        cut = type(value)()
-        for key, item in value.items():
-            cut[key] = _cut_memory(item, width)
-        return cut
-    if isinstance(value, (tuple, list)):
-        return type(value)(_cut_memory(item, width) for item in value)
-    return value
+    """``value`` with its source positions (dim 1 of its 3-D tensors) cut to ``width`` (the encoder states)."""
+    return _map_tensors(value, lambda tensor: tensor[:, :width] if tensor.dim() > 2 else tensor)
 
 
 def _pad_width(tensor: torch.Tensor, width: int, fill: int) -> torch.Tensor:

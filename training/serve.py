@@ -729,15 +729,18 @@ class Batcher:
             starts = range(max(0, position - size + 1), min(position, len(by_length) - size) + 1)
             start = min(starts, key=lambda s: (by_length[s + size - 1].source.length - by_length[s].source.length, s))
             by_length = by_length[start:start + size]
-        chosen = set(map(id, by_length))
-        kept = [item for item in queue if id(item) not in chosen]
-        key = oldest.queue
+        self._remove(oldest.queue, queue, by_length)
+        return by_length
+
+    def _remove(self, key: tuple[str, int | None], queue: list[Item], chosen: Sequence[Item]) -> None:
+        """Take ``chosen`` out of ``key``'s ``queue`` (under ``lock``)."""
+        taken = set(map(id, chosen))
+        kept = [item for item in queue if id(item) not in taken]
         if kept:
             self.pending[key] = kept
         else:
             del self.pending[key]
-        self.waiting -= len(by_length)
-        return by_length
+        self.waiting -= len(chosen)
 
     @staticmethod
     def _oldest_requests(queue: list[Item], size: int) -> list[Item]:
@@ -766,13 +769,7 @@ class Batcher:
                    if other_key != key):
                 return []
             chosen = self._oldest_requests(queue, free)
-            taken = set(map(id, chosen))
-            kept = [item for item in queue if id(item) not in taken]
-            if kept:
-                self.pending[key] = kept
-            else:
-                del self.pending[key]
-            self.waiting -= len(chosen)
+            self._remove(key, queue, chosen)
         return chosen
 
     async def run(self) -> None:
