@@ -615,7 +615,10 @@ def test_with_continuous_batching_sentences_join_the_running_search_and_get_thei
 
     translator = load_translator("torch", model_folder, continuous=True)
     settings = translator.prepare({"num_beams": 3})
-    assert settings.mixes_budgets
+    assert settings.mixes_budgets and translator.continuous_refused() is None
+    # what the server logs when the option cannot work (one generate call per batch)
+    assert load_translator("torch", model_folder, search="generate", continuous=True).continuous_refused() \
+        .startswith("--search generate decodes each batch in one generate call")
     first, later = SOURCES[:3], [SOURCES[3:5], SOURCES[5:7]]
     sources = [translator.encode(text, index, settings) for index, text in enumerate(first)]
     calls: list[int] = []  # sentences in the search at each call of `more`

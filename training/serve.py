@@ -198,6 +198,8 @@ class Translator(Protocol):
 
     def encode(self, text: str, index: int, settings: Settings) -> Source: ...
 
+    def continuous_refused(self) -> str | None: ...
+
     def translate(self, sources: Sequence[Source], settings: Settings,
                   deliver: Callable[[int, list[str]], None] | None = None,
                   more: More | None = None) -> list[list[str]]: ...
@@ -270,6 +272,16 @@ class PipelineTranslator:
         # the decoder's positions bound the output: the start token takes one (None: the model has no such limit)
         positions = getattr(config, "max_position_embeddings", None)
         self.max_output = positions if isinstance(positions, int) and positions > 1 else None
+
+    def continuous_refused(self) -> str | None:
+        """Why sentences cannot join a running search here (None: they can, for the settings the search takes)."""
+        if not self.retiring:
+            return "--search generate decodes each batch in one generate call"
+        model = self.pipeline.model
+        if not getattr(model, "admits_mid_search", False):
+            return (f"{type(model).__name__} takes sentences only into an empty search (the Transformer family of "
+                    "the torch engine takes them half-way)")
+        return None
 
     def prepare(self, parameters: dict[str, Any]) -> Settings:
         from hf_deepnmt.errors import UserInputError
@@ -368,6 +380,10 @@ class CTranslate2Translator:
     """A CTranslate2 export (`hf_deepnmt.export_ctranslate2.CTranslate2Engine`): the tokenizer that travels with it,
     CTranslate2's beam search (``early_stopping=True``, docs/fast-inference.md) and the pipeline's decoding
     (``skip_special_tokens``). Its parameters are the engine's: `CTRANSLATE2_PARAMETERS`."""
+
+    @staticmethod
+    def continuous_refused() -> str:
+        return "CTranslate2 decodes each batch with its own search"
 
     engine = "ctranslate2"
 
@@ -914,6 +930,13 @@ class ServerState:
                         "sentences, %g ms wait, %d sentences queued", time.perf_counter() - started,
                         self.translator.engine, self.translator.max_input_tokens, self.options.max_batch_size,
                         self.options.max_wait_ms, self.options.max_queue)
+            if self.options.continuous_batching:
+                reason = self.translator.continuous_refused()
+                if reason:
+                    logger.warning("--continuous_batching has no effect here: %s; batches are formed between "
+                                   "searches.", reason)
+                else:
+                    logger.info("continuous batching: sentences join the running search between decoder steps")
 
         future.add_done_callback(loaded)
 
