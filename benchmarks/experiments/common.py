@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import subprocess
+import sys
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -105,6 +107,20 @@ def chosen_rows(parser: argparse.ArgumentParser, value: str, row_names: Collecti
     if unknown:
         parser.error(f"--rows: {unknown} are not rows; use some of {list(row_names)}.")
     return rows
+
+
+def provenance(name: str) -> dict[str, str]:
+    """How a result was made: the command as run (``python -m benchmarks.experiments.<name> …``) and the commit."""
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    return {"command": " ".join(["python", "-m", f"benchmarks.experiments.{name}", *sys.argv[1:]]), "commit": commit}
+
+
+def write_results(report: dict, results: str | Path, name: str, render: Callable[[dict, Path], None]) -> None:
+    """Write ``<results>/<name>.json`` and its markdown (``render``)."""
+    results = Path(results)
+    results.mkdir(parents=True, exist_ok=True)
+    (results / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
+    render(report, results)
 
 
 def render_only(args: argparse.Namespace, name: str, render: Callable[[dict, Path], None]) -> bool:

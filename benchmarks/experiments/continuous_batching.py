@@ -25,14 +25,12 @@ joins late attends over the positions of the oldest row's hypotheses, masked for
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from .common import render_only
+from .common import provenance, render_only, write_results
 
 NAME = "continuous_batching"
 POLICIES = ("batch at a time", "continuous")
@@ -95,9 +93,7 @@ def main() -> None:
         for policy in POLICIES:
             measured[policy].append(run(policy == "continuous"))
     report = {"model": args.model, "sentences": len(ids), "batch": args.batch, "rounds": args.rounds, "threads": 1,
-              "command": " ".join(["python", "-m", f"benchmarks.experiments.{NAME}", *sys.argv[1:]]),
-              "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                       text=True).stdout.strip(), "policies": {}}
+              **provenance(NAME), "policies": {}}
     for policy, runs in measured.items():
         last = runs[-1]
         report["policies"][policy] = {
@@ -111,10 +107,7 @@ def main() -> None:
     print(f"[{NAME}] " + ", ".join(f"{policy} {cell['median_s']:.2f} s" for policy, cell in
                                     report["policies"].items()) + f", {report['identical']} of {len(ids)} identical",
           file=sys.stderr, flush=True)
-    results = Path(args.results)
-    results.mkdir(parents=True, exist_ok=True)
-    (results / f"{NAME}.json").write_text(json.dumps(report, indent=2) + "\n")
-    render(report, results)
+    write_results(report, args.results, NAME, render)
 
 
 def render(report: dict, results: Path) -> None:

@@ -14,14 +14,12 @@ Writes ``retiring_search.json`` and ``retiring_search.md`` under ``--results``.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from .common import render_only
+from .common import provenance, render_only, write_results
 
 NAME = "retiring_search"
 SEARCHES = ("generate", "retiring")
@@ -40,12 +38,11 @@ def main() -> None:
     if render_only(args, NAME, render):
         return
     import torch
-    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
-
     from hf_deepnmt_training.data import read_parallel_file
     from hf_deepnmt_training.metrics import score_translations
     from hf_deepnmt_training.recipes import resolve_path
     from hf_deepnmt_training.translate import translate_sentences
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     torch.set_num_threads(args.threads)
     model = AutoModelForSeq2SeqLM.from_pretrained(args.model).eval()
@@ -56,9 +53,7 @@ def main() -> None:
     test = read_parallel_file(resolve_path("corpus:web-sparv/test.jsonl.gz"), pair[0], pair[1], args.test_samples)
     report: dict = {"model": args.model, "sentences": len(test.sources), "threads": args.threads,
                     "rounds": args.rounds, "direction": f"{pair[0]}-{pair[1]}",
-                    "command": " ".join(["python", "-m", f"benchmarks.experiments.{NAME}", *sys.argv[1:]]),
-                    "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                             text=True).stdout.strip(), "batch_sizes": {}}
+                    **provenance(NAME), "batch_sizes": {}}
     for batch_size in [int(value) for value in args.batch_sizes.split(",")]:
         def run(search: str) -> tuple[float, list[str]]:
             started = time.perf_counter()
@@ -84,10 +79,7 @@ def main() -> None:
         print(f"[{NAME}] batch {batch_size}: generate {cell['generate']['median_s']:.1f} s, retiring "
               f"{cell['retiring']['median_s']:.1f} s ({cell['speedup']:.2f}×), {cell['identical']} of "
               f"{len(test.sources)} identical", file=sys.stderr, flush=True)
-    results = Path(args.results)
-    results.mkdir(parents=True, exist_ok=True)
-    (results / f"{NAME}.json").write_text(json.dumps(report, indent=2) + "\n")
-    render(report, results)
+    write_results(report, args.results, NAME, render)
 
 
 def render(report: dict, results: Path) -> None:
