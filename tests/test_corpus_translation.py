@@ -244,3 +244,105 @@ def test_torchrun_two_processes_translate_a_training_file_in_input_order(tiny_to
     assert result.returncode == 0, result.stderr[-3000:]
     assert "rank 1/2: its 8 lines are translated already" in result.stderr
     assert output.read_text(encoding="utf-8").splitlines() == expected
+
+
+# ------------------------------------------------------------------------------------------------ the device
+@pytest.fixture
+def two_gpus(monkeypatch):
+    """torch as it is on a machine with two CUDA devices (this CPU machine has none: only the choice is tested, the
+    model stays where it is)."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+
+
+def test_the_device_is_this_process_gpu_when_there_is_one(two_gpus, monkeypatch):
+    """auto and ``cuda`` = cuda:LOCAL_RANK (modulo the devices: four processes on two GPUs share them); an index
+    is taken as given; one sentence for an index the machine lacks, a bad LOCAL_RANK or an unknown name."""
+    import torch
+
+    from hf_deepnmt_training.translate import translation_device
+
+    assert translation_device(None) == translation_device("auto") == torch.device("cuda", 0)
+    for rank, index in (("1", 1), ("3", 1), ("2", 0)):
+        monkeypatch.setenv("LOCAL_RANK", rank)
+        assert translation_device(None) == translation_device("cuda") == torch.device("cuda", index)
+    assert translation_device("cuda:0") == torch.device("cuda", 0)
+    assert translation_device("cpu") == torch.device("cpu")
+    for requested, words in (("cuda:2", "`--device` = 'cuda:2' is not available: this machine has 2 CUDA device(s), "
+                                        "cuda:0 to cuda:1."),
+                             ("gpu", "`--device` = 'gpu' is not allowed; use auto, cpu, cuda, cuda:N or mps."),
+                             ("xla", "`--device` = 'xla' is not allowed; use auto, cpu, cuda, cuda:N or mps.")):
+        with pytest.raises(UserInputError) as caught:
+            translation_device(requested)
+        assert str(caught.value) == words
+    monkeypatch.setenv("LOCAL_RANK", "first")
+    with pytest.raises(UserInputError, match="LOCAL_RANK='first' is not allowed"):
+        translation_device(None)
+
+
+def test_without_a_gpu_the_device_is_the_cpu_and_cuda_is_one_sentence(tiny_folder, tmp_path, monkeypatch, capsys):
+    import torch
+
+    from hf_deepnmt_training.translate import translation_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert translation_device(None) == translation_device("auto") == torch.device("cpu")
+    with pytest.raises(UserInputError, match="`--device` = 'cuda' is not available: torch .* sees no CUDA device"):
+        translation_device("cuda")
+    source = tmp_path / "in.txt"
+    source.write_text("In the beginning.\n", encoding="utf-8")
+    capsys.readouterr()
+    assert main(["translate", "--model", str(tiny_folder), "--input", str(source), "--device", "cuda"]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and "`--device` = 'cuda' is not available: torch" in error[0], error
+
+
+def test_translate_and_evaluate_put_the_torch_engine_on_the_process_gpu(two_gpus, tiny_folder, tmp_path,
+                                                                        monkeypatch, capsys):
+    """On a machine with GPUs, `deepnmt translate` (one model, an ensemble) and `deepnmt evaluate` move the model to
+    cuda:LOCAL_RANK — before, they translated on the CPU whatever the machine had — and ``--device cpu`` keeps it
+    there; an exported engine given a GPU is one sentence."""
+    from hf_deepnmt_training import translate
+
+    placed: list[str] = []
+
+    def place(model, device):  # records the move instead of making it (no GPU here)
+        placed.append(str(device))
+        return model
+
+    monkeypatch.setattr(translate, "place", place)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    source = tmp_path / "in.txt"
+    source.write_text("In the beginning.\nThe light shines.\n", encoding="utf-8")
+    for run, (models, device, expected) in enumerate((([tiny_folder], None, "cuda:1"),
+                                                      ([tiny_folder, tiny_folder], None, "cuda:1"),
+                                                      ([tiny_folder], "cuda:0", "cuda:0"), ([tiny_folder], "cpu", "cpu"))):
+        placed.clear()
+        output = tmp_path / f"out-{run}.txt"
+        argv = ["translate", "--model", *map(str, models), "--input", str(source), "--output", str(output),
+                "--num_beams", "2", *(["--device", device] if device else [])]
+        assert main(argv) == 0
+        assert placed == [expected], (argv, placed)
+        assert len(output.read_text(encoding="utf-8").splitlines()) == 2
+        described = capsys.readouterr().err
+        assert (f"on {expected}" in described) == (expected != "cpu"), described
+    test_file = tmp_path / "test.jsonl"
+    test_file.write_text("".join(json.dumps({"translation": {"en": source, "es": target}}) + "\n"
+                                 for source, target in PARALLEL[:4]), encoding="utf-8")
+    placed.clear()
+    assert main(["evaluate", str(tiny_folder), "--test_file", str(test_file), "--source_lang", "en",
+                 "--target_lang", "es", "--num_beams", "2", "--reliance_pairs", "2"]) == 0
+    assert placed == ["cuda:1"]
+
+    from hf_deepnmt_training import serve
+
+    monkeypatch.setattr(serve, "choose_engine", lambda folder, engine, cuda, command: ("onnx", Path(folder)))
+    with pytest.raises(Exception, match="`--device` = 'cuda:0' runs the torch engine only, and .* is run by the onnx "
+                                        "engine, on the CPU here"):
+        translate.load_translation_engine([str(tiny_folder)], device="cuda:0")
+    placed.clear()
+    monkeypatch.setattr("hf_deepnmt.export.load_engine", lambda folder, name, **kwargs: "an onnx engine")
+    assert translate.load_translation_engine([str(tiny_folder)])[0] == "an onnx engine"  # auto: the export's own
+    assert placed == []

@@ -196,12 +196,15 @@ def test_keep_original_targets_trains_on_both(teacher, small_corpus, tmp_path):
      "express meng2019 DTMT"),
     (["--teachers", "{teacher}", "--train_file", "{tmp}/missing.jsonl"], "missing.jsonl does not exist"),
     (["--teachers", "{teacher}", "--max_stepz", "3"], "unknown option `--max_stepz`; did you mean --max_steps"),
+    (["--teachers", "{teacher}", "--device", "cuda:99"], "`--device` = 'cuda:99' is not available"),
+    (["--teachers", "{teacher}", "--device", "gpu"], "`--device` = 'gpu' is not allowed; use auto, cpu, cuda"),
 ])
 def test_bad_input_is_one_sentence_and_writes_nothing(teacher, tiny_tokenizer, small_corpus, tmp_path, capsys, extra,
                                                       words):
     """A folder that is not a model, teachers of two vocabularies, teachers of another language pair, a student
     recipe that does not fit the data (positions shorter than the length limit), a misspelt recipe, an option
-    distill sets itself, an export the student cannot have, a missing training file, a misspelt training option."""
+    distill sets itself, an export the student cannot have, a missing training file, a misspelt training option, a
+    device this machine lacks or torch does not know."""
     (tmp_path / "empty").mkdir()
     other_vocab = tmp_path / "other_vocab"
     tiny_model(vocab_size=len(tiny_tokenizer) + 1).save_pretrained(other_vocab)

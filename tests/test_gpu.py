@@ -152,3 +152,23 @@ def test_the_gpu_benchmark_section_runs_every_row_as_a_labelled_cpu_dry_run():
     assert set(result["deep"]["dou2018"]) >= {"vanilla", "hierarchical", "mla3"} and "DTMT#4" in result["deep"]["dtmt"]
     assert {"ours b4", "marian b4", "ours b1", "marian b1"} == set(result["decoding"]["rows"])
     assert "FlashAttention" in table and "CTranslate2 on CUDA" in table
+
+
+@needs_cuda
+@pytest.mark.gpu
+def test_translation_runs_on_the_process_gpu_and_matches_the_cpu(tiny_folder, tmp_path):
+    """`deepnmt translate`'s engine (one model and an ensemble, the retiring search and `generate`) on the GPU by
+    default gives the CPU's translations."""
+    from hf_deepnmt_training.translate import load_translation_engine, translate_sentences
+
+    texts = ["In the beginning God created the heavens and the earth.", "The light shines.", "", "And God said."]
+    for models in ([str(tiny_folder)], [str(tiny_folder), str(tiny_folder)]):
+        outputs = {}
+        for device in ("auto", "cpu"):
+            engine, tokenizer, _ = load_translation_engine(models, device=device)
+            assert engine.model.device.type == ("cuda" if device == "auto" else "cpu")
+            for search in ("retiring", "generate"):
+                outputs[device, search] = translate_sentences(engine, tokenizer, texts, num_beams=2, progress=False,
+                                                              search=search)
+        assert outputs["auto", "retiring"] == outputs["cpu", "retiring"] == outputs["cpu", "generate"]
+        assert outputs["auto", "generate"] == outputs["cpu", "generate"]

@@ -126,6 +126,14 @@ def model_argument(parser: argparse.ArgumentParser, args: argparse.Namespace, me
     return args.model
 
 
+def add_device_option(parser: argparse.ArgumentParser, what: str = "translates") -> None:
+    """``--device``: where the torch engine runs (`hf_deepnmt_training.translate.translation_device` checks it)."""
+    parser.add_argument("--device", default="auto", help=f"Where the torch engine {what}: auto (default: this "
+                        "process' GPU when torch sees CUDA — cuda:LOCAL_RANK under torchrun / accelerate launch — "
+                        "else the CPU), cpu, cuda, cuda:N or mps. Exported engines (onnx, ctranslate2) run on the "
+                        "CPU.")
+
+
 def add_ensemble_options(parser: argparse.ArgumentParser) -> None:
     """``--weights`` and ``--combination`` of an ensemble (several ``--model`` folders)."""
     parser.add_argument("--weights", type=float, nargs="+", default=None, metavar="W", help="One weight per --model "

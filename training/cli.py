@@ -38,6 +38,7 @@ from .arguments import (
     SEVERAL_MODEL_COMMANDS,
     TRAIN_ALIASES,
     CommandParser,
+    add_device_option,
     add_ensemble_options,
     add_language_options,
     add_model_argument,
@@ -75,6 +76,7 @@ def _evaluate(argv: Sequence[str]) -> int:
     parser.add_argument("--max_samples", type=int, default=None, help="Score only the first N pairs.")
     parser.add_argument("--output_json", default=None, help="Also write the scores and signatures to this file.")
     parser.add_argument("--hypotheses", default=None, help="Also write the translations, one per line, here.")
+    add_device_option(parser, "scores")
     parser.add_argument("--reliance_pairs", type=int, default=64, help="Pairs on which to measure source reliance, "
                         "the mean per-token KL between predictions with the real and an all-<unk> source (li2022 "
                         "collapse monitor; default: 64).")
@@ -89,7 +91,7 @@ def _evaluate(argv: Sequence[str]) -> int:
     from .translate import corpus_source_reliance, evaluate_model, load_models_and_tokenizer
 
     quiet_libraries()
-    model, tokenizer = load_models_and_tokenizer(args.model, args.weights, args.combination)
+    model, tokenizer = load_models_and_tokenizer(args.model, args.weights, args.combination, device=args.device)
     languages_of(args, required=True, model=model)
     corpus = read_parallel_file(resolve_path(args.test_file), args.source_lang, args.target_lang, args.max_samples)
     scores, hypotheses = evaluate_model(args.model[0], args.test_file, args.source_lang, args.target_lang,
@@ -203,6 +205,7 @@ def _translate(argv: Sequence[str]) -> int:
                         "GPU); see benchmarks/RESULTS.md for its speed and BLEU on this project's CPU.")
     parser.add_argument("--threads", type=int, default=None, help="Intra-op threads of the engine, per process "
                         "(default: torch's default thread count).")
+    add_device_option(parser)
     args = parser.parse_args(argv)
     model_of(parser, args, needs_tokenizer=True)
     for name in ("num_beams", "batch_size", "window", "threads", "max_new_tokens", "max_samples"):
@@ -235,7 +238,7 @@ def _translate(argv: Sequence[str]) -> int:
         torch.set_num_threads(args.threads)
     quiet_libraries()
     engine, tokenizer, described = load_translation_engine(args.model, args.engine, args.threads, args.bf16,
-                                                           args.weights, args.combination)
+                                                           args.weights, args.combination, device=args.device)
     if shard.rank == 0:
         print(f"[deepnmt] translating with {described}", file=sys.stderr)
     if hasattr(engine, "model"):  # torch: a Hub id's pair is known once its config is loaded
@@ -362,6 +365,8 @@ def _distill(argv: Sequence[str]) -> int:
     parser.add_argument("--window", type=int, default=10_000, help="Lines read and sorted at a time while "
                         "translating (default: 10000).")
     parser.add_argument("--threads", type=int, default=None, help="Intra-op threads per process (default: torch's).")
+    add_device_option(parser, "translates with the teachers (the student trains where `deepnmt train` puts it: "
+                      "the GPU when there is one)")
     parser.add_argument("--export", nargs="+", choices=("onnx", "ctranslate2", "none"), default=None,
                         metavar="FORMAT", help="The student's int8 exports: onnx (into STUDENT/onnx, where `deepnmt "
                         "serve` and handler.py look) and/or ctranslate2 (OUTPUT_DIR/student-ctranslate2), or none "
@@ -396,7 +401,7 @@ def _distill(argv: Sequence[str]) -> int:
         teachers=list(args.model), output_dir=output_dir, weights=args.weights, combination=args.combination,
         train_file=args.train_file, validation_file=args.validation_file, test_file=args.test_file,
         source_lang=args.source_lang, target_lang=args.target_lang, recipe=args.recipe, num_beams=args.num_beams,
-        batch_size=args.batch_size, window=args.window, threads=args.threads, engine=args.engine,
+        batch_size=args.batch_size, window=args.window, threads=args.threads, engine=args.engine, device=args.device,
         keep_original_targets=args.keep_original_targets, export_formats=export_formats, train_argv=rest)
     outcome = distill(options)
     if Shard.from_environment().rank == 0:

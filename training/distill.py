@@ -65,6 +65,7 @@ class DistillOptions:
     window: int = 10_000
     threads: int | None = None
     engine: str | None = None  # None: the fastest the (single) teacher folder has
+    device: str | None = None  # where the teachers translate (`translate.translation_device`); None: auto
     keep_original_targets: bool = False
     export_formats: list[str] | None = None  # None: onnx, and ctranslate2 when the student is a standard Transformer
     train_argv: list[str] = field(default_factory=list)  # passed on to the student's `deepnmt train`
@@ -128,8 +129,8 @@ def plan_distillation(options: DistillOptions) -> Plan:
     """Check every input and resolve the run's settings; writes nothing. One sentence for: a teacher folder that
     does not translate the data's language pair, teachers that do not share a vocabulary, a training file that
     cannot be read, a student recipe or option that `deepnmt train` would refuse or that does not fit the data,
-    an export format the student cannot have."""
-    import torch
+    an export format the student cannot have, a ``--device`` this machine lacks or one given to an exported
+    engine."""
     from transformers import AutoConfig, AutoTokenizer
 
     import hf_deepnmt
@@ -142,7 +143,9 @@ def plan_distillation(options: DistillOptions) -> Plan:
     from .recipes import load_recipe, resolve_path
     from .serve import choose_engine
     from .train_arguments import parse_train_args
+    from .translate import translation_device
 
+    device = translation_device(options.device)  # a device this machine lacks: refused before anything is written
     for token in options.train_argv:
         flag = token.partition("=")[0]
         if flag in OWN_TRAIN_OPTIONS:
@@ -187,8 +190,12 @@ def plan_distillation(options: DistillOptions) -> Plan:
                                    "teachers: an ensemble runs on torch (its members are combined at every step).")
         engine = "torch"
     else:
-        engine = choose_engine(options.teachers[0], options.engine, cuda=torch.cuda.is_available(),
+        engine = choose_engine(options.teachers[0], options.engine, cuda=device.type == "cuda",
                                command="distill")[0]
+        if engine != "torch" and device.type != "cpu" and options.device not in (None, "auto"):
+            raise CommandLineError(f"`--device` = {options.device!r} runs the torch engine only, and the teacher "
+                                   f"{options.teachers[0]} is run by the {engine} engine, on the CPU here; use "
+                                   "--engine torch with the model folder, or --device cpu.")
 
     # the training file: readable, with both languages, not empty
     try:
@@ -284,8 +291,8 @@ def stage_translate(plan: Plan, shard: Any) -> dict[str, Any]:
 
     options = plan.options
     engine, tokenizer, described = load_translation_engine(options.teachers, plan.engine, options.threads,
-                                                           weights=options.weights,
-                                                           combination=options.combination, command="distill")
+                                                           weights=options.weights, combination=options.combination,
+                                                           command="distill", device=options.device)
     plan.paths.translations.parent.mkdir(parents=True, exist_ok=True)
     if shard.rank == 0:
         print(f"[deepnmt] distill: translating the sources of {plan.train_file} with {described}, beam "

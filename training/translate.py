@@ -377,7 +377,7 @@ def evaluate_model(
     if corpus is None:
         corpus = read_parallel_file(resolve_path(test_file), source_lang, target_lang, max_samples)
     if model is None:
-        model = AutoModelForSeq2SeqLM.from_pretrained(model_dir)
+        model = place(AutoModelForSeq2SeqLM.from_pretrained(model_dir), translation_device())
     if tokenizer is None:
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
     hypotheses = translate_sentences(model, tokenizer, corpus.sources, num_beams=num_beams, batch_size=batch_size,
@@ -403,38 +403,99 @@ def corpus_source_reliance(model, tokenizer, sources: Sequence[str], targets: Se
 
 
 # ------------------------------------------------------------------------------------------------ loading
+DEVICES = "auto, cpu, cuda, cuda:N or mps"
+
+
+def translation_device(requested: str | None = None) -> torch.device:
+    """Where the torch engine translates (``--device`` of `deepnmt translate`, `evaluate` and `distill`).
+
+    ``None`` or ``"auto"``: this process's GPU when torch sees CUDA — ``cuda:LOCAL_RANK`` (the process' number on its
+    machine, which torchrun and accelerate launch set; modulo the devices, so that several processes may share
+    one) — else the CPU. ``"cuda"`` alone is that GPU too; ``"cuda:N"``, ``"cpu"`` and ``"mps"`` are taken as
+    given. A device this machine does not have, or a name torch does not know, is one sentence
+    (docs/distillation.md, "Translating a corpus")."""
+    def local_gpu() -> torch.device:
+        value = os.environ.get("LOCAL_RANK", "0") or "0"
+        if not value.isdigit():
+            raise UserInputError(f"LOCAL_RANK={value!r} is not allowed; a launcher such as torchrun sets it to the "
+                                 "process' number on its machine, 0 or more.")
+        return torch.device("cuda", int(value) % torch.cuda.device_count())
+
+    if requested in (None, "auto"):
+        return local_gpu() if torch.cuda.is_available() else torch.device("cpu")
+    try:
+        device = torch.device(requested)
+    except (RuntimeError, ValueError, TypeError):
+        device = None
+    if device is None or device.type not in ("cpu", "cuda", "mps"):
+        raise UserInputError(f"`--device` = {requested!r} is not allowed; use {DEVICES}.")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UserInputError(f"`--device` = {requested!r} is not available: torch {torch.__version__} sees no "
+                                 "CUDA device on this machine; use --device cpu (or auto).")
+        count = torch.cuda.device_count()
+        if device.index is None:
+            return local_gpu()
+        if device.index >= count:
+            raise UserInputError(f"`--device` = {requested!r} is not available: this machine has {count} CUDA "
+                                 f"device(s), cuda:0 to cuda:{count - 1}.")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise UserInputError(f"`--device` = {requested!r} is not available: torch sees no Apple GPU (MPS) on this "
+                             "machine; use --device cpu (or auto).")
+    return device
+
+
 def load_models_and_tokenizer(values: Sequence[str], weights: Sequence[float] | None = None,
-                              combination: str = "mean") -> tuple[Any, Any]:
+                              combination: str = "mean", device: str | None = None) -> tuple[Any, Any]:
     """One saved model and its tokenizer, or for several folders their ensemble (`hf_deepnmt.load_ensemble`: one
-    vocabulary and language pair, checked before any weights load) and the first folder's tokenizer. A name that is
-    no folder here and that the Hub does not provide is one sentence (`hf_deepnmt_training.errors.hub_lookup`)."""
+    vocabulary and language pair, checked before any weights load) and the first folder's tokenizer; the model on
+    `translation_device` (``device``: ``--device``). A name that is no folder here and that the Hub does not
+    provide is one sentence (`hf_deepnmt_training.errors.hub_lookup`)."""
+    target = translation_device(device)
     if len(values) == 1:
         with hub_lookup(values[0]):
-            return AutoModelForSeq2SeqLM.from_pretrained(values[0]), AutoTokenizer.from_pretrained(values[0])
-    missing = [value for value in values if not Path(value).expanduser().exists()]  # Hub ids, looked up
-    with hub_lookup(missing[0] if missing else values[0]):
-        return load_ensemble(list(values), weights, combination)
+            model, tokenizer = AutoModelForSeq2SeqLM.from_pretrained(values[0]), AutoTokenizer.from_pretrained(values[0])
+    else:
+        missing = [value for value in values if not Path(value).expanduser().exists()]  # Hub ids, looked up
+        with hub_lookup(missing[0] if missing else values[0]):
+            model, tokenizer = load_ensemble(list(values), weights, combination)
+    return place(model, target), tokenizer
+
+
+def place(model: Any, device: torch.device) -> Any:
+    """``model`` moved to ``device`` (where it already is: unchanged)."""
+    return model if model.device == device else model.to(device)
 
 
 def load_translation_engine(models: Sequence[str], engine: str | None = None, threads: int | None = None,
                             bf16: bool = False, weights: Sequence[float] | None = None, combination: str = "mean",
-                            command: str = "translate") -> tuple[Any, Any, str]:
+                            command: str = "translate", device: str | None = None) -> tuple[Any, Any, str]:
     """The engine, the tokenizer and a few words on what runs: one folder by the fastest engine it has (or
-    ``engine``; `hf_deepnmt_training.serve.choose_engine`), several folders as an ensemble on torch (`TorchEngine`)."""
+    ``engine``; `hf_deepnmt_training.serve.choose_engine`: torch where it runs on a GPU), several folders as an
+    ensemble on torch (`TorchEngine`); torch on `translation_device` (``device``: ``--device``; a GPU is for the
+    torch engine only)."""
     from hf_deepnmt.export import TorchEngine, load_engine
 
     from .serve import choose_engine
 
+    target = translation_device(device)
+    where = "" if target.type == "cpu" else f" on {target}"
     if len(models) > 1:
         if engine not in (None, "torch"):
             raise CommandLineError(f"`--engine` = {engine!r} is not allowed for an ensemble of {len(models)} models: "
                                    "their distributions are combined at every step inside torch's `generate`, which "
                                    "an exported engine does not expose; use --engine torch (the default).")
-        model, tokenizer = load_models_and_tokenizer(models, weights, combination)
+        model, tokenizer = load_models_and_tokenizer(models, weights, combination, device=str(target))
         return TorchEngine(model, bf16=bf16), tokenizer, (f"an ensemble of {len(models)} models on torch "
-                                                          f"({combination})")
-    name, folder = choose_engine(models[0], engine, cuda=torch.cuda.is_available(), command=command)
+                                                          f"({combination}){where}")
+    name, folder = choose_engine(models[0], engine, cuda=target.type == "cuda", command=command)
+    if name != "torch" and target.type != "cpu" and device not in (None, "auto"):
+        raise CommandLineError(f"`--device` = {device!r} runs the torch engine only, and {folder} is run by the "
+                               f"{name} engine, on the CPU here; use --engine torch with the model folder, or "
+                               "--device cpu.")
     with hub_lookup(models[0]):
         loaded = load_engine(folder, name, intra_threads=threads or torch.get_num_threads(), bf16=bf16)
         tokenizer = AutoTokenizer.from_pretrained(folder)
-    return loaded, tokenizer, f"the {name} engine ({folder})"
+    if name == "torch":
+        loaded.model = place(loaded.model, target)
+    return loaded, tokenizer, f"the {name} engine ({folder}){where if name == 'torch' else ''}"
