@@ -8,6 +8,7 @@ transformers and same-folder modules with ``from .module import Name``.
 
 from __future__ import annotations
 
+import copy
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -292,18 +293,103 @@ class TranslationGenerationMixin:
                 input_ids = input_ids[:, seen:]  # (B, T - seen): the tokens not yet in the cache
         return super().prepare_inputs_for_generation(input_ids, *args, **kwargs)
 
+    # Whether `generate` runs `hf_deepnmt.retiring_search` where that search gives transformers' own result (set it
+    # to False on an instance to run transformers' loop; docs/transformer.md, "generate").
+    generate_by_retiring_search: bool = True
+
     def generate(self, *args: Any, **kwargs: Any) -> Any:
         """`GenerationMixin.generate`; an explicit ``max_length`` replaces the default ``max_new_tokens`` instead
-        of being overridden by it, and bad lengths or beam counts get one clear sentence."""
+        of being overridden by it, and bad lengths or beam counts get one clear sentence. A call that asks for
+        sequences only, with settings `hf_deepnmt.retiring_search` reproduces, runs that search (`_retiring_call`):
+        the same tensor, each sentence leaving the batch once its result is final."""
         check_generation_arguments(kwargs)
         if kwargs.get("max_length") is not None and "max_new_tokens" not in kwargs:
             kwargs["max_new_tokens"] = None
-        settings = kwargs.get("generation_config") or self.generation_config
-        form = kwargs.pop("length_penalty_form", None) or getattr(self.config, "length_penalty_form", None) or "power"
+        form = kwargs.get("length_penalty_form") or getattr(self.config, "length_penalty_form", None) or "power"
         if form not in LENGTH_PENALTY_FORMS:
             raise UserInputError(f"`length_penalty_form` = {form!r} is not allowed; use 'power' (|Y| ** α, "
                                  "transformers') or 'gnmt' (((5 + |Y|) / 6) ** α).")
+        found = self._retiring_call(args, kwargs)
+        if found is not None:
+            return found
+        kwargs.pop("length_penalty_form", None)
+        self._add_generation_cache(kwargs)
+        settings = kwargs.get("generation_config") or self.generation_config
         if form == "gnmt":
             alpha = kwargs.get("length_penalty", settings.length_penalty)
-            kwargs["length_penalty"] = GNMTLengthPenalty(1.0 if alpha is None else alpha)
+            penalty = GNMTLengthPenalty(1.0 if alpha is None else alpha)
+            if kwargs.get("generation_config") is not None and "length_penalty" not in kwargs:
+                # inside the passed config: transformers deprecates a config together with generation arguments
+                kwargs["generation_config"] = copy.deepcopy(kwargs["generation_config"])
+                kwargs["generation_config"].length_penalty = penalty
+            else:
+                kwargs["length_penalty"] = penalty
         return super().generate(*args, **kwargs)
+
+    def _add_generation_cache(self, kwargs: dict[str, Any]) -> None:
+        """Where a family starts transformers' search from a cache of its own, it puts it in ``kwargs`` here."""
+
+    # transformers' `generate` options that a call may pass and still run the retiring search, when they ask for
+    # nothing (None, False, an empty list).
+    _NEUTRAL_CALL_OPTIONS = ("logits_processor", "stopping_criteria", "prefix_allowed_tokens_fn", "synced_gpus",
+                             "assistant_model", "streamer", "negative_prompt_ids", "negative_prompt_attention_mask",
+                             "custom_generate", "generation_config")
+
+    def _retiring_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
+        """``generate``'s output computed by `hf_deepnmt.retiring_search.retiring_generate` (one budget for every
+        sentence), or None where transformers' loop must run: a call with a positional argument other than the
+        inputs, other model inputs (``decoder_input_ids``, ``encoder_outputs``, a cache, no ``attention_mask``), a
+        passed ``generation_config``, a call option that asks for something, a setting the search does not reproduce
+        (`retiring_search.unsupported`: sampling, logits processors, scores or dict outputs, ...), no explicit length
+        (transformers' default of 20 new tokens has rules of its own), ``use_cache=False``, a ``num_return_sequences``
+        transformers would refuse, a model in training mode, or tracing (``torch.compile``).
+
+        The output is transformers': ``(B · num_return_sequences, T)``, the decoder start token first, the n-best
+        rows of a sentence consecutive, shorter rows filled as ``generate`` fills them (greedy: the pad token after
+        ``</s>``; beam search: the pad token, or ``</s>`` when the pad id is 0) up to the longest; the search gives
+        each sentence ``generate``'s sequences (tests/test_retiring_search.py, tests/test_fast_paths.py)."""
+        if not self.generate_by_retiring_search or self.training or torch.compiler.is_compiling():
+            return None  # in training mode transformers' loop draws dropout as it always did
+        call = dict(kwargs)
+        if args:
+            if len(args) > 1 or "input_ids" in call or "inputs" in call:
+                return None
+            call["input_ids"] = args[0]
+        input_ids = call.pop("inputs", None)
+        input_ids = call.pop("input_ids", None) if input_ids is None else input_ids
+        attention_mask = call.pop("attention_mask", None)
+        if not isinstance(input_ids, torch.Tensor) or not isinstance(attention_mask, torch.Tensor) \
+                or input_ids.dim() != 2 or attention_mask.shape != input_ids.shape:
+            return None
+        for name in self._NEUTRAL_CALL_OPTIONS:
+            if name in call:
+                value = call.pop(name)
+                if value is not None and value is not False and not (isinstance(value, (list, tuple)) and not value):
+                    return None
+        from .retiring_search import retiring_generate, search_settings, unsupported
+
+        if unsupported(self, call) is not None:
+            return None
+        merged = {**self.generation_config.to_dict(), **call}
+        if merged.get("use_cache") is False or merged.get("cache_implementation") is not None:
+            return None
+        if merged.get("max_new_tokens") is not None:
+            budget = int(merged["max_new_tokens"])
+        elif call.get("max_length") is not None:
+            budget = int(call["max_length"]) - 1  # max_length counts the decoder start token
+        else:
+            return None
+        settings = search_settings(self, call)
+        if budget < 1 or settings.num_return_sequences > settings.num_beams:
+            return None  # transformers' own error or warning
+        found = retiring_generate(self, input_ids, attention_mask, [budget] * input_ids.size(0), settings)
+        rows = [row for hypotheses in found for row in hypotheses.sequences]  # (B · n) rows of their own lengths
+        width = max(row.numel() for row in rows)
+        fill = settings.pad_token_id
+        if settings.num_beams > 1 and not settings.pad_token_id and settings.eos_token_ids:
+            fill = settings.eos_token_ids[0]  # transformers' beam search fills with </s> when the pad id is 0
+        output = rows[0].new_full((len(rows), width), fill)  # (B · n, T)
+        for index, row in enumerate(rows):
+            output[index, :row.numel()] = row
+        return output
+

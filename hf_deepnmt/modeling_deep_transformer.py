@@ -930,17 +930,16 @@ class DeepTransformerForConditionalGeneration(TranslationGenerationMixin, DeepTr
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.model.set_input_embeddings(value)
 
-    def generate(self, *args: Any, **kwargs: Any) -> Any:
-        """`TranslationGenerationMixin.generate`; a beam search starts from `beam_search_cache` (the same beams and
-        scores, one copy of the self-attention cache per step instead of two) unless the call brings its own cache,
-        a ``cache_implementation`` or ``use_cache=False``."""
+    def _add_generation_cache(self, kwargs: dict[str, Any]) -> None:
+        """transformers' beam search (`TranslationGenerationMixin.generate`) starts from `beam_search_cache` (the
+        same beams and scores, one copy of the self-attention cache per step instead of two) unless the call brings
+        its own cache, a ``cache_implementation`` or ``use_cache=False``."""
         settings = kwargs.get("generation_config") or self.generation_config
         beams = kwargs.get("num_beams", settings.num_beams) or 1
         own = any(kwargs.get(name) is not None for name in ("cache", "past_key_values", "cache_implementation"))
         if (beams > 1 and not own and kwargs.get("use_cache", settings.use_cache) is not False
                 and settings.cache_implementation is None and not torch.compiler.is_compiling()):
             kwargs[CACHE_NAME] = self.beam_search_cache()
-        return super().generate(*args, **kwargs)
 
     def beam_search_cache(self) -> EncoderDecoderCache:
         """An empty decoding cache for beam search whose self-attention layers gather each step's reordered rows

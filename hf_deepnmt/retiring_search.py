@@ -18,10 +18,11 @@ finished ones merge into the sentence's ``num_beams`` best by length-normalised 
 whose result is final leaves the batch instead of being carried along.
 
 What it takes: deterministic search (``num_beams`` ≥ 1, no sampling) with ``length_penalty`` (transformers' or the
-GNMT form), ``early_stopping`` (True, False, ``"never"``), ``num_return_sequences`` and one budget per sentence. Any
-generation setting that would add a logits processor or a stopping criterion (repetition penalties, n-gram blocking,
-minimum lengths, forced or suppressed tokens, sampling, ...) is outside it: `unsupported` names the first such setting
-and the caller uses ``generate``.
+GNMT form), ``early_stopping`` (True, False, ``"never"``), ``num_return_sequences``, a minimum length (``min_length``,
+``min_new_tokens``: ``</s>`` is forbidden before it, as transformers' two minimum-length processors do) and one budget
+per sentence. Any other generation setting that would add a logits processor or a stopping criterion (repetition
+penalties, n-gram blocking, forced or suppressed tokens, sampling, ...) is outside it: `unsupported` names the first
+such setting and the caller uses ``generate``.
 """
 
 from __future__ import annotations
@@ -56,8 +57,6 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "bad_words_ids": (None,),
     "force_words_ids": (None,),
     "constraints": (None,),
-    "min_length": (0, None),
-    "min_new_tokens": (None, 0),
     "forced_bos_token_id": (None,),
     "forced_eos_token_id": (None,),
     "suppress_tokens": (None,),
@@ -100,6 +99,10 @@ class SearchSettings:
     eos_token_ids: tuple[int, ...]
     pad_token_id: int
     decoder_start_token_id: int
+    min_length: int = 0
+    """``</s>`` is forbidden while a hypothesis (its start token included) is shorter: ``1 + min_new_tokens`` when
+    that is set, else ``min_length`` — transformers' `MinLengthLogitsProcessor` and
+    `MinNewTokensLengthLogitsProcessor`, which set ``</s>``'s score to −inf (after the log-softmax in beam search)."""
 
 
 def unsupported(model: Any, settings: dict[str, Any]) -> str | None:
@@ -137,10 +140,12 @@ def search_settings(model: Any, settings: dict[str, Any]) -> SearchSettings:
 
         penalty = GNMTLengthPenalty(penalty)
     early = merged.get("early_stopping")
+    min_new = merged.get("min_new_tokens")  # transformers: it takes precedence and sets min_length = 1 + it
+    minimum = 1 + int(min_new) if min_new is not None else int(merged.get("min_length") or 0)
     return SearchSettings(num_beams=num_beams, length_penalty=penalty, early_stopping=False if early is None else early,
                           num_return_sequences=int(merged.get("num_return_sequences") or 1),
                           eos_token_ids=eos_ids, pad_token_id=int(pad if pad is not None else (eos_ids or (0,))[0]),
-                          decoder_start_token_id=int(start))
+                          decoder_start_token_id=int(start), min_length=minimum)
 
 
 def _map_tensors(value: Any, function: Callable[[torch.Tensor], torch.Tensor]) -> Any:
@@ -397,6 +402,20 @@ def _pad_width(tensor: torch.Tensor, width: int, fill: int) -> torch.Tensor:
     return F.pad(tensor, (0, width - tensor.size(-1)), value=fill) if tensor.size(-1) < width else tensor
 
 
+def _forbid_end(scores: torch.Tensor, lengths: torch.Tensor, minimum: int, eos: torch.Tensor,
+                rows_per_sentence: int) -> torch.Tensor:
+    """``scores`` ``(A·k, V)`` (changed in place: the callers' own copies) with every ``</s>`` at −inf in the rows of
+    sentences whose hypotheses (``lengths`` ``(A,)`` tokens, the start token included) are shorter than ``minimum``:
+    transformers' minimum-length processors."""
+    if minimum <= 1 or eos.numel() == 0:
+        return scores
+    short = (lengths < minimum).repeat_interleave(rows_per_sentence)  # (A·k,)
+    if not bool(short.any()):
+        return scores
+    scores[:, eos] = scores[:, eos].masked_fill(short[:, None], float("-inf"))  # (A·k, |eos|)
+    return scores
+
+
 class _Greedy:
     """transformers' greedy search (``num_beams=1``, no sampling), one row per sentence."""
 
@@ -412,7 +431,8 @@ class _Greedy:
         self.eos = torch.tensor(settings.eos_token_ids, dtype=torch.long, device=device)
 
     def step(self, logits: torch.Tensor) -> tuple[None, torch.Tensor, torch.Tensor]:
-        chosen = logits.argmax(dim=-1)  # (A,) transformers' greedy choice, on the logits
+        logits = _forbid_end(logits, self.lengths, self.settings.min_length, self.eos, 1)
+        chosen = logits.argmax(dim=-1)  # (A,) transformers' greedy choice, on the (processed) logits
         self.sequences.scatter_(1, self.lengths[:, None], chosen[:, None])  # each row's next position
         self.lengths = self.lengths + 1
         done = torch.isin(chosen, self.eos) | (self.lengths >= self.limits)
@@ -476,8 +496,8 @@ class _Beams:
                             dtype=torch.float32, device=self.device)
 
     def step(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        log_probs = F.log_softmax(logits, dim=-1)  # (A·k, V)
         k, cur = self.k, self.lengths  # cur (A,): tokens in each sentence's hypotheses
+        log_probs = _forbid_end(F.log_softmax(logits, dim=-1), cur, self.settings.min_length, self.eos, k)  # (A·k, V)
         active = self.running.size(0)
         vocab = log_probs.size(-1)
         # accumulated scores of every continuation of every running hypothesis, per sentence

@@ -31,6 +31,7 @@ def test_beam_search_without_cross_attention_reorder_equals_full_reorder(batch, 
 def test_cross_attention_cache_rows_are_identical_within_a_beam_group(batch):
     """The premise of skipping the reorder: every beam of a sentence holds the same cross-attention keys/values."""
     model = tiny_model()
+    model.generate_by_retiring_search = False  # transformers' loop, whose cache this is about
     captured = {}
 
     def spy(past_key_values: EncoderDecoderCache, beam_idx: torch.Tensor) -> EncoderDecoderCache:

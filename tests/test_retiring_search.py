@@ -83,6 +83,23 @@ def test_one_call_over_every_budget_gives_generate_s_results_sentence_by_sentenc
     assert_results_alone(model, batch, budgets, settings, got, ends_by_eos)
 
 
+@pytest.mark.parametrize("minimum", [{"num_beams": 4, "min_new_tokens": 9}, {"num_beams": 1, "min_length": 10},
+                                     {"num_beams": 3, "min_new_tokens": 7, "length_penalty": 0.6}], ids=settings_id)
+def test_a_minimum_length_forbids_the_end_as_generate_does(trained, minimum):
+    """``min_new_tokens`` / ``min_length`` (transformers' two minimum-length processors: ``</s>`` at −inf until then)
+    give ``generate``'s results sentence by sentence, and change some sentence's result (the case tests them)."""
+    model, sources, ends_by_eos = trained
+    batch = source_batch(sources, model.config.pad_token_id)
+    budgets = [BUDGETS[index % len(BUDGETS)] for index in range(len(sources))]
+    got = retiring_generate(model, batch["input_ids"], batch["attention_mask"], budgets, search_settings(model, minimum))
+    assert_results_alone(model, batch, budgets, minimum, got, ends_by_eos=False)
+    if ends_by_eos:
+        free = {key: value for key, value in minimum.items() if not key.startswith("min_")}
+        unconstrained = retiring_generate(model, batch["input_ids"], batch["attention_mask"], budgets,
+                                          search_settings(model, free))
+        assert any(not torch.equal(a.sequences, b.sequences) for a, b in zip(got, unconstrained))
+
+
 def assert_results_alone(model, batch, budgets, settings, got, ends_by_eos) -> None:
     """``got[i]`` is what ``generate`` gives sentence i alone with its budget: the same sequences, the same scores."""
     pad, eos = model.config.pad_token_id, model.config.eos_token_id
@@ -189,7 +206,7 @@ def test_finished_sentences_leave_the_batch(trained):
 
 @pytest.mark.parametrize("settings, named", [
     ({"do_sample": True}, "do_sample"), ({"repetition_penalty": 1.2}, "repetition_penalty"),
-    ({"no_repeat_ngram_size": 3}, "no_repeat_ngram_size"), ({"min_new_tokens": 2}, "min_new_tokens"),
+    ({"no_repeat_ngram_size": 3}, "no_repeat_ngram_size"), ({"suppress_tokens": [5]}, "suppress_tokens"),
     ({"forced_bos_token_id": 5}, "forced_bos_token_id"), ({"output_scores": True}, "output_scores"),
     ({"unheard_of": 1}, "unheard_of")])
 def test_settings_outside_the_search_are_named_so_the_caller_uses_generate(settings, named):
@@ -205,3 +222,61 @@ def test_an_ensemble_takes_the_search_and_other_models_are_left_to_generate():
     ensemble = EnsembleForConditionalGeneration([dtmt_model(seed=1), dtmt_model(seed=2)])
     assert unsupported(ensemble, {"num_beams": 4}) is None
     assert unsupported(torch.nn.Linear(2, 2), {}) == "Linear is not a class the retiring search is tested with"
+
+
+@pytest.mark.parametrize("settings", [*SETTINGS, {"num_beams": 4, "min_new_tokens": 9},
+                                      {"num_beams": 2, "num_return_sequences": 2, "early_stopping": True}],
+                         ids=settings_id)
+def test_generate_runs_the_retiring_search_and_returns_transformers_tensor(trained, settings, monkeypatch):
+    """A `generate` call for sequences only, with settings the search reproduces, runs it: the same tensor as
+    transformers' loop (shape, n-best order, fill after short rows), for every family; ``max_length`` too."""
+    from hf_deepnmt import retiring_search
+
+    model, sources, _ = trained
+    batch = source_batch(sources, model.config.pad_token_id)
+    calls = []
+    real = retiring_search.retiring_generate
+    monkeypatch.setattr(retiring_search, "retiring_generate", lambda *args, **kwargs: calls.append(1) or real(*args,
+                                                                                                         **kwargs))
+    with torch.no_grad():
+        routed = [model.generate(**batch, **settings, max_new_tokens=9),
+                  model.generate(batch["input_ids"], attention_mask=batch["attention_mask"], **settings, max_length=7)]
+    assert len(calls) == 2
+    model.generate_by_retiring_search = False
+    try:
+        with torch.no_grad():
+            reference = [model.generate(**batch, **settings, max_new_tokens=9),
+                         model.generate(batch["input_ids"], attention_mask=batch["attention_mask"], **settings,
+                                        max_length=7)]
+    finally:
+        del model.generate_by_retiring_search
+    assert len(calls) == 2
+    for got, expected in zip(routed, reference):
+        assert got.shape == expected.shape and torch.equal(got, expected)
+
+
+def test_generate_leaves_to_transformers_what_the_search_does_not_give(trained, monkeypatch):
+    """Scores or dict outputs, sampling, a logits processor, a given ``generation_config``, decoder inputs, no
+    attention mask, no explicit length, training mode: transformers' loop, untouched."""
+    from transformers import GenerationConfig, LogitsProcessorList
+
+    from hf_deepnmt import retiring_search
+
+    model, sources, _ = trained
+    batch = source_batch(sources, model.config.pad_token_id)
+    monkeypatch.setattr(retiring_search, "retiring_generate", lambda *args, **kwargs: pytest.fail("routed"))
+    start = torch.full((batch["input_ids"].size(0), 1), model.config.decoder_start_token_id)
+    config = GenerationConfig(**{**model.generation_config.to_dict(), "max_new_tokens": 4})
+    with torch.no_grad():
+        for call in ({**batch, "max_new_tokens": 4, "return_dict_in_generate": True, "output_scores": True},
+                     {**batch, "max_new_tokens": 4, "do_sample": True, "num_beams": 1},
+                     {**batch, "max_new_tokens": 4, "logits_processor": LogitsProcessorList([lambda ids, s: s])},
+                     {**batch, "generation_config": config},
+                     {**batch, "max_new_tokens": 4, "decoder_input_ids": start},
+                     {"input_ids": batch["input_ids"], "max_new_tokens": 4}):
+            model.generate(**call)
+        model.train()
+        try:
+            model.generate(**batch, max_new_tokens=4)
+        finally:
+            model.eval()

@@ -604,7 +604,10 @@ def test_the_server_decodes_every_budget_in_one_retiring_search_unless_told_othe
     assert retiring.prepare({}).mixes_budgets and retiring.prepare({"num_beams": 2}).mixes_budgets
     assert not retiring.prepare({"repetition_penalty": 1.2}).mixes_budgets
     assert not retiring.prepare({"max_new_tokens": 9}).mixes_budgets
-    assert not load_translator("torch", model_folder, search="generate").prepare({}).mixes_budgets
+    generate = load_translator("torch", model_folder, search="generate")
+    assert not generate.prepare({}).mixes_budgets
+    assert retiring.pipeline.model.generate_by_retiring_search  # a budget's generate call: the search, one budget
+    assert generate.pipeline.model.generate_by_retiring_search is False  # transformers' own loop, as before
 
 
 def test_with_continuous_batching_sentences_join_the_running_search_and_get_their_own_translations(model_folder,

@@ -109,3 +109,15 @@ def test_the_pipeline_and_the_server_decode_each_text_with_its_own_budget(budget
     longer = translate(cut, num_beams=4, max_new_tokens=62)
     assert any(len(tiny_tokenizer(row["translation_text"])["input_ids"]) > len(tiny_tokenizer(short)["input_ids"])
                for row, short in zip(longer, [row["translation_text"] for row in translate(cut, num_beams=4)]))
+
+
+def test_search_generate_runs_transformers_own_loop(budget_model, tiny_tokenizer, monkeypatch):
+    """``search="generate"`` (`deepnmt translate`'s fallback, the benchmarks' baseline) is one transformers `generate`
+    loop per budget, although a model's `generate` otherwise runs the retiring search; the model is left as it was."""
+    from hf_deepnmt import retiring_search
+
+    monkeypatch.setattr(retiring_search, "retiring_generate", lambda *args, **kwargs: pytest.fail("retiring search"))
+    texts = translate_sentences(budget_model, tiny_tokenizer, SENTENCES[:6], num_beams=4, progress=False,
+                                search="generate")
+    assert len(texts) == 6 and budget_model.generate_by_retiring_search is True
+    assert "generate_by_retiring_search" not in vars(budget_model)

@@ -477,6 +477,10 @@ def load_translator(engine: str, folder: str | os.PathLike, threads: int | None 
         from transformers import pipeline as make_pipeline
 
         pipeline = make_pipeline("translation", model=str(folder), device=0 if torch.cuda.is_available() else -1)
+    if search == "generate":
+        # transformers' own loop per budget, the way before the retiring search: a model's `generate` would
+        # otherwise run that search on each budget's rows (docs/transformer.md, "`generate`")
+        pipeline.model.generate_by_retiring_search = False
     return PipelineTranslator(pipeline, engine, max_input_tokens, retiring=search == "retiring",
                               continuous=continuous)
 

@@ -77,14 +77,22 @@ def translate_sentences(
         else:
             batches.append([i])
     results = [""] * len(sentences)
-    for batch in tqdm(batches, desc=desc, disable=not progress, file=sys.stderr):
-        if mixed:
-            output = engine.generate_budgets([encoded[i] for i in batch], [budget[i] for i in batch], num_beams)
-        else:
-            output = engine.generate([encoded[i] for i in batch], num_beams=num_beams,
-                                     max_new_tokens=budget[batch[0]])
-        for i, text in zip(batch, tokenizer.batch_decode(output, skip_special_tokens=True)):
-            results[i] = text.strip()
+    model = getattr(engine, "model", None)
+    loop = search == "generate" and getattr(model, "generate_by_retiring_search", False)
+    if loop:  # transformers' own loop per budget (a model's `generate` would otherwise run the retiring search)
+        model.generate_by_retiring_search = False
+    try:
+        for batch in tqdm(batches, desc=desc, disable=not progress, file=sys.stderr):
+            if mixed:
+                output = engine.generate_budgets([encoded[i] for i in batch], [budget[i] for i in batch], num_beams)
+            else:
+                output = engine.generate([encoded[i] for i in batch], num_beams=num_beams,
+                                         max_new_tokens=budget[batch[0]])
+            for i, text in zip(batch, tokenizer.batch_decode(output, skip_special_tokens=True)):
+                results[i] = text.strip()
+    finally:
+        if loop:
+            del model.generate_by_retiring_search  # the class's value again
     return results
 
 
