@@ -41,7 +41,7 @@ from .attention import (
     join_rows,
     keep_leading_columns,
 )
-from .modeling_common import CACHE_NAME
+from .generation_common import CACHE_NAME
 
 # Settings (of a merged generation config) that this search reproduces; each other one must be at the value that
 # adds nothing to transformers' search (`unsupported`).
@@ -136,7 +136,7 @@ def search_settings(model: Any, settings: dict[str, Any]) -> SearchSettings:
     penalty = 1.0 if penalty is None else penalty
     form = settings.get("length_penalty_form") or getattr(model.config, "length_penalty_form", None) or "power"
     if form == "gnmt":  # the same normalisation `TranslationGenerationMixin.generate` puts in place
-        from .modeling_common import GNMTLengthPenalty
+        from .generation_common import GNMTLengthPenalty
 
         penalty = GNMTLengthPenalty(penalty)
     early = merged.get("early_stopping")

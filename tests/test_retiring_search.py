@@ -238,16 +238,18 @@ def test_generate_runs_the_retiring_search_and_returns_transformers_tensor(train
     real = retiring_search.retiring_generate
     monkeypatch.setattr(retiring_search, "retiring_generate", lambda *args, **kwargs: calls.append(1) or real(*args,
                                                                                                          **kwargs))
+    labels = torch.full_like(batch["input_ids"], 5)  # as Seq2SeqTrainer's evaluation passes them along
     with torch.no_grad():
         routed = [model.generate(**batch, **settings, max_new_tokens=9),
-                  model.generate(batch["input_ids"], attention_mask=batch["attention_mask"], **settings, max_length=7)]
+                  model.generate(batch["input_ids"], attention_mask=batch["attention_mask"], **settings, max_length=7,
+                                 labels=labels)]
     assert len(calls) == 2
     model.generate_by_retiring_search = False
     try:
         with torch.no_grad():
             reference = [model.generate(**batch, **settings, max_new_tokens=9),
                          model.generate(batch["input_ids"], attention_mask=batch["attention_mask"], **settings,
-                                        max_length=7)]
+                                        max_length=7, labels=labels)]
     finally:
         del model.generate_by_retiring_search
     assert len(calls) == 2
