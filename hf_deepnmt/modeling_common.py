@@ -327,7 +327,7 @@ class TranslationGenerationMixin:
         input_ids = call.pop("input_ids", None) if input_ids is None else input_ids
         attention_mask = call.pop("attention_mask", None)
         if not isinstance(input_ids, torch.Tensor) or not isinstance(attention_mask, torch.Tensor) \
-                or input_ids.dim() != 2 or attention_mask.shape != input_ids.shape:
+                or input_ids.dim() != 2 or attention_mask.shape != input_ids.shape or input_ids.size(0) == 0:
             return None
         for name in self._NEUTRAL_CALL_OPTIONS:
             if name in call:
