@@ -143,8 +143,6 @@ def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_to
     return shifted.masked_fill(shifted == -100, pad_token_id)
 
 
-
-
 @dataclass
 class DeepTransformerSeq2SeqLMOutput(Seq2SeqLMOutput):
     """`Seq2SeqLMOutput` plus, with labels, every term of the loss (in evaluation mode only ``nll``).
@@ -314,7 +312,7 @@ class TranslationGenerationMixin:
         The output is transformers': ``(B · num_return_sequences, T)``, the decoder start token first, the n-best
         rows of a sentence consecutive, shorter rows filled as ``generate`` fills them (greedy: the pad token after
         ``</s>``; beam search: the pad token, or ``</s>`` when the pad id is 0) up to the longest; the search gives
-        each sentence ``generate``'s sequences (tests/test_retiring_search.py, tests/test_fast_paths.py)."""
+        each sentence ``generate``'s sequences (tests/test_retiring_search.py compares the tensors)."""
         if not self.generate_by_retiring_search or self.training or torch.compiler.is_compiling():
             return None  # in training mode transformers' loop draws dropout as it always did
         call = dict(kwargs)
