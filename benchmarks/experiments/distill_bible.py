@@ -78,10 +78,20 @@ def steps(args: argparse.Namespace) -> list[tuple[str, Path, list[str]]]:
     teacher_small = list(small)
     if args.teacher_steps is not None:
         teacher_small = [*teacher_small, "--max_steps", str(args.teacher_steps)]
+    if getattr(args, "teacher_warmup_steps", None) is not None:
+        teacher_small = [*teacher_small, "--warmup_steps", str(args.teacher_warmup_steps)]
+    if getattr(args, "teacher_dropout", None) is not None:
+        teacher_small = [*teacher_small, "--config_overrides", f"dropout={args.teacher_dropout}"]
     if args.student_steps is not None:
         small = [*small, "--max_steps", str(args.student_steps)]
     if args.student_dropout is not None:
         small = [*small, "--config_overrides", f"dropout={args.student_dropout}"]
+    # --device cuda: every `deepnmt train` (teachers, students) on the GPU; the shipped recipes say --use_cpu true.
+    # On a machine without one transformers' Trainer falls back to the CPU, so the same study command resumes there.
+    on_gpu = ["--use_cpu", "false"] if getattr(args, "device", "cpu") == "cuda" else []
+    teacher_small, small = [*teacher_small, *on_gpu], [*small, *on_gpu]
+    batch = [] if getattr(args, "translate_batch_size", None) is None else ["--batch_size",
+                                                                            str(args.translate_batch_size)]
     return [
         ("teacher-a", teacher_a, ["train", "--recipe", "quickstart", "--output_dir", str(teacher_a), "--seed", "42",
                                   *teacher_small]),
@@ -93,6 +103,7 @@ def steps(args: argparse.Namespace) -> list[tuple[str, Path, list[str]]]:
                                          *(["--max_samples", "40"] if args.smoke else [])]),
         ("distilled-student", work / "distill", ["distill", "--teachers", str(teacher_a), str(teacher_b),
                                                  "--output_dir", str(work / "distill"), "--seed", "42", *threads,
+                                                 *batch,
                                                  *(["--keep_original_targets"] if args.keep_original_targets else []),
                                                  *(["--train_file", str(work / "smoke-train.jsonl")] if args.smoke
                                                    else []), *small]),
@@ -190,14 +201,20 @@ def smoke_training_file(path: Path) -> None:
 
 
 def results_name(teacher_steps: int | None, student_steps: int | None, student_dropout: float | None = None,
-                 keep_original_targets: bool = False) -> str:
+                 keep_original_targets: bool = False, teacher_dropout: float | None = None,
+                 teacher_warmup_steps: int | None = None, device: str = "cpu") -> str:
     """``distill_bible`` (both recipes' 1400 steps), ``distill_bible_<N>steps`` (students N steps),
-    ``distill_bible_teachers<T>[_<N>steps]`` (teachers T steps), ``…_dropout<D>`` (students' dropout D),
-    ``…_keep`` (the distilled student also sees the original targets)."""
-    return (NAME + ("" if teacher_steps is None else f"_teachers{teacher_steps}")
+    ``distill_bible_teachers<T>[-dropout<D>][-warmup<W>][_<N>steps]`` (teachers T steps, their dropout and warmup),
+    ``…_dropout<D>`` (students' dropout D), ``…_keep`` (the distilled student also sees the original targets),
+    ``…_cuda`` (trained on a GPU)."""
+    teachers = "" if teacher_steps is None else f"_teachers{teacher_steps}"
+    teachers += "" if teacher_dropout is None else f"-dropout{teacher_dropout:g}"
+    teachers += "" if teacher_warmup_steps is None else f"-warmup{teacher_warmup_steps}"
+    return (NAME + teachers
             + ("" if student_steps is None else f"_{student_steps}steps")
             + ("" if student_dropout is None else f"_dropout{student_dropout:g}")
-            + ("_keep" if keep_original_targets else ""))
+            + ("_keep" if keep_original_targets else "")
+            + ("_cuda" if device == "cuda" else ""))
 
 
 REUSED_RUNS: tuple[str, ...] = ("teacher-a", "teacher-b", "ensemble", "ensemble-tuned")
@@ -206,14 +223,14 @@ FOLDERS = {"original-student": "student-original"}  # a run's folder where its n
 
 def student_options(distill_argv: list[str]) -> list[str]:
     """What `deepnmt distill` records as ``student_options`` for the study's ``distill`` arguments: every argument
-    after ``--output_dir DIR`` that is not distill's own (the study passes only ``--threads N`` and
-    ``--keep_original_targets`` of those)."""
+    after ``--output_dir DIR`` that is not distill's own (the study passes only ``--threads N``, ``--batch_size N``
+    and ``--keep_original_targets`` of those)."""
     rest = distill_argv[distill_argv.index("--output_dir") + 2:]
     kept, skip = [], False
     for token in rest:
         if skip:
             skip = False
-        elif token == "--threads":
+        elif token in ("--threads", "--batch_size"):
             skip = True
         elif token != "--keep_original_targets":
             kept.append(token)
@@ -269,25 +286,23 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def translate_in_processes(deepnmt: list[str], folder: Path, processes: int, env: dict, log: object) -> int:
-    """Run ``deepnmt distill`` under ``torchrun`` with ``processes`` processes until its translation and dataset stages
-    are complete (the manifest says so), then stop it: the student is trained afterwards by one process, exactly as
-    without this option. Returns torchrun's exit code, or 0 when it was stopped after the dataset stage."""
+def run_until_stage(command: list[str], folder: Path, stage: str, env: dict, log: object) -> int:
+    """Run ``command`` (a ``deepnmt distill`` of ``folder``) until its manifest records ``stage`` as complete, then
+    stop it (its process group, as `deepnmt distill` resumes after a kill). Returns the command's exit code, or 0 when
+    it was stopped after the stage (or the stage was complete before)."""
     manifest = folder / "distill.json"
 
-    def dataset_done() -> bool:
+    def stage_done() -> bool:
         try:
-            return "dataset" in json.loads(manifest.read_text())["completed"]
+            return stage in json.loads(manifest.read_text())["completed"]
         except (OSError, ValueError, KeyError):
             return False
 
-    if dataset_done():
+    if stage_done():
         return 0
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes), "--master_port",
-               str(free_port()), "-m", "hf_deepnmt_training.cli", *deepnmt]
     process = subprocess.Popen(command, env=env, stdout=log, stderr=log, start_new_session=True)
     while process.poll() is None:
-        if dataset_done():
+        if stage_done():
             os.killpg(process.pid, signal.SIGTERM)
             try:
                 process.wait(timeout=60)
@@ -296,7 +311,31 @@ def translate_in_processes(deepnmt: list[str], folder: Path, processes: int, env
                 process.wait()
             return 0
         time.sleep(5)
-    return 0 if dataset_done() else process.returncode
+    return 0 if stage_done() else process.returncode
+
+
+def translate_in_processes(deepnmt: list[str], folder: Path, processes: int, env: dict, log: object) -> int:
+    """Run ``deepnmt distill`` under ``torchrun`` with ``processes`` processes until its translation and dataset stages
+    are complete (the manifest says so), then stop it: the student is trained afterwards by one process, exactly as
+    without this option. Returns torchrun's exit code, or 0 when it was stopped after the dataset stage."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes), "--master_port",
+               str(free_port()), "-m", "hf_deepnmt_training.cli", *deepnmt]
+    return run_until_stage(command, folder, "dataset", env, log)
+
+
+def where(name: str, device: str) -> str:
+    """Where run ``name`` ran, for its row: the GPU's name where torch sees one and the run uses it (training only
+    under ``--device cuda``, as `deepnmt train --use_cpu false`; the torch engine's translation always, its
+    automatic ``--device``; the int8 exports never), else the CPU."""
+    import platform
+
+    import torch
+
+    uses_gpu = {"teacher-a": device == "cuda", "teacher-b": device == "cuda", "original-student": device == "cuda",
+                "ensemble": True, "distilled-student": True}.get(name, False)
+    if uses_gpu and torch.cuda.is_available():
+        return torch.cuda.get_device_name(0)
+    return f"CPU ({platform.machine()}, {os.cpu_count()} cores)"
 
 
 def run_one(name: str, folder: Path, deepnmt: list[str], args: argparse.Namespace, env: dict) -> dict:
@@ -311,12 +350,21 @@ def run_one(name: str, folder: Path, deepnmt: list[str], args: argparse.Namespac
             code = 0
             if name == "distilled-student" and args.translate_processes > 1:
                 code = translate_in_processes(deepnmt, folder, args.translate_processes, env, log)
-            if code == 0:
-                code = subprocess.run([sys.executable, "-m", "hf_deepnmt_training.cli", *deepnmt], env=env,
-                                      stdout=log, stderr=log, check=False).returncode
+            command = [sys.executable, "-m", "hf_deepnmt_training.cli", *deepnmt]
+            if code == 0 and name == "distilled-student" and args.stop_after is not None:
+                code = run_until_stage(command, folder, args.stop_after, env, log)
+            elif code == 0:
+                code = subprocess.run(command, env=env, stdout=log, stderr=log, check=False).returncode
         if code == 0 and name.endswith("-int8"):
             score_export(folder, 40 if args.smoke else None)
-        entry = {"exit_code": code, "wall_minutes": round((time.time() - begun) / 60, 1)}
+        prior, entry = entry, {"exit_code": code, "wall_minutes": round((time.time() - begun) / 60, 1),
+                               "where": where(name, args.device)}
+        if prior.get("stopped_after"):  # an earlier run of this step stopped after a stage (--stop_after): add it
+            entry["wall_minutes"] = round(prior["wall_minutes"] + entry["wall_minutes"], 1)
+            if prior.get("where") != entry["where"]:
+                entry["where"] = f"{prior.get('where')} up to its {prior['stopped_after']} stage, then {entry['where']}"
+        if name == "distilled-student" and args.stop_after is not None and code == 0:
+            entry["stopped_after"] = args.stop_after
         if args.only is not None:
             entry["lane"] = True
         if name == "distilled-student" and args.translate_processes > 1:
@@ -333,7 +381,9 @@ def run_one(name: str, folder: Path, deepnmt: list[str], args: argparse.Namespac
 
 
 def main() -> None:
-    parser = experiment_parser(__doc__, work_dir="runs/distill_bible", threads=1)
+    parser = experiment_parser(__doc__, work_dir="runs/distill_bible", threads=1, device=True, helps={
+        "device": "cuda: every `deepnmt train` of the study runs with --use_cpu false (the recipes say true) and the "
+                  "translations use the GPU; the results go to …_cuda.{json,md}."})
     parser.add_argument("--smoke", action="store_true", help="Tiny steps and data: checks the script, measures "
                         "nothing (results go to WORK_DIR, not --results).")
     parser.add_argument("--student_steps", type=int, default=None, help="Training steps of both students (default: "
@@ -344,6 +394,15 @@ def main() -> None:
     parser.add_argument("--student_dropout", type=float, default=None, help="Dropout of both students (default: the "
                         "student recipe's 0.0; longer runs want 0.1, docs/defaults.md); the results go to "
                         "…_dropout<D>.{json,md}.")
+    parser.add_argument("--teacher_dropout", type=float, default=None, help="Dropout of both teachers (default: "
+                        "the quickstart recipe's 0.0); the results go to …_teachers<T>-dropout<D>….")
+    parser.add_argument("--teacher_warmup_steps", type=int, default=None, help="Warm-up steps of both teachers "
+                        "(default: the quickstart recipe's 200); the results go to …-warmup<W>….")
+    parser.add_argument("--translate_batch_size", type=int, default=None, help="Sentences per translation batch of "
+                        "the distillation's translation stage (`deepnmt distill --batch_size`; default: its 32).")
+    parser.add_argument("--stop_after", choices=("translate", "dataset", "train"), default=None, help="Stop the "
+                        "distilled student's `deepnmt distill` once this stage is recorded (e.g. train on a lent GPU "
+                        "whose image lacks the export packages); the same command without it resumes the rest.")
     parser.add_argument("--reuse_from", default=None, help="Another study's WORK_DIR with the same teachers: link "
                         "its teachers and ensemble rows and start from its distilled data (`reuse_runs`).")
     parser.add_argument("--keep_original_targets", action="store_true", help="The distilled student learns from the "
@@ -363,7 +422,8 @@ def main() -> None:
         parser.error(f"--only {args.only!r} names {unknown}; the runs are {RUN_NAMES}")
     if args.translate_processes < 1:
         parser.error(f"--translate_processes {args.translate_processes} must be 1 or more")
-    name = results_name(args.teacher_steps, args.student_steps, args.student_dropout, args.keep_original_targets)
+    name = results_name(args.teacher_steps, args.student_steps, args.student_dropout, args.keep_original_targets,
+                        args.teacher_dropout, args.teacher_warmup_steps, args.device)
     results = Path(args.work_dir) if args.smoke else Path(args.results)
     if args.render_only:
         report = json.loads((results / f"{name}.json").read_text())
@@ -396,6 +456,10 @@ def main() -> None:
         report["teacher_steps"] = args.teacher_steps
     if args.student_dropout is not None:
         report["student_dropout"] = args.student_dropout
+    for key in ("teacher_dropout", "teacher_warmup_steps", "translate_batch_size"):
+        if getattr(args, key) is not None:
+            report[key] = getattr(args, key)
+    report["device"] = args.device
     if args.reuse_from is not None:
         report["reused_from"] = args.reuse_from
         report["reused_original_student"] = args.reuse_original_student
@@ -431,9 +495,11 @@ def render(report: dict) -> str:
     steps = (f", {report['student_steps']} steps" if "student_steps" in report else "") + (
         f", dropout {report['student_dropout']:g}" if "student_dropout" in report else "")
     steps = f"{steps}," if steps else ""
-    how_run = ("two runs at a time in two lanes (`--only`, the script's docstring): that changes their minutes, not "
+    how_run = ("several runs at a time in lanes (`--only`, the script's docstring): that changes their minutes, not "
                "their results" if report.get("lanes") else "one run at a time")
-    teacher = f", {report['teacher_steps']} steps" if "teacher_steps" in report else ""
+    teacher = (f", {report['teacher_steps']} steps" if "teacher_steps" in report else "") + (
+        f", dropout {report['teacher_dropout']:g}" if "teacher_dropout" in report else "") + (
+        f", warmup {report['teacher_warmup_steps']}" if "teacher_warmup_steps" in report else "")
     rows = [(f"teacher A (quickstart{teacher}, seed 42)", "teacher-a"),
             (f"teacher B (quickstart{teacher}, seed 43)", "teacher-b"),
             ("ensemble A + B (mean of probabilities)", "ensemble"),
@@ -453,12 +519,13 @@ def render(report: dict) -> str:
                    if report.get("reused_original_student") else "")
                 + ": the same runs, not repeated." if report.get("reused_from")
                 else ""), "",
-             "| model | test BLEU | chrF | minutes | command |", "|---|---|---|---|---|"]
+             "| model | test BLEU | chrF | minutes | where | command |", "|---|---|---|---|---|---|"]
     for label, name in rows:
         entry = runs.get(name) or {}
         test = entry.get("test") or {}
         lines.append(f"| {label} | {test.get('bleu', 'n/a')} | {test.get('chrf', 'n/a')} | "
-                     f"{entry.get('wall_minutes', 'n/a')} | `{entry.get('command', '')}` |")
+                     f"{entry.get('wall_minutes', 'n/a')} | {entry.get('where', 'CPU')} | "
+                     f"`{entry.get('command', '')}` |")
     a, b, ensemble = _bleu(report, "teacher-a"), _bleu(report, "teacher-b"), _bleu(report, "ensemble")
     distilled, original = _bleu(report, "distilled-student"), _bleu(report, "original-student")
     lines += ["", "Goals of issue 37 (met / not met, from the rows above):", ""]
