@@ -78,3 +78,68 @@ def test_reuse_from_a_folder_that_is_not_a_finished_study_is_refused_in_one_sent
     with pytest.raises(SystemExit, match="teacher-a does not exist; give the WORK_DIR of a study"):
         distill_bible.reuse_runs(args, tmp_path / "typo", [])
     assert not (tmp_path / "new").exists()  # nothing written
+
+
+def _gpu_study_args(work):
+    return argparse.Namespace(work_dir=str(work), smoke=False, threads=2, teacher_steps=8400, student_steps=8400,
+                              student_dropout=0.1, keep_original_targets=False, teacher_dropout=0.1,
+                              teacher_warmup_steps=400, translate_batch_size=512, device="cuda", only=None,
+                              translate_processes=1, stop_after=None)
+
+
+def test_a_gpu_study_trains_every_model_on_the_gpu_and_names_its_teachers_settings(tmp_path):
+    runs = {name: argv for name, _, argv in distill_bible.steps(_gpu_study_args(tmp_path))}
+    for name in ("teacher-a", "teacher-b"):
+        assert runs[name][-8:] == ["--max_steps", "8400", "--warmup_steps", "400", "--config_overrides",
+                                   "dropout=0.1", "--use_cpu", "false"]
+    assert runs["original-student"][-6:] == ["--max_steps", "8400", "--config_overrides", "dropout=0.1", "--use_cpu",
+                                             "false"]
+    distill = runs["distilled-student"]
+    assert distill[distill.index("--batch_size") + 1] == "512"
+    # the translation's batch is distill's own option, not the student's: a CPU rerun resumes the same folder
+    assert distill_bible.student_options(distill) == ["--seed", "42", "--max_steps", "8400", "--config_overrides",
+                                                      "dropout=0.1", "--use_cpu", "false"]
+    assert (distill_bible.results_name(8400, 8400, 0.1, False, 0.1, 400, "cuda")
+            == "distill_bible_teachers8400-dropout0.1-warmup400_8400steps_dropout0.1_cuda")
+    cpu = argparse.Namespace(**{**vars(_gpu_study_args(tmp_path)), "device": "cpu"})
+    assert "--use_cpu" not in {token for _, _, argv in distill_bible.steps(cpu) for token in argv}
+
+
+def test_a_killed_training_of_the_study_continues_from_its_checkpoint(tmp_path, monkeypatch):
+    args = _gpu_study_args(tmp_path)
+    (tmp_path / "teacher-a" / "checkpoint-7000").mkdir(parents=True)
+    calls = []
+
+    def run(command, **kwargs):
+        calls.append(command)
+        return argparse.Namespace(returncode=0)
+
+    monkeypatch.setattr(distill_bible.subprocess, "run", run)
+    name, folder, argv = distill_bible.steps(args)[0]
+    entry = distill_bible.run_one(name, folder, argv, args, {})
+    assert calls[0][-2:] == ["--resume_from_checkpoint", "last"]
+    assert entry["command"].endswith("--resume_from_checkpoint last")
+    name, folder, argv = distill_bible.steps(args)[1]  # teacher B has no checkpoint: a plain run
+    distill_bible.run_one(name, folder, argv, args, {})
+    assert "--resume_from_checkpoint" not in calls[1]
+
+
+def test_a_distillation_stopped_after_a_stage_adds_up_with_its_continuation(tmp_path, monkeypatch):
+    """`--stop_after` on a lent GPU, then the same study at home: one row, both parts' minutes and machines."""
+    args = argparse.Namespace(**{**vars(_gpu_study_args(tmp_path)), "stop_after": "dataset"})
+    folder = tmp_path / "distill"
+    folder.mkdir()
+    (folder / "distill.json").write_text(json.dumps({"completed": {"translate": {}, "dataset": {}}}))
+    monkeypatch.setattr(distill_bible, "where", lambda name, device: "NVIDIA H200")
+    name, _, argv = distill_bible.steps(args)[3]
+    assert name == "distilled-student"
+    first = distill_bible.run_one(name, folder, argv, args, {})  # the stage is recorded: nothing runs
+    assert first["stopped_after"] == "dataset" and first["where"] == "NVIDIA H200"
+    kept = json.loads((tmp_path / "entries" / "distilled-student.json").read_text())
+    (tmp_path / "entries" / "distilled-student.json").write_text(json.dumps({**kept, "wall_minutes": 1.5}))
+    monkeypatch.setattr(distill_bible, "where", lambda name, device: "CPU (x86_64, 2 cores)")
+    monkeypatch.setattr(distill_bible.subprocess, "run", lambda command, **kwargs: argparse.Namespace(returncode=0))
+    home = argparse.Namespace(**{**vars(args), "stop_after": None})
+    second = distill_bible.run_one(name, folder, argv, home, {})
+    assert second["where"] == "NVIDIA H200 up to its dataset stage, then CPU (x86_64, 2 cores)"
+    assert second["wall_minutes"] >= 1.5 and "stopped_after" not in second

@@ -43,6 +43,13 @@ translation and dataset stages (`reuse_runs`; `deepnmt distill` then resumes at 
 --reuse_from runs/distill_bible_t2800``, lane 1 ``--only distilled-student``, lane 2 ``--only original-student``,
 then the int8 rows and a run without ``--only``.
 
+A run killed part-way continues where its newest checkpoint left off when the study is run again: ``deepnmt train``
+with ``--resume_from_checkpoint last`` (added to the command that row shows), ``deepnmt distill`` by itself.
+
+On a lent GPU: ``--device cuda`` trains every model there (``--use_cpu false``; translation uses the GPU by itself),
+``--stop_after dataset`` stops the distillation after the teachers' translation (the students then train at home, on
+the CPU, by the same command without it) and ``benchmarks/gpu_distill.sh`` runs the lanes in one device call.
+
 Report whatever happens.
 """
 
@@ -65,6 +72,7 @@ NAME = "distill_bible"
 RUN_NAMES = ("teacher-a", "teacher-b", "ensemble", "distilled-student", "original-student",
              "distilled-student-onnx-int8", "distilled-student-ctranslate2-int8", "ensemble-tuned")
 TEST_FILE = "corpus:web-sparv/test.jsonl.gz"
+TRAIN_RUNS = ("teacher-a", "teacher-b", "original-student")  # the `deepnmt train` runs (`distill` resumes itself)
 
 
 def steps(args: argparse.Namespace) -> list[tuple[str, Path, list[str]]]:
@@ -344,6 +352,8 @@ def run_one(name: str, folder: Path, deepnmt: list[str], args: argparse.Namespac
     kept = work / "entries" / f"{name}.json"
     entry = json.loads(kept.read_text()) if kept.is_file() else {}
     if not done(name, folder):
+        if name in TRAIN_RUNS and any(folder.glob("checkpoint-*")):  # a killed `deepnmt train`: continue it
+            deepnmt = [*deepnmt, "--resume_from_checkpoint", "last"]
         (folder if name == "ensemble" or name.endswith("-int8") else folder.parent).mkdir(parents=True, exist_ok=True)
         begun = time.time()
         with open(work / f"{name}.log", "a") as log:
