@@ -766,8 +766,13 @@ def _serve(results: dict) -> list[str]:
                           if "dynamic_generate" in limits else "")
              + ("; **dynamic_continuous** = the default with `--continuous_batching`, sentences join the running "
                 "search between decoder steps" if "dynamic_continuous" in limits else "")
-             + f"), **baseline** = `--max_batch_size {limits['baseline']}`; × baseline = sentences/s over the "
-             "baseline's at the same client count; mean batch = sentences taken from the queue together (per "
+             + ("; **dynamic_workers2** = the default with `--workers 2`, two model instances decoding two batches "
+                "at once, each with the threads above" if "dynamic_workers2" in limits else "")
+             + f"), **baseline** = `--max_batch_size {limits['baseline']}`"
+             + (" (**baseline_workers2**: the same with `--workers 2`, the baseline of dynamic_workers2)"
+                if "baseline_workers2" in limits else "")
+             + "; × baseline = sentences/s over the baseline's (of the same --workers) at the same client count; "
+             "mean batch = sentences taken from the queue together (per "
              "generate call without continuous batching), mean step = sentences per decoder step with continuous "
              "batching (the server's /metrics). "
              f"Commit `{machine.get('commit', '?')}`. Measured by:", "", "```bash", run.get("command", ""), "```", ""]
@@ -780,9 +785,10 @@ def _serve(results: dict) -> list[str]:
                 cell = cells.get(clients)
                 if cell is None:
                     continue
-                baseline = settings.get("baseline", {}).get(clients, {}).get("sentences_per_s")
+                base = "baseline_workers2" if setting.endswith("_workers2") else "baseline"
+                baseline = settings.get(base, {}).get(clients, {}).get("sentences_per_s")
                 rows.append([engine, setting, clients, _num(cell["sentences_per_s"], 1),
-                             _ratio(cell["sentences_per_s"], baseline) if setting != "baseline" else "",
+                             _ratio(cell["sentences_per_s"], baseline) if not setting.startswith("baseline") else "",
                              f"{cell['p50_s']:.3f}" if cell["p50_s"] is not None else "–",
                              f"{cell['p99_s']:.3f}" if cell["p99_s"] is not None else "–", str(cell["errors"]),
                              _num(cell.get("mean_batch"), 1), _num(cell.get("mean_search"), 1),

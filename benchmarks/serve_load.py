@@ -8,7 +8,8 @@ For each engine — torch (the model folder) and ONNX Runtime int8 (``deepnmt ex
 int8``, into a temporary folder) — and each server setting — dynamic batching (``--max_batch_size 32``, the
 default, whose torch and ONNX engines decode every budget in one retiring search), the same with ``--search generate``
 (one transformers ``generate`` call per budget; not for CTranslate2), the same with ``--continuous_batching`` (torch
-only) and the baseline ``--max_batch_size 1`` — one
+only), the baseline ``--max_batch_size 1``, and (torch only) dynamic batching and the baseline with ``--workers 2`` (two
+model instances decoding two batches at once) — one
 `deepnmt serve` process on a free loopback port
 (127.0.0.1 only), ``--threads`` = the harness' ``--engine-threads``; against it, 1, 8 and 32 concurrent clients, each
 a keep-alive HTTP/1.1 connection sending its next request as soon as the last is answered, share a bounded list of
@@ -48,12 +49,17 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 ENGINES = {"torch": "torch (the model folder)", "onnx_int8": "ONNX Runtime int8",
            "ctranslate2_int8": "CTranslate2 int8 (a standard Transformer only)"}
-# Each server setting: its --max_batch_size and --search. "dynamic" is the default server; "dynamic_generate" the
-# same with one transformers `generate` call per new-token budget (the server before the retiring search);
-# "dynamic_continuous" the default with --continuous_batching (the torch engine only: sentences join the running
-# search between decoder steps).
-SETTINGS = {"dynamic": (32, "retiring"), "dynamic_generate": (32, "generate"),
-            "dynamic_continuous": (32, "continuous"), "baseline": (1, "retiring")}
+# Each server setting: its --max_batch_size, --search and --workers. "dynamic" is the default batching with one
+# worker; "dynamic_generate" the same with one transformers `generate` call per new-token budget (the server before
+# the retiring search); "dynamic_continuous" the default with --continuous_batching (the torch engine only:
+# sentences join the running search between decoder steps); "dynamic_workers2" two model instances decoding two
+# batches at once (the torch engine only; each with the harness' threads), against "baseline_workers2", the same
+# server with batches of one sentence.
+SETTINGS = {"dynamic": (32, "retiring", 1), "dynamic_generate": (32, "generate", 1),
+            "dynamic_continuous": (32, "continuous", 1), "baseline": (1, "retiring", 1),
+            "dynamic_workers2": (32, "retiring", 2), "baseline_workers2": (1, "retiring", 2)}
+# (dynamic setting, its baseline) whose ratio the goal is read on
+GOAL_PAIRS = (("dynamic", "baseline"), ("dynamic_workers2", "baseline_workers2"))
 GOAL_SPEEDUP, GOAL_P99_S, GOAL_CLIENTS = 3.0, 2.0, 32
 QUICKSTART_COMMAND = "deepnmt quickstart --output_dir runs/quickstart"
 
@@ -78,9 +84,9 @@ class ServerProcess:
     """`python -m hf_deepnmt_training.cli serve FOLDER --port 0 ...` with its port read from its log."""
 
     def __init__(self, folder: Path, max_batch_size: int, threads: int, timeout_s: float = 300,
-                 search: str = "retiring") -> None:
+                 search: str = "retiring", workers: int = 1) -> None:
         command = [sys.executable, "-m", "hf_deepnmt_training.cli", "serve", str(folder), "--host", "127.0.0.1", "--port", "0",
-                   "--threads", str(threads), "--max_batch_size", str(max_batch_size),
+                   "--threads", str(threads), "--max_batch_size", str(max_batch_size), "--workers", str(workers),
                    *(["--search", "retiring", "--continuous_batching"] if search == "continuous"
                      else ["--search", search])]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
@@ -266,8 +272,9 @@ def serve_section(model_dir: str | None, threads: int, requests: int, clients: S
         result: dict[str, object] = {
             "model_dir": str(model_dir), "threads": threads, "requests": requests, "clients": list(clients),
             "time_limit_s": time_limit_s, "parameters": parameters,
-            "max_batch_size": {name: size for name, (size, _) in SETTINGS.items()},
-            "search": {name: search for name, (_, search) in SETTINGS.items()},
+            "max_batch_size": {name: size for name, (size, _, _) in SETTINGS.items()},
+            "search": {name: search for name, (_, search, _) in SETTINGS.items()},
+            "workers": {name: workers for name, (_, _, workers) in SETTINGS.items()},
             "sentences_in_workload": sum(map(len, workload)), "runs": {}}
         same = ("model_dir", "threads", "requests", "clients", "time_limit_s", "parameters")
         settings_kept = previous and all(  # every setting of the earlier run is still one (same flags)
@@ -280,14 +287,14 @@ def serve_section(model_dir: str | None, threads: int, requests: int, clients: S
                 kept = previous.get("kept") or {**previous.get("measured_by", {}), "engines": list(result["runs"])}
                 result["kept"] = {**kept, "engines": list(result["runs"])}
         for engine, folder in folders.items():
-            for setting, (max_batch_size, search) in SETTINGS.items():
+            for setting, (max_batch_size, search, workers) in SETTINGS.items():
                 if engine.startswith("ctranslate2") and search != "retiring":
                     continue  # CTranslate2 has its own search: --search changes nothing there
-                if search == "continuous" and engine != "torch":
-                    continue  # only the torch Transformer takes sentences into a running search
-                log(f"serve: {engine}, {setting} (--max_batch_size {max_batch_size} --search {search}): starting "
-                    "the server")
-                server = ServerProcess(folder, max_batch_size, threads, search=search)
+                if (search == "continuous" or workers > 1) and engine != "torch":
+                    continue  # only the torch Transformer takes sentences into a running search; workers: torch's
+                log(f"serve: {engine}, {setting} (--max_batch_size {max_batch_size} --search {search} --workers "
+                    f"{workers}): starting the server")
+                server = ServerProcess(folder, max_batch_size, threads, search=search, workers=workers)
                 try:
                     asyncio.run(load(server.port, workload[:4], 1, 60, parameters))  # warm-up
                     cells = {}
@@ -375,13 +382,17 @@ def goal(result: dict[str, object]) -> dict[str, dict[str, object]]:
     runs, against the goal (≥ `GOAL_SPEEDUP`×, p99 < `GOAL_P99_S` s, no error)."""
     verdicts = {}
     for engine, runs in result["runs"].items():
-        dynamic, baseline = runs["dynamic"].get(str(GOAL_CLIENTS)), runs["baseline"].get(str(GOAL_CLIENTS))
-        if not dynamic or not baseline:
-            continue
-        speedup = dynamic["sentences_per_s"] / baseline["sentences_per_s"] if baseline["sentences_per_s"] else None
-        errors = sum(cell["errors"] for setting in runs.values() for key, cell in setting.items()
-                     if key != "exit_status")
-        verdicts[engine] = {"speedup": speedup, "p99_s": dynamic["p99_s"], "errors": errors,
-                            "met": bool(speedup and speedup >= GOAL_SPEEDUP and dynamic["p99_s"] is not None
-                                        and dynamic["p99_s"] < GOAL_P99_S and errors == 0)}
+        for dynamic_name, baseline_name in GOAL_PAIRS:
+            dynamic = runs.get(dynamic_name, {}).get(str(GOAL_CLIENTS))
+            baseline = runs.get(baseline_name, {}).get(str(GOAL_CLIENTS))
+            if not dynamic or not baseline:
+                continue
+            speedup = (dynamic["sentences_per_s"] / baseline["sentences_per_s"] if baseline["sentences_per_s"]
+                       else None)
+            errors = sum(cell["errors"] for setting in runs.values() for key, cell in setting.items()
+                         if key != "exit_status")
+            name = engine if dynamic_name == "dynamic" else f"{engine}, {dynamic_name}"
+            verdicts[name] = {"speedup": speedup, "p99_s": dynamic["p99_s"], "errors": errors,
+                              "met": bool(speedup and speedup >= GOAL_SPEEDUP and dynamic["p99_s"] is not None
+                                          and dynamic["p99_s"] < GOAL_P99_S and errors == 0)}
     return verdicts

@@ -191,13 +191,15 @@ def handler(model_folder):
 def servers(model_folder):
     """The two servers of the answer and fault tests, started at once (their start-up, mostly imports, overlaps):
 
-    * ``plain``: `deepnmt serve` with batches of up to 7 sentences that wait up to 1 s to fill, texts of 40 tokens;
+    * ``plain``: `deepnmt serve` with batches of up to 7 sentences that wait up to 1 s to fill, texts of 40 tokens,
+      two workers (two model instances; every answer test below is then answered by either);
     * ``faulty``: the fault worker (tests/serve_fault_worker.py): the model loads 1.5 s late, every batch takes 0.5 s
       more, a batch asking for max_new_tokens = 13 raises; batches of 2 that do not wait, a queue of 4 sentences.
       What it answered while loading is kept (``health_seen``, ``loading_answer``).
     """
-    plain = Server(model_folder, "--max_batch_size", "7", "--max_wait_ms", "1000", "--max_input_tokens", "40")
-    faulty = Server(model_folder, "--max_batch_size", "2", "--max_queue", "4", "--max_wait_ms", "0",
+    plain = Server(model_folder, "--max_batch_size", "7", "--max_wait_ms", "1000", "--max_input_tokens", "40",
+                   "--workers", "2")
+    faulty = Server(model_folder, "--max_batch_size", "2", "--max_queue", "4", "--max_wait_ms", "0", "--workers", "1",
                     faults=(1.5, 0.5))
     try:
         faulty.wait_listening()
@@ -253,6 +255,7 @@ def test_requests_in_flight_together_are_one_batch_answered_as_the_pipeline_and_
     assert delta('deepnmt_batch_size_sentences_bucket{le="4"}') == 2
     assert delta('deepnmt_batch_size_sentences_bucket{le="8"}') == 3 and delta("deepnmt_batch_size_sentences_sum") == 10
     assert re.search(r"batch \d+: 7 sentences from 4 requests", server.log())
+    assert "2 search(es) at once" in server.log()  # --workers 2: two model instances were loaded
     # the same composition through the pipeline itself: one call on the 7 sentences, padded together
     translate = handler.pipeline
     batch = [SOURCES[0], SOURCES[1], SOURCES[2], *SOURCES[3:6], SOURCES[6]]
@@ -595,6 +598,88 @@ def test_a_sentence_whose_search_is_over_is_answered_before_its_batch_ends():
     assert second == [["5"], ["9"]]
 
 
+def test_with_two_workers_two_batches_are_decoded_at_once():
+    """``--workers 2``: a second batch is formed and decoded while the first is still being decoded (each search
+    waits at a barrier that only two searches running together pass); with one worker the second batch waits."""
+
+    def run(workers: int) -> tuple[list, list[bool]]:
+        barrier = threading.Barrier(2, timeout=2)
+        met: list[bool] = []
+
+        def translate(sources, settings, deliver=None, more=None):
+            try:
+                barrier.wait()
+                met.append(True)
+            except threading.BrokenBarrierError:
+                met.append(False)
+            return [[settings.key] for _ in sources]
+
+        async def scenario():
+            batcher = Batcher(translate, Metrics(), max_batch_size=4, max_wait_ms=0, max_queue=100, workers=workers)
+            jobs = [batcher.submit(Settings(key=key, parameters={}, num_return_sequences=1),
+                                   [(0, Source(3, None, None))], 1) for key in ("a", "b")]
+            batcher.start()
+            results = await asyncio.gather(*(job.future for job in jobs))
+            await batcher.stop()
+            return results
+
+        return asyncio.run(scenario()), met
+
+    results, met = run(2)
+    assert results == [[["a"]], [["b"]]] and met == [True, True]
+    results, met = run(1)  # one search at a time: the first gives up waiting for a second
+    assert results == [[["a"]], [["b"]]] and met[0] is False
+
+
+def test_each_search_running_at_once_has_a_model_instance_of_its_own(model_folder):
+    """`ServerState` loads ``--workers`` instances and hands each running search one that no other search holds."""
+    from hf_deepnmt_training.serve import ServeOptions, ServerState
+
+    loaded: list[object] = []
+    holders: dict[int, int] = {}
+    barrier = threading.Barrier(2, timeout=10)
+
+    class Instance:
+        engine, max_input_tokens = "torch", 8
+
+        def translate(self, sources, settings, deliver=None, more=None):
+            holders[threading.get_ident()] = id(self)
+            barrier.wait()  # both searches hold their instance now
+            return [["x"] for _ in sources]
+
+    def loader():
+        loaded.append(Instance())
+        return loaded[-1]
+
+    async def scenario():
+        state = ServerState(ServeOptions(model=str(model_folder), workers=2), "torch", model_folder, loader)
+        await state.start()
+        while state.translator is None:
+            await asyncio.sleep(0.01)
+        loop = asyncio.get_running_loop()
+        settings = Settings(key="k", parameters={}, num_return_sequences=1)
+        await asyncio.gather(*(loop.run_in_executor(state.batcher.executor, state.translate,
+                                                    [Source(1, None, None)], settings) for _ in range(2)))
+        await state.stop()
+
+    asyncio.run(scenario())
+    assert len(loaded) == 2 and sorted(holders.values()) == sorted(map(id, loaded))
+
+
+def test_two_workers_by_default_only_for_the_torch_engine_on_a_cpu_of_two_cores(monkeypatch):
+    import torch
+
+    from hf_deepnmt_training.serve import default_workers
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    assert default_workers("torch", cuda=False, threads=None) == 2
+    assert default_workers("torch", cuda=True, threads=None) == 1  # a GPU: one instance
+    assert default_workers("torch", cuda=False, threads=2) == 1  # the user chose the threads
+    assert default_workers("onnx", cuda=False, threads=None) == 1 and default_workers("ctranslate2", False, None) == 1
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    assert default_workers("torch", cuda=False, threads=None) == 1
+
+
 def test_the_server_decodes_every_budget_in_one_retiring_search_unless_told_otherwise(model_folder):
     """The torch engine's settings: one search over every budget for the model's own settings; one generate call per
     budget with --search generate, for settings the search does not take, or when the request sets the length."""
@@ -731,6 +816,7 @@ def test_serve_refuses_bad_command_lines_with_one_sentence(model_folder, tmp_pat
         (["serve"], "give the model folder once"),
         (["serve", str(model_folder), "--model", str(model_folder)], "give the model folder once"),
         (["serve", str(model_folder), "--max_batch_size", "0"], "--max_batch_size 0 is not allowed"),
+        (["serve", str(model_folder), "--workers", "0"], "--workers 0 is not allowed"),
         (["serve", str(model_folder), "--port", "70000"], "--port 70000 is not allowed"),
         (["serve", str(model_folder), "--max_wait_ms", "-1"], "--max_wait_ms -1.0 is not allowed"),
         (["serve", str(model_folder), "--max_bach_size", "4"], "did you mean --max_batch_size"),

@@ -478,6 +478,10 @@ def _serve(argv: Sequence[str]) -> int:
                         "413, never truncated (default: the longest the model accepts).")
     parser.add_argument("--threads", type=int, default=None, help="Intra-op threads of the engine (default: torch's "
                         "default thread count).")
+    parser.add_argument("--workers", type=int, default=None, help="Model instances, each decoding one batch at a "
+                        "time on its own thread, so that a batch is formed and decoded while another is decoded; "
+                        "--threads is shared among them, at least one each (default: 2 for the torch engine on a CPU "
+                        "of 2 or more cores without --threads, else 1; docs/serving.md, \"Workers\").")
     parser.add_argument("--search", choices=("retiring", "generate"), default="retiring", help="torch and onnx "
                         "engines: 'retiring' (default) decodes texts of every new-token budget in one search that "
                         "drops each sentence from the batch once it is done, with generate's results; 'generate' "
@@ -498,7 +502,7 @@ def _serve(argv: Sequence[str]) -> int:
                                "`save_pretrained` or `deepnmt export`.")
     if not 0 <= args.port <= 65535:
         parser.error(f"--port {args.port} is not allowed; use 0 (a free port) to 65535")
-    for name in ("max_batch_size", "max_queue", "max_input_tokens", "threads"):
+    for name in ("max_batch_size", "max_queue", "max_input_tokens", "threads", "workers"):
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name} {value} is not allowed; use 1 or more")
@@ -511,7 +515,7 @@ def _serve(argv: Sequence[str]) -> int:
     return serve(ServeOptions(model=folder, engine=args.engine, host=args.host, port=args.port,
                               max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms,
                               max_queue=args.max_queue, max_input_tokens=args.max_input_tokens,
-                              threads=args.threads, search=args.search,
+                              threads=args.threads, workers=args.workers, search=args.search,
                               continuous_batching=args.continuous_batching))
 
 

@@ -52,8 +52,9 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from queue import SimpleQueue
 from typing import Any, Protocol
 
 from .errors import CommandLineError
@@ -97,9 +98,23 @@ class ServeOptions:
     max_wait_ms: float = 10.0
     max_queue: int = 256
     max_input_tokens: int | None = None  # None: the longest source the model accepts
-    threads: int | None = None  # None: torch's default
+    threads: int | None = None  # None: torch's default, shared among the workers
+    workers: int | None = None  # model instances, each running one search at a time; None: `default_workers`
     search: str = "retiring"  # torch/onnx: one retiring search over every budget, or "generate" per budget
     continuous_batching: bool = False  # sentences join a running retiring search between decoder steps
+
+
+def default_workers(engine: str, cuda: bool, threads: int | None) -> int:
+    """``--workers`` when not given: two instances of the torch engine on a CPU of two or more cores (torch's thread
+    count) when ``--threads`` is not given either, one thread each — a batch of a small model does not keep two
+    cores busy, and two searches at once served 1.1–1.5× the sentences per second of one search on two threads on
+    the 2-core CPU measured (docs/serving.md, "Workers"); one instance otherwise (a GPU, an export engine, or threads
+    the user chose)."""
+    if engine != "torch" or cuda or threads:
+        return 1
+    import torch
+
+    return 2 if torch.get_num_threads() >= 2 else 1
 
 
 def choose_engine(folder: str | os.PathLike, requested: str | None, cuda: bool = False,
@@ -449,8 +464,9 @@ class CTranslate2Translator:
 
 def load_translator(engine: str, folder: str | os.PathLike, threads: int | None = None,
                     max_input_tokens: int | None = None, search: str = "retiring",
-                    continuous: bool = False) -> Translator:
-    """Load ``engine`` for ``folder`` (as `choose_engine` returned them) with ``threads`` intra-op threads;
+                    continuous: bool = False, workers: int = 1) -> Translator:
+    """Load ``engine`` for ``folder`` (as `choose_engine` returned them) with ``threads`` intra-op threads (default:
+    torch's thread count shared among the ``workers`` instances the server loads, at least one each);
     ``search``: how the torch and onnx engines decode a batch (`ServeOptions.search`); ``continuous``: sentences join
     a running retiring search (`ServeOptions.continuous_batching`)."""
     import torch
@@ -459,6 +475,8 @@ def load_translator(engine: str, folder: str | os.PathLike, threads: int | None 
     import hf_deepnmt  # noqa: F401  (registers the model types and pipeline("translation"))
     from hf_deepnmt.pipeline_translation import TranslationPipeline
 
+    if not threads and workers > 1:
+        threads = max(1, torch.get_num_threads() // workers)
     if threads:
         torch.set_num_threads(threads)
     threads = threads or torch.get_num_threads()
@@ -644,13 +662,14 @@ class Batcher:
     def __init__(self, translate: Callable[[Sequence[Source], Settings, Callable[[int, list[str]], None], More],
                                            list[list[str]]], metrics: Metrics,
                  max_batch_size: int = 32, max_wait_ms: float = 10.0, max_queue: int = 256,
-                 executor: ThreadPoolExecutor | None = None) -> None:
+                 executor: ThreadPoolExecutor | None = None, workers: int = 1) -> None:
         self.translate = translate
         self.metrics = metrics
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_ms / 1000
         self.max_queue = max_queue
-        self.executor = executor or ThreadPoolExecutor(max_workers=1, thread_name_prefix="deepnmt-translate")
+        self.workers = workers  # searches at once, each on its own thread (and model instance: `ServerState`)
+        self.executor = executor or ThreadPoolExecutor(max_workers=workers, thread_name_prefix="deepnmt-translate")
         self.pending: dict[tuple[str, int | None], list[Item]] = {}  # `Item.queue` -> its sentences, in arrival order
         self.waiting = 0  # sentences in `pending`
         self.sequence = 0
@@ -719,7 +738,7 @@ class Batcher:
                 self.wakeup.clear()
                 await self.wakeup.wait()
                 continue
-            with self.lock:  # the worker is idle here, but withdraw/submit run on this loop only between awaits
+            with self.lock:  # a running search's worker may take joining sentences (`admit`) meanwhile
                 oldest = min((queue[0] for queue in self.pending.values()), key=lambda item: item.sequence)
                 queue = self.pending[oldest.queue]
                 wait = oldest.arrived + self.max_wait_s - time.monotonic()
@@ -793,41 +812,56 @@ class Batcher:
         return chosen
 
     async def run(self) -> None:
-        loop = asyncio.get_running_loop()
+        """Form batches and start their searches, at most ``workers`` at once (a batch is formed when a worker is
+        free, so that it takes whatever waits then); after the last batch, wait for the searches still running."""
+        free = asyncio.Semaphore(self.workers)
+        running: set[asyncio.Task] = set()
         while True:
+            await free.acquire()
             first = await self.next_batch()
             if first is None:
-                return
+                break
             first = [item for item in first if not item.job.future.done()]  # a failed or abandoned request's rest
             if not first:
+                free.release()
                 continue
-            settings = first[0].job.settings
-            items = list(first)  # every sentence of this search, in the order the engine numbers them
-            self.open_batch(first, 0)
+            task = asyncio.get_running_loop().create_task(self.search(first))
+            running.add(task)
+            task.add_done_callback(lambda done: (running.discard(done), free.release()))
+        if running:
+            await asyncio.wait(running)
 
-            def deliver_early(position: int, candidates: list[str], items: list[Item] = items) -> None:
-                # worker thread: the sentence's search is over while its batch goes on; its request may be answered
-                loop.call_soon_threadsafe(self.deliver, items[position], candidates)
+    async def search(self, first: list[Item]) -> None:
+        """One search of a batch on a worker thread: its sentences go back to their requests as each is done;
+        with continuous batching, sentences of its parameters join it between decoder steps."""
+        loop = asyncio.get_running_loop()
+        settings = first[0].job.settings
+        items = list(first)  # every sentence of this search, in the order the engine numbers them
+        self.open_batch(first, 0)
 
-            def more(searched: int, items: list[Item] = items, key: tuple[str, int | None] = first[0].queue
-                     ) -> list[Source]:
-                # worker thread, between decoder steps: sentences of the same parameters join the running search
-                joining = self.admit(key, searched)
-                items.extend(joining)
-                loop.call_soon_threadsafe(self.stepped, joining, searched)
-                return [item.source for item in joining]
+        def deliver_early(position: int, candidates: list[str], items: list[Item] = items) -> None:
+            # worker thread: the sentence's search is over while its batch goes on; its request may be answered
+            loop.call_soon_threadsafe(self.deliver, items[position], candidates)
 
-            try:
-                outputs = await loop.run_in_executor(self.executor, self.translate, [item.source for item in first],
-                                                     settings, deliver_early, more)
-                if len(outputs) != len(items):
-                    raise RuntimeError(f"the engine gave {len(outputs)} results for a batch of {len(items)} sentences")
-            except Exception as error:  # noqa: BLE001  (the search's requests get it; the server goes on)
-                logger.error("the search of batch %d failed", first[0].batch.number, exc_info=error)
-                self.fail(items, error)
-            else:
-                for item, candidates in zip(items, outputs):
-                    self.deliver(item, candidates)
+        def more(searched: int, items: list[Item] = items, key: tuple[str, int | None] = first[0].queue
+                 ) -> list[Source]:
+            # worker thread, between decoder steps: sentences of the same parameters join the running search
+            joining = self.admit(key, searched)
+            items.extend(joining)
+            loop.call_soon_threadsafe(self.stepped, joining, searched)
+            return [item.source for item in joining]
+
+        try:
+            outputs = await loop.run_in_executor(self.executor, self.translate, [item.source for item in first],
+                                                 settings, deliver_early, more)
+            if len(outputs) != len(items):
+                raise RuntimeError(f"the engine gave {len(outputs)} results for a batch of {len(items)} sentences")
+        except Exception as error:  # noqa: BLE001  (the search's requests get it; the server goes on)
+            logger.error("the search of batch %d failed", first[0].batch.number, exc_info=error)
+            self.fail(items, error)
+        else:
+            for item, candidates in zip(items, outputs):
+                self.deliver(item, candidates)
 
     def open_batch(self, items: Sequence[Item], searched: int) -> None:
         """Count and log a batch: ``items`` start a search (``searched`` 0) or join one of ``searched`` sentences."""
@@ -896,9 +930,11 @@ class ServerState:
         self.engine = engine
         self.folder = folder
         self.loader = loader or (lambda: load_translator(engine, folder, options.threads, options.max_input_tokens,
-                                                         options.search, options.continuous_batching))
+                                                         options.search, options.continuous_batching,
+                                                         options.workers or 1))
         self.metrics = Metrics()
-        self.translator: Translator | None = None
+        self.translator: Translator | None = None  # the first worker's: it also checks and tokenizes the requests
+        self.idle: SimpleQueue[Translator] = SimpleQueue()  # the workers' translators not searching now
         self.batcher: Batcher | None = None
         self.load_error: BaseException | None = None
         self.on_load_error: Callable[[], None] = lambda: None
@@ -908,13 +944,16 @@ class ServerState:
 
     async def start(self) -> None:
         """Start the batcher and load the model on its worker thread (the routes answer 503 until it is loaded)."""
+        workers = self.options.workers or 1
         self.batcher = Batcher(self.translate, self.metrics, self.options.max_batch_size, self.options.max_wait_ms,
-                               self.options.max_queue)
+                               self.options.max_queue, workers=workers)
         self.batcher.start()
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
-        logger.info("loading %s with the %s engine", self.folder, self.engine)
-        future = loop.run_in_executor(self.batcher.executor, self.loader)
+        logger.info("loading %s with the %s engine%s", self.folder, self.engine,
+                    f", {workers} instances (--workers)" if workers > 1 else "")
+        # one instance per worker: a search holds its model's state (and the tokenizer's) for its whole length
+        future = loop.run_in_executor(self.batcher.executor, lambda: [self.loader() for _ in range(workers)])
 
         def loaded(done: asyncio.Future) -> None:
             if done.cancelled():
@@ -929,11 +968,15 @@ class ServerState:
             from hf_deepnmt.handler import check_request
 
             self.check_request, self.user_error = check_request, UserInputError
-            self.translator = done.result()
+            translators = done.result()
+            for translator in translators:
+                self.idle.put(translator)
+            self.translator = translators[0]
             logger.info("model loaded in %.1f s: engine %s, at most %d tokens per text, batches of up to %d "
-                        "sentences, %g ms wait, %d sentences queued", time.perf_counter() - started,
-                        self.translator.engine, self.translator.max_input_tokens, self.options.max_batch_size,
-                        self.options.max_wait_ms, self.options.max_queue)
+                        "sentences, %g ms wait, %d sentences queued, %d search(es) at once",
+                        time.perf_counter() - started, self.translator.engine, self.translator.max_input_tokens,
+                        self.options.max_batch_size, self.options.max_wait_ms, self.options.max_queue,
+                        len(translators))
             if self.options.continuous_batching:
                 reason = self.translator.continuous_refused()
                 if reason:
@@ -948,7 +991,11 @@ class ServerState:
                   deliver: Callable[[int, list[str]], None] | None = None,
                   more: More | None = None) -> list[list[str]]:
         assert self.translator is not None  # batches exist only once the model is loaded
-        return self.translator.translate(sources, settings, deliver, more)
+        translator = self.idle.get_nowait()  # never empty: at most `workers` searches run (`Batcher.run`)
+        try:
+            return translator.translate(sources, settings, deliver, more)
+        finally:
+            self.idle.put(translator)
 
     async def stop(self) -> None:
         if self.batcher is not None:
@@ -1130,6 +1177,8 @@ def serve(options: ServeOptions, loader: Callable[[], Translator] | None = None)
     if needed and importlib.util.find_spec(needed) is None:
         raise CommandLineError(f"the {engine} engine needs {needed}, which the export extra installs: "
                                f"{EXPORT_EXTRA_HINT}.")
+    if options.workers is None:
+        options = replace(options, workers=default_workers(engine, cuda, options.threads))
     configure_logging()
     sock = bind(options.host, options.port)
     host, port = sock.getsockname()[:2]
