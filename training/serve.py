@@ -20,7 +20,8 @@ How a request is served:
   once it is done (`hf_deepnmt.retiring_search`, ``generate``'s results; ``--search retiring``, the default), and
   otherwise (``--search generate``, CTranslate2, settings that search does not take) the queue is also per budget,
   so that a batch is one `generate` call whose length its sentences' own budget bounds;
-* `Batcher` hands one batch at a time to one worker thread: the oldest waiting sentence's parameters, as soon as
+* `Batcher` hands each free worker thread (``--workers``, each with its own model instance) one batch: the oldest
+  waiting sentence's parameters, as soon as
   ``--max_batch_size`` sentences of them wait or the oldest has waited ``--max_wait_ms`` (meanwhile, a full batch of
   other parameters goes first); when more wait than fit,
   the batch is, for one retiring search, the oldest requests' sentences (whole requests), else the
