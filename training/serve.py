@@ -670,6 +670,7 @@ class Batcher:
         self.max_wait_s = max_wait_ms / 1000
         self.max_queue = max_queue
         self.workers = workers  # searches at once, each on its own thread (and model instance: `ServerState`)
+        self.searching = 0  # searches running now
         self.executor = executor or ThreadPoolExecutor(max_workers=workers, thread_name_prefix="deepnmt-translate")
         self.pending: dict[tuple[str, int | None], list[Item]] = {}  # `Item.queue` -> its sentences, in arrival order
         self.waiting = 0  # sentences in `pending`
@@ -731,7 +732,9 @@ class Batcher:
         """Wait for the next batch: the oldest sentence's queue (`Item.queue`), once it has ``max_batch_size``
         sentences waiting or the oldest has waited ``max_wait_ms``; before that, another queue's full batch (ready,
         and it delays the oldest by one batch at most, since the oldest goes first once its wait is over); ``None``
-        when stopping with nothing left."""
+        when stopping with nothing left. While another search runs (``--workers`` > 1) only a full batch starts one:
+        two searches at once pay only when each is large (docs/serving.md, "Workers"); a smaller batch waits for the
+        running search to end, as with one worker."""
         while True:
             if not self.pending:
                 if self.stopping:
@@ -743,14 +746,14 @@ class Batcher:
                 oldest = min((queue[0] for queue in self.pending.values()), key=lambda item: item.sequence)
                 queue = self.pending[oldest.queue]
                 wait = oldest.arrived + self.max_wait_s - time.monotonic()
-                if len(queue) >= self.max_batch_size or wait <= 0 or self.stopping:
+                if len(queue) >= self.max_batch_size or (wait <= 0 and not self.searching) or self.stopping:
                     return self.take(oldest, queue)
                 full = next((queue for queue in self.pending.values() if len(queue) >= self.max_batch_size), None)
                 if full is not None:
                     return self.take(full[0], full)
             self.wakeup.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.wakeup.wait(), wait)
+            with contextlib.suppress(asyncio.TimeoutError):  # a search's end wakes it too (`run`)
+                await asyncio.wait_for(self.wakeup.wait(), wait if wait > 0 else None)
 
     def take(self, oldest: Item, queue: list[Item]) -> list[Item]:
         """Remove and return the batch, sorted by length: every waiting sentence of the key if they fit; else, for a
@@ -828,7 +831,15 @@ class Batcher:
                 continue
             task = asyncio.get_running_loop().create_task(self.search(first))
             running.add(task)
-            task.add_done_callback(lambda done: (running.discard(done), free.release()))
+            self.searching += 1
+
+            def ended(done: asyncio.Task) -> None:
+                running.discard(done)
+                self.searching -= 1
+                free.release()
+                self.wakeup.set()  # a batch held back while this search ran may go now
+
+            task.add_done_callback(ended)
         if running:
             await asyncio.wait(running)
 
