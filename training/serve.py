@@ -851,14 +851,13 @@ class Batcher:
         items = list(first)  # every sentence of this search, in the order the engine numbers them
         self.open_batch(first, 0)
 
-        def deliver_early(position: int, candidates: list[str], items: list[Item] = items) -> None:
+        def deliver_early(position: int, candidates: list[str]) -> None:
             # worker thread: the sentence's search is over while its batch goes on; its request may be answered
             loop.call_soon_threadsafe(self.deliver, items[position], candidates)
 
-        def more(searched: int, items: list[Item] = items, key: tuple[str, int | None] = first[0].queue
-                 ) -> list[Source]:
+        def more(searched: int) -> list[Source]:
             # worker thread, between decoder steps: sentences of the same parameters join the running search
-            joining = self.admit(key, searched)
+            joining = self.admit(first[0].queue, searched)
             items.extend(joining)
             loop.call_soon_threadsafe(self.stepped, joining, searched)
             return [item.source for item in joining]
