@@ -476,12 +476,12 @@ def _serve(argv: Sequence[str]) -> int:
                         "does not fit gets 503 with Retry-After (default: 256).")
     parser.add_argument("--max_input_tokens", type=int, default=None, help="Longest text in tokens; a longer one gets "
                         "413, never truncated (default: the longest the model accepts).")
-    parser.add_argument("--threads", type=int, default=None, help="Intra-op threads of the engine (default: torch's "
-                        "default thread count).")
+    parser.add_argument("--threads", type=int, default=None, help="Intra-op threads of the engine, of each worker "
+                        "(default: torch's default thread count divided among the workers, at least 1 each).")
     parser.add_argument("--workers", type=int, default=None, help="Model instances, each decoding one batch at a "
-                        "time on its own thread, so that a batch is formed and decoded while another is decoded; "
-                        "--threads is shared among them, at least one each (default: 2 for the torch engine on a CPU "
-                        "of 2 or more cores without --threads, else 1; docs/serving.md, \"Workers\").")
+                        "time on its own thread, so that a full batch is decoded while another is (default: 2 for the "
+                        "torch engine on a CPU of 2 or more cores without --threads, else 1; docs/serving.md, "
+                        "\"Workers\").")
     parser.add_argument("--search", choices=("retiring", "generate"), default="retiring", help="torch and onnx "
                         "engines: 'retiring' (default) decodes texts of every new-token budget in one search that "
                         "drops each sentence from the batch once it is done, with generate's results; 'generate' "

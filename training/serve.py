@@ -99,7 +99,7 @@ class ServeOptions:
     max_wait_ms: float = 10.0
     max_queue: int = 256
     max_input_tokens: int | None = None  # None: the longest source the model accepts
-    threads: int | None = None  # None: torch's default, shared among the workers
+    threads: int | None = None  # each worker's; None: torch's default divided among the workers
     workers: int | None = None  # model instances, each running one search at a time; None: `default_workers`
     search: str = "retiring"  # torch/onnx: one retiring search over every budget, or "generate" per budget
     continuous_batching: bool = False  # sentences join a running retiring search between decoder steps
@@ -467,7 +467,7 @@ def load_translator(engine: str, folder: str | os.PathLike, threads: int | None 
                     max_input_tokens: int | None = None, search: str = "retiring",
                     continuous: bool = False, workers: int = 1) -> Translator:
     """Load ``engine`` for ``folder`` (as `choose_engine` returned them) with ``threads`` intra-op threads (default:
-    torch's thread count shared among the ``workers`` instances the server loads, at least one each);
+    torch's thread count divided among the ``workers`` instances the server loads, at least one each);
     ``search``: how the torch and onnx engines decode a batch (`ServeOptions.search`); ``continuous``: sentences join
     a running retiring search (`ServeOptions.continuous_batching`)."""
     import torch
