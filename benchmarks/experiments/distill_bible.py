@@ -436,6 +436,10 @@ def main() -> None:
                         args.teacher_dropout, args.teacher_warmup_steps, args.device)
     results = Path(args.work_dir) if args.smoke else Path(args.results)
     if args.render_only:
+        if not (results / f"{name}.json").is_file():
+            parser.error(f"--render_only: {results / f'{name}.json'} does not exist; run the study with these options "
+                         "first (the file's name follows --teacher_steps, --student_steps, --student_dropout, "
+                         "--teacher_dropout, --teacher_warmup_steps, --keep_original_targets and --device)")
         report = json.loads((results / f"{name}.json").read_text())
         write_markdown(report, results / f"{name}.md")
         return
@@ -447,6 +451,12 @@ def main() -> None:
     if args.reuse_from is not None:
         distill_argv = dict((name, argv) for name, _, argv in steps(args))["distilled-student"]
         reuse_runs(args, Path(args.reuse_from), student_options(distill_argv))
+    if args.device == "cuda" and not args.smoke:
+        import torch
+
+        if not torch.cuda.is_available():  # the continuation at home of a study started on a lent GPU
+            print("[distill_bible] --device cuda: no GPU is visible here, so what is left trains and translates on the "
+                  "CPU (each row's `where` says where it ran)", file=sys.stderr)
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "HF_HUB_OFFLINE": "1",
            "TOKENIZERS_PARALLELISM": "false"}
     if only is not None:
