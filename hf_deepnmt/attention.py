@@ -81,6 +81,10 @@ def additive_mask(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor
 # through SDPA's CPU flash kernel (measured with torch 2.13, head dim 64, 10-200 keys: SDPA wins below ~100 rows,
 # e.g. 0.4-0.9x at 4-32 rows; the matmuls win above, 1.2-2.5x at 256-1024 rows).
 EXPLICIT_SINGLE_QUERY_MIN_ROWS = 128
+# The same crossover for a sentence's beams read as the queries of its one memory row (`grouped_beams`, 4 queries
+# per row): the kernel's per-row overhead is shared by fewer rows, and the matmuls win from ~32 rows on (torch 2.13,
+# one thread, 4 beams over 30 keys: 1.2x at 64 and 128 rows, a tie at 32, SDPA 1.8x faster at 4; head dims 32, 64).
+EXPLICIT_GROUPED_MIN_ROWS = 64
 
 
 def decoder_self_attention_mask(
@@ -255,15 +259,16 @@ def attention(
     * one incremental decoding step (a single query, or ``grouped_beams``: a sentence's beams as the queries of its
       one memory row, `DeepTransformerAttention._grouped_attention`) of many (batch, head) rows on CPU, where the CPU
       flash kernel's per-row overhead makes SDPA up to 2x slower than two batched matmuls (with few rows SDPA is the
-      faster one; `EXPLICIT_SINGLE_QUERY_MIN_ROWS`, benchmarks/RESULTS.md "Profile and fixes"; 4 beams over 40 keys,
+      faster one; `EXPLICIT_SINGLE_QUERY_MIN_ROWS`, `EXPLICIT_GROUPED_MIN_ROWS`, benchmarks/RESULTS.md "Profile and fixes"; 4 beams over 40 keys,
       32 sentences × 4 heads, one thread: 86 µs explicit vs 124 µs SDPA);
     * `torch.onnx.export` (``torch.compiler.is_exporting()``): the graph holds the product itself (docs/fast-inference.md).
     """
     # torch.onnx.export traces the explicit product: no branch on the (symbolic) batch size, and ONNX Runtime fuses it
     exporting = torch.compiler.is_exporting()
-    explicit_decoding_step = not exporting and (
-        (query.size(-2) == 1 or grouped_beams) and query.size(0) * query.size(1) >= EXPLICIT_SINGLE_QUERY_MIN_ROWS
-        and query.device.type == "cpu")
+    rows = query.size(0) * query.size(1)
+    explicit_decoding_step = not exporting and query.device.type == "cpu" and (
+        (grouped_beams and rows >= EXPLICIT_GROUPED_MIN_ROWS)
+        or (query.size(-2) == 1 and rows >= EXPLICIT_SINGLE_QUERY_MIN_ROWS))
     if not need_weights and not explicit_decoding_step and not eager and not exporting:
         out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
         return out, None
@@ -272,8 +277,13 @@ def attention(
         mask = additive_mask(causal_mask(query.size(-2), key.size(-2), query.device), scores.dtype)
     if mask is not None:
         scores = scores + mask
-    weights = torch.softmax(scores.float(), dim=-1).to(query.dtype)
-    out = torch.matmul(F.dropout(weights, p=dropout_p, training=dropout_p > 0.0), value)  # (B, H, Tq, d_h)
+    if scores.dtype == torch.float32:
+        weights = torch.softmax(scores, dim=-1)
+    else:  # the softmax in float32, as SDPA's CPU kernel computes it
+        weights = torch.softmax(scores.float(), dim=-1).to(query.dtype)
+    if dropout_p > 0.0:
+        weights = F.dropout(weights, p=dropout_p, training=True)
+    out = torch.matmul(weights, value)  # (B, H, Tq, d_h)
     return out, weights if need_weights else None
 
 

@@ -215,8 +215,8 @@ class DeepTransformerSublayerMixin:
 
     def _residual(self, sublayer: str, residual: torch.Tensor, branch: torch.Tensor | None) -> torch.Tensor:
         """x_k from x_{k−1} (``residual``) and f_k(x_{k−1}) (``branch``, dropped out here; None: adds nothing)."""
-        if branch is not None:
-            branch = F.dropout(branch, p=self.dropout, training=self.training)
+        if branch is not None and self.training and self.dropout > 0.0:  # an identity otherwise: no call per step
+            branch = F.dropout(branch, p=self.dropout, training=True)
         name = self.omega_names[sublayer]
         return getattr(self, f"{sublayer}_residual")(residual, branch, None if name is None else getattr(self, name))
 
@@ -269,7 +269,9 @@ class DeepTransformerSublayerMixin:
     def _feed_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """FFN(x) = fc2(dropout(act(fc1(x)))) (Vaswani et al. Eq. 2)."""
         x = self.ffn_residual.sublayer_input(hidden_states)
-        x = F.dropout(self.activation_fn(self.fc1(x)), p=self.activation_dropout, training=self.training)
+        x = self.activation_fn(self.fc1(x))
+        if self.training and self.activation_dropout > 0.0:
+            x = F.dropout(x, p=self.activation_dropout, training=True)
         return self._residual("ffn", hidden_states, self.fc2(x))
 
 
@@ -476,7 +478,9 @@ class _DeepTransformerStack(nn.Module):
             positions = sinusoidal_positions(past_length, length, self.config.d_model, inputs_embeds.device,
                                              inputs_embeds.dtype)[None]  # (1, T, d)
         hidden_states = inputs_embeds + positions  # (B, T, d)
-        return F.dropout(hidden_states, p=self.dropout, training=self.training)
+        if self.training and self.dropout > 0.0:
+            hidden_states = F.dropout(hidden_states, p=self.dropout, training=True)
+        return hidden_states
 
     def _call_layer(self, layer: nn.Module, *args: Any) -> tuple:
         """Run one layer, under gradient checkpointing when it is on. Every tensor the layer reads is a positional

@@ -320,7 +320,9 @@ class ContinuousSearch:
                              **{CACHE_NAME: self.cache}, **extra)
         self.cache = getattr(outputs, CACHE_NAME)
         self.columns += 1
-        logits = outputs.logits[:, -1, :].to(copy=True, dtype=torch.float32)  # (A·k, V)
+        # (A·k, V) in float32; greedy search changes its logits in place (`_forbid_end`), so it gets its own copy;
+        # beam search reads them once into a new tensor (its log-softmax) and needs none
+        logits = outputs.logits[:, -1, :].to(copy=self.beams == 1, dtype=torch.float32)
         del outputs
         source_rows, self.tokens, done = state.step(logits)  # (A·k,) rows to continue from, (A·k, 1), (A,)
         if source_rows is not None:  # beam search: the hypotheses that go on come from these rows of the state
@@ -501,7 +503,8 @@ class _Beams:
         active = self.running.size(0)
         vocab = log_probs.size(-1)
         # accumulated scores of every continuation of every running hypothesis, per sentence
-        scores = (log_probs.view(active, k, vocab) + self.running_scores[:, :, None]).reshape(active, k * vocab)
+        # (in place: the log-probabilities are this step's own tensor, read nowhere else)
+        scores = log_probs.view(active, k, vocab).add_(self.running_scores[:, :, None]).view(active, k * vocab)
         top_scores, top_index = torch.topk(scores, k=self.candidates)  # (A, 2k)
         parent = top_index // vocab  # (A, 2k) the running hypothesis each continuation extends
         token = top_index % vocab

@@ -62,6 +62,31 @@ def test_explicit_single_query_attention_equals_sdpa():
         assert torch.allclose(got, expected, atol=1e-6)
 
 
+def test_grouped_beams_take_the_explicit_attention_from_its_row_count_and_equal_sdpa(monkeypatch):
+    """A sentence's beams read as the queries of its one memory row (`grouped_beams`) take the two batched matmuls
+    from EXPLICIT_GROUPED_MIN_ROWS (batch x heads) rows on, SDPA below; both give SDPA's attention."""
+    from hf_deepnmt import attention as attention_module
+    from hf_deepnmt.attention import EXPLICIT_GROUPED_MIN_ROWS, additive_mask, attention
+
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(attention_module.F, "scaled_dot_product_attention",
+                        lambda *args, **kwargs: calls.append(args[0].shape) or sdpa(*args, **kwargs))
+    torch.manual_seed(0)
+    heads, beams, keys = 4, 4, 9
+    for rows, explicit in ((EXPLICIT_GROUPED_MIN_ROWS, True), (EXPLICIT_GROUPED_MIN_ROWS - heads, False)):
+        memory = rows // heads
+        query = torch.randn(memory, heads, beams, 8)  # (M, H, g, d_h): each sentence's beams
+        key, value = torch.randn(memory, heads, keys, 8), torch.randn(memory, heads, keys, 8)
+        lengths = torch.randint(1, keys + 1, (memory,))
+        mask = additive_mask((torch.arange(keys)[None] < lengths[:, None])[:, None, None, :], query.dtype)
+        calls.clear()
+        got, _ = attention(query, key, value, mask, is_causal=False, dropout_p=0.0, need_weights=False,
+                           grouped_beams=True)
+        assert (not calls) == explicit, (rows, calls)
+        assert torch.allclose(got, sdpa(query, key, value, attn_mask=mask), atol=1e-6)
+
+
 def test_cached_decoding_through_the_explicit_attention_equals_uncached():
     """Enough sentences x beams x heads (>= EXPLICIT_SINGLE_QUERY_MIN_ROWS) to take the explicit decoding path."""
     model = tiny_model()
