@@ -42,6 +42,7 @@ from .common import (
     build_dtmt,
     build_marian,
     build_ours,
+    FIRST_WORD_ID,
     copy_weights,
     fixed_generation_config,
     interleaved,
@@ -416,6 +417,95 @@ def decode_limits(threads: int, label: str, new_tokens: int, repeats: int) -> di
             "flops": flops, "peak_bound_s": flops / (peak * 1e9),
             "ours_x_marian": marian_s / ours_s, "ceiling_same_kernels": marian_s / (matrix_ms / 1e3),
             "ceiling_peak": marian_s / (flops / (peak * 1e9)), "matrix_gflops": flops / (matrix_ms / 1e3) / 1e9}
+    return result
+
+
+STEP_LIMIT_MODELS = ("6-6 d256", "6-6 d512")
+STEP_LIMIT_ROWS = {1: 4, 16: 64}  # batch -> decoder rows of a beam-4 step
+
+
+def _weight_products(model: torch.nn.Module, rows: int) -> Callable[[], None]:
+    """The matrix products of one decoder step with the model's own weights on ``rows`` rows, one after another and
+    nothing else: per layer the self-attention's Q, K, V and output projections, the cross-attention's Q and output
+    projections (its keys/values are projected once per sentence, not per step), the FFN's two; then the output
+    layer. What a step would cost if everything else — attention over the cache, LayerNorms, residuals, softmax,
+    the search, Python — took no time."""
+    import torch.nn.functional as F
+
+    decoder = model.get_decoder()
+    layers = decoder.layers
+    d_model = layers[0].fc1.in_features
+    ffn = layers[0].fc1.out_features
+    linears = []
+    for layer in layers:
+        linears += [layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.out_proj,
+                    layer.encoder_attn.q_proj, layer.encoder_attn.out_proj, layer.fc1, layer.fc2]
+    output = model.get_output_embeddings().weight  # (V, d)
+    x, h = torch.randn(rows, d_model), torch.randn(rows, ffn)
+
+    @torch.no_grad()
+    def run() -> None:
+        for linear in linears:
+            F.linear(h if linear.in_features == ffn else x, linear.weight, linear.bias)
+        F.linear(x, output)
+    return run
+
+
+def _decoder_step(model: torch.nn.Module, rows: int, past: int) -> Callable[[], None]:
+    """One incremental decoder step of ``rows`` rows (each its own source of 20–40 tokens) through a cache of
+    ``past`` positions, the output layer included; the cache is cut back after each call so every call is alike."""
+    from hf_deepnmt.generation_common import CACHE_NAME
+
+    source = synthetic_batch(sentences=rows, seed=3)
+    with torch.no_grad():
+        encoder = model.get_encoder()(input_ids=source.input_ids, attention_mask=source.attention_mask)
+        prefix = torch.full((rows, past), BOS, dtype=torch.long)
+        cache = model(encoder_outputs=encoder, attention_mask=source.attention_mask, decoder_input_ids=prefix,
+                      use_cache=True)[CACHE_NAME]
+    token = torch.full((rows, 1), FIRST_WORD_ID, dtype=torch.long)
+
+    @torch.no_grad()
+    def run() -> None:
+        model(encoder_outputs=encoder, attention_mask=source.attention_mask, decoder_input_ids=token,
+              use_cache=True, **{CACHE_NAME: cache})
+        cache.crop(-1)
+    return run
+
+
+def step_limits(threads: int, repeats: int, generate_repeats: int, new_tokens: int,
+                past: int = 16) -> dict[str, object]:
+    """Where a beam-4 decoding step's time goes, ours beside Marian's (`STEP_LIMIT_MODELS`, the rows of batch 1 and
+    16 with 4 beams): one decoder step each, and the step's weight products alone (`_weight_products`), timed
+    interleaved; then both `generate` calls (beam 4, exactly ``new_tokens`` tokens), interleaved. Marian's time over
+    the products alone bounds what any reduction of the rest can give ours / Marian with the same matrix kernels in
+    float32: per step, and for `generate` (Marian's call over ``new_tokens`` steps of products alone — the encoder
+    and the first step's cross-attention projections left out, so the true bound is lower still)."""
+    torch.set_num_threads(threads)
+    result: dict[str, object] = {"threads": threads, "past": past, "repeats": repeats,
+                                 "generate_repeats": generate_repeats, "new_tokens": new_tokens, "models": {}}
+    for label in STEP_LIMIT_MODELS:
+        ours, marian = same_weights(label)
+        entries = {}
+        for batch, rows in STEP_LIMIT_ROWS.items():
+            calls = {"marian": _decoder_step(marian, rows, past), "ours": _decoder_step(ours, rows, past),
+                     "weight products": _weight_products(ours, rows)}
+            times = interleaved(calls, repeats=repeats, warmup=3)
+            medians = {name: median(values) for name, values in times.items()}
+            source = synthetic_batch(sentences=batch, seed=2)
+            generate = {name: contender_call(name, source, new_tokens, threads, {"ours": ours, "marian": marian}, {})
+                        for name in ("marian", "ours")}
+            generate_times = interleaved(generate, repeats=generate_repeats, warmup=1)
+            generate_medians = {name: median(values) for name, values in generate_times.items()}
+            entries[str(batch)] = {"rows": rows, "median_s": medians,
+                                   "ours_x_marian": medians["marian"] / medians["ours"],
+                                   "ceiling": medians["marian"] / medians["weight products"],
+                                   "rest_ours_s": medians["ours"] - medians["weight products"],
+                                   "rest_marian_s": medians["marian"] - medians["weight products"],
+                                   "generate_median_s": generate_medians,
+                                   "generate_ours_x_marian": generate_medians["marian"] / generate_medians["ours"],
+                                   "generate_ceiling": generate_medians["marian"]
+                                   / (new_tokens * medians["weight products"])}
+        result["models"][label] = entries
     return result
 
 

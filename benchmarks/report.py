@@ -849,6 +849,42 @@ def _run(results: dict) -> list[str]:
 # RESULTS.md is written by hand around the blocks below: each block is what a run measured (tables and the lines
 # computed from them), between `<!-- generated:NAME -->` and `<!-- /generated:NAME -->`; `write_report` replaces the
 # blocks a run produced and never touches the text around them (the narrative: dated, with its command).
+def _step_limit(results: dict) -> list[str]:
+    """Section ``step_limit``: one beam-4 decoder step, ours and Marian's, beside its weight products alone."""
+    limit = results.get("step_limit")
+    if not limit:
+        return []
+    run = results.get("merged", {}).get("step_limit", results)
+    machine = run.get("machine", results["machine"])
+    lines = ["## One beam-4 decoding step: what is left besides the matrix products (section `step_limit`)", "",
+             f"`{run.get('command', results.get('command'))}` (commit `{machine.get('commit')}`, "
+             f"{run.get('started', results.get('started'))}, {limit['threads']} thread(s)). One incremental decoder "
+             f"step (output layer included) through a cache of {limit['past']} positions, on the rows of a beam-4 "
+             "search of batch 1 (4 rows) and batch 16 (64 rows), ours and `MarianMTModel` with the same weights, "
+             "beside that step's weight products alone (per layer Q, K, V, output of the self-attention, Q and output "
+             "of the cross-attention, the FFN's two; the output layer; the same `F.linear` kernels, nothing else): "
+             f"medians of {limit['repeats']} interleaved rounds. *Ceiling* = Marian's step / the products alone: "
+             "ours / Marian if everything but those products (attention over the cache, LayerNorms, residuals, "
+             "Python) took no time at all. Then both `generate` calls, beam 4, exactly "
+             f"{limit['new_tokens']} new tokens, batch 1 and 16 (medians of {limit['generate_repeats']} interleaved "
+             "rounds); their ceiling = Marian's call / that many steps of the products alone (the encoder left out: "
+             "an upper bound).", ""]
+    rows = []
+    for label, entries in limit["models"].items():
+        for batch, entry in entries.items():
+            medians = entry["median_s"]
+            rows.append([label, batch, str(entry["rows"]), f"{medians['marian'] * 1e3:.2f}",
+                         f"{medians['ours'] * 1e3:.2f}", f"{medians['weight products'] * 1e3:.2f}",
+                         f"{entry['ours_x_marian']:.2f}×", f"{entry['ceiling']:.2f}×",
+                         f"{entry['rest_marian_s'] * 1e3:.2f}", f"{entry['rest_ours_s'] * 1e3:.2f}",
+                         f"{entry['generate_median_s']['marian']:.3f}", f"{entry['generate_median_s']['ours']:.3f}",
+                         f"{entry['generate_ours_x_marian']:.2f}×", f"{entry['generate_ceiling']:.2f}×"])
+    lines += _table(["model", "batch", "rows", "Marian step ms", "our step ms", "weight products alone ms",
+                     "step: ours × Marian", "step: ceiling", "Marian's rest ms", "our rest ms", "Marian generate s",
+                     "our generate s", "generate: ours × Marian", "generate: ceiling"], rows) + [""]
+    return lines
+
+
 BLOCKS: tuple[tuple[str, object], ...] = (
     ("run", _run), ("headline", _headline), ("equivalence", _equivalence), ("details", _details),
     ("scaling", _scaling), ("flops", _flops), ("compile", _compile), ("deep_memory", _deep_memory),
@@ -857,6 +893,7 @@ BLOCKS: tuple[tuple[str, object], ...] = (
     ("gpu", gpu_block),
     ("dtmt_recurrence", lambda results: dtmt_recurrence_block(results, "dtmt_recurrence")),
     ("gpu_dtmt", lambda results: dtmt_recurrence_block(results, "gpu_dtmt")),
+    ("step_limit", _step_limit),
 )
 TITLE = "# Benchmarks: hf_deepnmt DeepTransformer vs transformers.MarianMTModel"
 

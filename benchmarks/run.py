@@ -47,7 +47,7 @@ from .probe_runner import run_probe  # noqa: E402
 
 SECTIONS = ("equivalence", "train", "decode", "flat", "memory", "scaling", "profile", "flops", "compile", "deep_memory",
             "crt_cost", "dou2018", "dou2018_flops", "dtmt", "engines", "engines_deep", "engine_quality", "bf16_train",
-            "decode_limit", "ct2_stock", "gpu", "dtmt_recurrence", "gpu_dtmt", "serve")
+            "decode_limit", "ct2_stock", "gpu", "dtmt_recurrence", "gpu_dtmt", "serve", "step_limit")
 # The compile section's rows beyond the baseline: each paper's switches on the d256 6-6 model (issue 36 item 5).
 COMPILE_ROWS: dict[str, dict[str, object]] = {
     "liu2020 ADMIN": {"residual_scaling": "admin", "admin_init": "closed_form"},
@@ -71,7 +71,7 @@ def settings(quick: bool) -> dict[str, object]:
                     engine_models=["6-6 d256"], engine_new_tokens=8, engine_repeats={16: 1, 1: 2}, engine_memory=False,
                     engine_deep_models=["6-6 d256 dou2018 hierarchical + MLA k=2", "DTMT#4 d256"],
                     quality_samples=32, bf16_tokens=512, bf16_repeats=1, decode_limit_model="6-6 d256",
-                    serve_requests=40, serve_clients=[1, 8], serve_time_limit_s=30)
+                    serve_requests=40, serve_clients=[1, 8], serve_time_limit_s=30, step_limit_repeats=5, step_limit_generate_repeats=1)
     return dict(sizes=list(SIZES), train_tokens=4096, train_repeats={"d256": 5, "d512": 5}, new_tokens=32,
                 decode_repeats={1: 7, 32: 3}, flat_steps=200, flat_repeats=2, flat_batch=32,
                 memory_workloads=["train", "greedy_b32", "beam4_b32"], depths=[6, 12, 24, 48],
@@ -87,7 +87,7 @@ def settings(quick: bool) -> dict[str, object]:
                 bf16_repeats=3, decode_limit_model="6-6 d512",
                 # issue 38: 2,000 requests of 1-3 test verses at 1, 8 and 32 clients; each of the 12 runs (2 engines
                 # x 2 server settings x 3 client counts) stops sending after 5 min, so the section ends within ~1.2 h
-                serve_requests=2000, serve_clients=[1, 8, 32], serve_time_limit_s=300)
+                serve_requests=2000, serve_clients=[1, 8, 32], serve_time_limit_s=300, step_limit_repeats=30, step_limit_generate_repeats=7)
 
 
 def log(message: str) -> None:
@@ -294,6 +294,12 @@ def run(args: argparse.Namespace) -> dict[str, object]:
                                                                  cfg["engine_new_tokens"], cfg["engine_repeats"][16])
         torch.set_num_threads(threads)
 
+    if "step_limit" in args.sections:
+        from . import engines
+
+        log("step_limit: one beam-4 decoder step, ours and Marian's, beside its weight products alone")
+        results["step_limit"] = engines.step_limits(threads, cfg["step_limit_repeats"], cfg["step_limit_generate_repeats"],
+                                                    cfg["engine_new_tokens"])
     if "serve" in args.sections:
         from . import serve_load
 
