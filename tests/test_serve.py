@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -600,10 +601,11 @@ def test_a_sentence_whose_search_is_over_is_answered_before_its_batch_ends():
 
 def test_with_two_workers_two_full_batches_are_decoded_at_once_and_a_smaller_one_waits():
     """``--workers 2``: a second full batch is decoded while the first is still being decoded (each search waits at a
-    barrier that only two searches running together pass); with one worker it waits. A batch that is not full waits
-    for the running search to end, as with one worker (two small searches at once were slower, docs/serving.md)."""
+    barrier that only two searches running together pass); with one worker it waits. On worker threads a batch that
+    is not full waits for the running search to end, as with one worker (two small searches on threads at once were
+    slower, docs/serving.md); with worker processes (``full_batch_to_overlap=False``) it goes to the free worker."""
 
-    def run(workers: int, sizes: tuple[int, int]) -> tuple[list, list[bool]]:
+    def run(workers: int, sizes: tuple[int, int], full_batch_to_overlap: bool = True) -> tuple[list, list[bool]]:
         barrier = threading.Barrier(2, timeout=1.5)
         met: list[bool] = []
 
@@ -616,7 +618,8 @@ def test_with_two_workers_two_full_batches_are_decoded_at_once_and_a_smaller_one
             return [[settings.key] for _ in sources]
 
         async def scenario():
-            batcher = Batcher(translate, Metrics(), max_batch_size=4, max_wait_ms=0, max_queue=100, workers=workers)
+            batcher = Batcher(translate, Metrics(), max_batch_size=4, max_wait_ms=0, max_queue=100, workers=workers,
+                              full_batch_to_overlap=full_batch_to_overlap)
             jobs = [batcher.submit(Settings(key=key, parameters={}, num_return_sequences=1),
                                    [(i, Source(3, None, None)) for i in range(size)], size)
                     for key, size in zip("ab", sizes)]
@@ -633,6 +636,8 @@ def test_with_two_workers_two_full_batches_are_decoded_at_once_and_a_smaller_one
     assert results == [[["a"]] * 4, [["b"]] * 4] and met[0] is False
     results, met = run(2, (4, 1))  # the single sentence is held back while the full batch runs
     assert results == [[["a"]] * 4, [["b"]]] and met[0] is False
+    results, met = run(2, (4, 1), full_batch_to_overlap=False)  # worker processes: any batch goes to a free worker
+    assert results == [[["a"]] * 4, [["b"]]] and met == [True, True]
 
 
 def test_each_search_running_at_once_has_a_model_instance_of_its_own(model_folder):
@@ -668,6 +673,54 @@ def test_each_search_running_at_once_has_a_model_instance_of_its_own(model_folde
 
     asyncio.run(scenario())
     assert len(loaded) == 2 and sorted(holders.values()) == sorted(map(id, loaded))
+
+
+@pytest.mark.integration
+def test_a_worker_process_translates_as_the_server_process_does_and_survives_a_failed_batch(model_folder):
+    """`ProcessTranslator` (``--workers`` > 1): a child process with its own instance gives the in-process
+    translator's translations, hands each sentence back as its search ends, returns a batch's exception itself and
+    then translates the next batch; `close` ends it."""
+    from hf_deepnmt_training.serve import ProcessTranslator, load_translator
+
+    local = load_translator("torch", model_folder, threads=1)
+    settings = local.prepare({})
+    texts = ["the small house", "a cat and a dog are in the big house", "we go home"]
+    sources = [local.encode(text, index, settings) for index, text in enumerate(texts)]
+    expected = local.translate(sources, settings)
+    worker = ProcessTranslator("torch", model_folder, 1, None, "retiring")
+    try:
+        assert worker.process.is_alive() and worker.max_input_tokens == local.max_input_tokens
+        delivered: dict[int, list[str]] = {}
+        assert worker.translate(sources, settings, lambda index, candidates: delivered.setdefault(index,
+                                                                                                    candidates)) == expected
+        assert delivered == dict(enumerate(expected))
+        broken = [*sources[:1], replace(sources[1], inputs=None)]  # the child's search fails on the second source
+        with pytest.raises(Exception) as failure:
+            worker.translate(broken, settings)
+        assert type(failure.value).__module__ in ("builtins", "hf_deepnmt.errors"), failure.value
+        assert worker.translate(sources, settings) == expected  # the same worker goes on
+    finally:
+        worker.close()
+    assert not worker.process.is_alive() and worker.process.exitcode == 0
+
+
+@pytest.mark.integration
+def test_the_second_worker_of_a_server_searches_in_a_process_of_its_own(server):
+    """The plain server runs ``--workers 2``: the second worker's process is the server's child, and answers come
+    back through it (the answer tests above are served by either worker)."""
+    match = re.search(r"worker 2 of 2 searches in process (\d+)", server.log())
+    assert match, server.log()
+    child = int(match.group(1))
+
+    def stat() -> list[str]:  # the fields after the process name: state, parent pid, ..., user and system ticks
+        return Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()
+
+    assert int(stat()[1]) == server.process.pid
+    ticks = int(stat()[11]) + int(stat()[12])
+    texts = ("a house", "the dog", "we go", "the cat")  # four full batches at once (--max_batch_size 7)
+    answers = concurrently([lambda text=text: server.post({"inputs": [text] * 7}) for text in texts])
+    assert all(code == 200 for code, _ in answers), answers
+    assert int(stat()[11]) + int(stat()[12]) > ticks  # the child searched some of them
 
 
 def test_two_workers_by_default_only_for_the_torch_engine_on_a_cpu_of_two_cores(monkeypatch):

@@ -504,6 +504,105 @@ def load_translator(engine: str, folder: str | os.PathLike, threads: int | None 
                               continuous=continuous)
 
 
+class ProcessTranslator:
+    """A worker whose searches run in a child process with its own instance of the model (``--workers`` > 1,
+    docs/serving.md, "Workers"): the server's first worker tokenizes and searches in the server process, each further
+    one searches here. Two searches on threads of one process take turns on Python's lock between operators; in two
+    processes they do not (measured: two one-worker servers on this 2-core CPU answered 68.5 sentences/s at 32 clients
+    together, one server with two worker threads 49.9).
+
+    ``translate`` sends the batch's tokenized sources and settings to the child and returns its translations; the
+    child hands back each sentence's translations as soon as its search is over (``deliver``), as a thread worker
+    does. A failure inside the batch comes back as the exception itself (its batch's requests get it, the worker goes
+    on); a child that died fails its batch and every later one sent to it. The child ignores SIGINT/SIGTERM: the
+    server process decides when it stops (`close`, after the batches in flight), and a child whose server is gone
+    ends at once (its pipe closes)."""
+
+    def __init__(self, engine: str, folder: str | os.PathLike, threads: int, max_input_tokens: int | None,
+                 search: str) -> None:
+        import multiprocessing
+
+        context = multiprocessing.get_context("spawn")
+        self.engine = engine
+        self.connection, child = context.Pipe()
+        self.process = context.Process(target=_worker_process, name="deepnmt-serve-worker", daemon=True,
+                                       args=(child, engine, str(folder), threads, max_input_tokens, search))
+        self.process.start()
+        child.close()
+        message = self._receive()
+        if message[0] != "ready":
+            self.close()
+            raise RuntimeError(f"a worker process could not load the model: {message[1]}")
+        self.max_input_tokens = message[1]
+        self.lock = threading.Lock()
+
+    def _receive(self) -> tuple:
+        try:
+            return self.connection.recv()
+        except (EOFError, OSError) as error:
+            raise RuntimeError(f"the worker process (pid {self.process.pid}) ended (exit code "
+                               f"{self.process.exitcode}); restart the server") from error
+
+    def translate(self, sources: Sequence[Source], settings: Settings,
+                  deliver: Callable[[int, list[str]], None] | None = None,
+                  more: More | None = None) -> list[list[str]]:
+        with self.lock:  # one search at a time per worker (`ServerState.idle` already ensures it)
+            try:
+                self.connection.send(("translate", list(sources), settings))
+            except (OSError, ValueError) as error:
+                raise RuntimeError(f"the worker process (pid {self.process.pid}) cannot take a batch: "
+                                   f"{_cut(error)}") from error
+            while True:
+                message = self._receive()
+                if message[0] == "deliver":
+                    if deliver is not None:
+                        deliver(message[1], message[2])
+                elif message[0] == "done":
+                    return message[1]
+                else:  # ("error", exception)
+                    raise message[1]
+
+    def close(self) -> None:
+        """Ask the child to end and wait for it (it has no batch by then: the batcher stopped first)."""
+        with contextlib.suppress(OSError, ValueError):
+            self.connection.send(("stop",))
+        self.process.join(30)
+        if self.process.is_alive():
+            self.process.kill()
+        self.connection.close()
+
+
+def _worker_process(connection: Any, engine: str, folder: str, threads: int, max_input_tokens: int | None,
+                    search: str) -> None:
+    """The child of a `ProcessTranslator`: load the engine, then translate each batch it is sent."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C and SIGTERM reach the server, which drains first
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        translator = load_translator(engine, folder, threads, max_input_tokens, search)
+    except Exception as error:  # noqa: BLE001  (the server reports it and does not start)
+        connection.send(("failed", _cut(error)))
+        return
+    connection.send(("ready", translator.max_input_tokens))
+    while True:
+        try:
+            message = connection.recv()
+        except (EOFError, OSError):
+            return  # the server is gone
+        if message[0] == "stop":
+            return
+        _, sources, settings = message
+        try:
+            outputs = translator.translate(sources, settings,
+                                           lambda index, candidates: connection.send(("deliver", index, candidates)))
+        except Exception as error:  # noqa: BLE001  (the batch's requests get it; the worker goes on)
+            try:
+                connection.send(("error", error))
+            except Exception:  # noqa: BLE001  (an exception that does not pickle)
+                connection.send(("error", RuntimeError(f"{type(error).__name__}: {_cut(error)}")))
+        else:
+            connection.send(("done", outputs))
+
+
 def answer(single: bool, candidates: Sequence[Sequence[str]], num_return_sequences: int) -> list[Any]:
     """The translation pipeline's (and `handler.py`'s) answer: ``[{"translation_text": ...}]`` for a string (its
     ``num_return_sequences`` dicts), one dict per string for a list (a list of dicts each when that is above 1)."""
@@ -663,7 +762,8 @@ class Batcher:
     def __init__(self, translate: Callable[[Sequence[Source], Settings, Callable[[int, list[str]], None], More],
                                            list[list[str]]], metrics: Metrics,
                  max_batch_size: int = 32, max_wait_ms: float = 10.0, max_queue: int = 256,
-                 executor: ThreadPoolExecutor | None = None, workers: int = 1) -> None:
+                 executor: ThreadPoolExecutor | None = None, workers: int = 1,
+                 full_batch_to_overlap: bool = True) -> None:
         self.translate = translate
         self.metrics = metrics
         self.max_batch_size = max_batch_size
@@ -671,6 +771,9 @@ class Batcher:
         self.max_queue = max_queue
         self.workers = workers  # searches at once, each on its own thread (and model instance: `ServerState`)
         self.searching = 0  # searches running now
+        # while a search runs, only a full batch starts another (workers on threads of one process); worker
+        # processes overlap any two searches (docs/serving.md, "Workers")
+        self.full_batch_to_overlap = full_batch_to_overlap
         self.executor = executor or ThreadPoolExecutor(max_workers=workers, thread_name_prefix="deepnmt-translate")
         self.pending: dict[tuple[str, int | None], list[Item]] = {}  # `Item.queue` -> its sentences, in arrival order
         self.waiting = 0  # sentences in `pending`
@@ -732,9 +835,9 @@ class Batcher:
         """Wait for the next batch: the oldest sentence's queue (`Item.queue`), once it has ``max_batch_size``
         sentences waiting or the oldest has waited ``max_wait_ms``; before that, another queue's full batch (ready,
         and it delays the oldest by one batch at most, since the oldest goes first once its wait is over); ``None``
-        when stopping with nothing left. While another search runs (``--workers`` > 1) only a full batch starts one:
-        two searches at once pay only when each is large (docs/serving.md, "Workers"); a smaller batch waits for the
-        running search to end, as with one worker."""
+        when stopping with nothing left. With ``full_batch_to_overlap`` (workers on threads of one process), while
+        another search runs only a full batch starts one: two searches on threads pay only when each is large
+        (docs/serving.md, "Workers"); a smaller batch waits for the running search to end, as with one worker."""
         while True:
             if not self.pending:
                 if self.stopping:
@@ -746,7 +849,8 @@ class Batcher:
                 oldest = min((queue[0] for queue in self.pending.values()), key=lambda item: item.sequence)
                 queue = self.pending[oldest.queue]
                 wait = oldest.arrived + self.max_wait_s - time.monotonic()
-                if len(queue) >= self.max_batch_size or (wait <= 0 and not self.searching) or self.stopping:
+                if len(queue) >= self.max_batch_size or self.stopping or (
+                        wait <= 0 and not (self.searching and self.full_batch_to_overlap)):
                     return self.take(oldest, queue)
                 full = next((queue for queue in self.pending.values() if len(queue) >= self.max_batch_size), None)
                 if full is not None:
@@ -936,13 +1040,22 @@ class ServerState:
     """What the routes share: the translator once loaded, the batcher, the metrics."""
 
     def __init__(self, options: ServeOptions, engine: str, folder: Path,
-                 loader: Callable[[], Translator] | None = None) -> None:
+                 loader: Callable[[], Translator] | None = None,
+                 spawner: Callable[[], Translator] | None = None) -> None:
+        """``loader`` loads the first worker's translator (in this process); ``spawner`` each further one (default:
+        a `ProcessTranslator`, or, with continuous batching, which a child process cannot join, another
+        in-process instance; a caller's ``loader`` alone gives in-process instances for every worker)."""
         self.options = options
         self.engine = engine
         self.folder = folder
         self.loader = loader or (lambda: load_translator(engine, folder, options.threads, options.max_input_tokens,
                                                          options.search, options.continuous_batching,
                                                          options.workers or 1))
+        if spawner is None and loader is None and not options.continuous_batching:
+            spawner = self._spawn_process
+        self.spawner = spawner or self.loader
+        self.processes: list[ProcessTranslator] = []
+        self.worker_threads = 1  # each worker's torch threads (`_load_workers`)
         self.metrics = Metrics()
         self.translator: Translator | None = None  # the first worker's: it also checks and tokenizes the requests
         self.idle: SimpleQueue[Translator] = SimpleQueue()  # the workers' translators not searching now
@@ -957,14 +1070,16 @@ class ServerState:
         """Start the batcher and load the model on its worker thread (the routes answer 503 until it is loaded)."""
         workers = self.options.workers or 1
         self.batcher = Batcher(self.translate, self.metrics, self.options.max_batch_size, self.options.max_wait_ms,
-                               self.options.max_queue, workers=workers)
+                               self.options.max_queue, workers=workers,
+                               full_batch_to_overlap=self.spawner != self._spawn_process)
         self.batcher.start()
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
         logger.info("loading %s with the %s engine%s", self.folder, self.engine,
                     f", {workers} instances (--workers)" if workers > 1 else "")
-        # one instance per worker: a search holds its model's state (and the tokenizer's) for its whole length
-        future = loop.run_in_executor(self.batcher.executor, lambda: [self.loader() for _ in range(workers)])
+        # one instance per worker: a search holds its model's state (and the tokenizer's) for its whole length; the
+        # first in this process (it also tokenizes the requests), the others in their own processes (`spawner`)
+        future = loop.run_in_executor(self.batcher.executor, self._load_workers, workers)
 
         def loaded(done: asyncio.Future) -> None:
             if done.cancelled():
@@ -998,6 +1113,37 @@ class ServerState:
 
         future.add_done_callback(loaded)
 
+    def _spawn_process(self) -> Translator:
+        return ProcessTranslator(self.engine, self.folder, self.worker_threads, self.options.max_input_tokens,
+                                 self.options.search)
+
+    def _load_workers(self, workers: int) -> list[Translator]:
+        """The first worker's translator, then the others, each loading while the first does (processes)."""
+        from concurrent.futures import ThreadPoolExecutor as Pool
+
+        import torch
+
+        # each worker's threads, read before the first worker's loader sets this process' count to its own share
+        self.worker_threads = self.options.threads or max(1, torch.get_num_threads() // workers)
+
+        with Pool(max(1, workers - 1), thread_name_prefix="deepnmt-spawn") as pool:
+            others = [pool.submit(self.spawner) for _ in range(workers - 1)]
+            first = self.loader()
+            spawned = []
+            try:
+                for future in others:
+                    spawned.append(future.result())
+            except BaseException:
+                for translator in spawned:
+                    if isinstance(translator, ProcessTranslator):
+                        translator.close()
+                raise
+        self.processes = [translator for translator in spawned if isinstance(translator, ProcessTranslator)]
+        for number, translator in enumerate(spawned, start=2):
+            if isinstance(translator, ProcessTranslator):
+                logger.info("worker %d of %d searches in process %d", number, workers, translator.process.pid)
+        return [first, *spawned]
+
     def translate(self, sources: Sequence[Source], settings: Settings,
                   deliver: Callable[[int, list[str]], None] | None = None,
                   more: More | None = None) -> list[list[str]]:
@@ -1011,6 +1157,8 @@ class ServerState:
     async def stop(self) -> None:
         if self.batcher is not None:
             await self.batcher.stop()
+        for process in self.processes:  # every batch is over: the worker processes end
+            process.close()
 
 
 def build_app(state: ServerState) -> Any:
