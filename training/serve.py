@@ -107,10 +107,10 @@ class ServeOptions:
 
 def default_workers(engine: str, cuda: bool, threads: int | None) -> int:
     """``--workers`` when not given: two instances of the torch engine on a CPU of two or more cores (torch's thread
-    count) when ``--threads`` is not given either, one thread each — a batch of a small model does not keep two
-    cores busy, and two searches at once served 1.1–1.5× the sentences per second of one search on two threads on
-    the 2-core CPU measured (docs/serving.md, "Workers"); one instance otherwise (a GPU, an export engine, or threads
-    the user chose)."""
+    count) when ``--threads`` is not given either, one thread each, the second in a worker process — a batch of a
+    small model does not keep two cores busy, and two searches side by side served 1.6–1.8× the sentences per second
+    of one on the 2-core CPU measured at 8 and 32 clients (docs/serving.md, "Workers"); one instance otherwise (a GPU,
+    an export engine, or threads the user chose)."""
     if engine != "torch" or cuda or threads:
         return 1
     import torch
