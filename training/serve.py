@@ -1119,14 +1119,12 @@ class ServerState:
 
     def _load_workers(self, workers: int) -> list[Translator]:
         """The first worker's translator, then the others, each loading while the first does (processes)."""
-        from concurrent.futures import ThreadPoolExecutor as Pool
-
         import torch
 
         # each worker's threads, read before the first worker's loader sets this process' count to its own share
         self.worker_threads = self.options.threads or max(1, torch.get_num_threads() // workers)
 
-        with Pool(max(1, workers - 1), thread_name_prefix="deepnmt-spawn") as pool:
+        with ThreadPoolExecutor(max(1, workers - 1), thread_name_prefix="deepnmt-spawn") as pool:
             others = [pool.submit(self.spawner) for _ in range(workers - 1)]
             first = self.loader()
             spawned = []
