@@ -166,7 +166,9 @@ def table(speed: dict) -> list[str]:
     return lines
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line; the study's options that name its results file are the study's own
+    (`benchmarks.experiments.distill_bible.results_name_of`)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--work_dir", default="runs/distill_bible")
     parser.add_argument("--results", default=str(RESULTS))
@@ -181,11 +183,23 @@ def main() -> None:
                         help="The study's --teacher_steps (its results file's name).")
     parser.add_argument("--student_dropout", type=float, default=None,
                         help="The study's --student_dropout (its results file's name).")
-    args = parser.parse_args()
-    work, results = Path(args.work_dir), Path(args.results)
-    from benchmarks.experiments.distill_bible import results_name
+    parser.add_argument("--teacher_dropout", type=float, default=None,
+                        help="The study's --teacher_dropout (its results file's name).")
+    parser.add_argument("--teacher_warmup_steps", type=int, default=None,
+                        help="The study's --teacher_warmup_steps (its results file's name).")
+    parser.add_argument("--keep_original_targets", action="store_true",
+                        help="The study's --keep_original_targets (its results file's name).")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="The study's --device (its results file's name; the timings run on the CPU).")
+    return parser
 
-    name = results_name(args.teacher_steps, args.student_steps, args.student_dropout)
+
+def main() -> None:
+    args = build_parser().parse_args()
+    work, results = Path(args.work_dir), Path(args.results)
+    from benchmarks.experiments.distill_bible import results_name_of
+
+    name = results_name_of(args)
     path = results / f"{name}.json"
     report = json.loads(path.read_text()) if path.is_file() else {"runs": {}}
     speed = report.get("speed") or {}

@@ -143,3 +143,24 @@ def test_a_distillation_stopped_after_a_stage_adds_up_with_its_continuation(tmp_
     second = distill_bible.run_one(name, folder, argv, home, {})
     assert second["where"] == "NVIDIA H200 up to its dataset stage, then CPU (x86_64, 2 cores)"
     assert second["wall_minutes"] >= 1.5 and "stopped_after" not in second
+
+
+def test_the_speed_script_finds_the_results_file_of_a_study_with_teachers_options():
+    """`benchmarks.distill_speed` adds its table to the study's own results file: the same options give the same
+    name, teachers' dropout and warm-up included (before, a study with them had no speed table to be given)."""
+    from benchmarks import distill_speed
+
+    argv = ["--teacher_steps", "7000", "--teacher_dropout", "0.1", "--teacher_warmup_steps", "400", "--student_steps",
+            "7000", "--student_dropout", "0.1"]
+    args = distill_speed.build_parser().parse_args(["--work_dir", "runs/x", *argv])
+    assert (distill_bible.results_name_of(args)
+            == "distill_bible_teachers7000-dropout0.1-warmup400_7000steps_dropout0.1")
+    study = argparse.Namespace(**{**vars(_gpu_study_args("runs/x")), "teacher_steps": 7000, "student_steps": 7000,
+                                  "device": "cpu"})
+    assert distill_bible.results_name_of(study) == distill_bible.results_name_of(args)
+    report = {"runs": {"teacher-a": {"folder": "runs/x/teacher-a"}}, "teacher_steps": 7000, "student_steps": 7000,
+              "student_dropout": 0.1, "teacher_dropout": 0.1, "teacher_warmup_steps": 400, "device": "cpu"}
+    page = distill_bible.render(report)
+    assert f"python -m benchmarks.distill_speed --work_dir runs/x {' '.join(argv[:2])}" in page
+    for option in argv[2::2]:
+        assert option in page.split("## Decoding speed")[1]

@@ -225,6 +225,13 @@ def results_name(teacher_steps: int | None, student_steps: int | None, student_d
             + ("_cuda" if device == "cuda" else ""))
 
 
+def results_name_of(args: argparse.Namespace) -> str:
+    """`results_name` of a study's options (this script's or `benchmarks.distill_speed`'s, which names the same
+    file)."""
+    return results_name(args.teacher_steps, args.student_steps, args.student_dropout, args.keep_original_targets,
+                        args.teacher_dropout, args.teacher_warmup_steps, args.device)
+
+
 REUSED_RUNS: tuple[str, ...] = ("teacher-a", "teacher-b", "ensemble", "ensemble-tuned")
 FOLDERS = {"original-student": "student-original"}  # a run's folder where its name is not its folder's
 
@@ -432,8 +439,7 @@ def main() -> None:
         parser.error(f"--only {args.only!r} names {unknown}; the runs are {RUN_NAMES}")
     if args.translate_processes < 1:
         parser.error(f"--translate_processes {args.translate_processes} must be 1 or more")
-    name = results_name(args.teacher_steps, args.student_steps, args.student_dropout, args.keep_original_targets,
-                        args.teacher_dropout, args.teacher_warmup_steps, args.device)
+    name = results_name_of(args)
     results = Path(args.work_dir) if args.smoke else Path(args.results)
     if args.render_only:
         if not (results / f"{name}.json").is_file():
@@ -581,8 +587,11 @@ def render(report: dict) -> str:
     if speed:
         lines += [f"Command: `{speed['command']}` ({speed['machine']}).", "", *speed["table"]]
     else:
-        study = "".join(f" --{key} {report[key]:g}" for key in ("teacher_steps", "student_steps", "student_dropout")
+        study = "".join(f" --{key} {report[key]:g}" for key in ("teacher_steps", "student_steps", "student_dropout",
+                                                                 "teacher_dropout", "teacher_warmup_steps")
                         if key in report)
+        study += (" --keep_original_targets" if report.get("keep_original_targets") else "") + (
+            " --device cuda" if report.get("device") == "cuda" else "")
         work = (runs.get("teacher-a") or {}).get("folder", "runs/distill_bible/teacher-a").rsplit("/", 1)[0]
         lines.append(f"Not measured for this study (it needs a quiet machine): `python -m benchmarks.distill_speed "
                      f"--work_dir {work}{study}` adds the table here.")
