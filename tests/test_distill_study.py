@@ -164,3 +164,68 @@ def test_the_speed_script_finds_the_results_file_of_a_study_with_teachers_option
     assert f"python -m benchmarks.distill_speed --work_dir runs/x {' '.join(argv[:2])}" in page
     for option in argv[2::2]:
         assert option in page.split("## Decoding speed")[1]
+
+
+def _checkpointed(folder, *steps):
+    for step in steps:
+        (folder / f"checkpoint-{step}").mkdir(parents=True)
+        for name in ("model.safetensors", "trainer_state.json", "optimizer.pt", "scheduler.pt"):
+            (folder / f"checkpoint-{step}" / name).write_text(f"{name} {step}")
+
+
+def _continue_args(work, **changes):
+    values = {"work_dir": str(work), "smoke": False, "threads": 1, "teacher_steps": 2800, "student_steps": 14000,
+              "student_dropout": 0.1, "keep_original_targets": False, "reuse_original_student": False,
+              "continue_students": True}
+    return argparse.Namespace(**{**values, **changes})
+
+
+def _options(args):
+    return distill_bible.student_options({n: a for n, _, a in distill_bible.steps(args)}["distilled-student"])
+
+
+def test_continue_students_starts_both_students_from_the_reused_studys_newest_checkpoints(tmp_path):
+    source, work = tmp_path / "s7000", tmp_path / "s14000"
+    manifest = _source_study(source)
+    manifest["settings"]["student_options"] = ["--seed", "42", "--max_steps", "7000", "--config_overrides",
+                                               "dropout=0.1"]
+    (source / "distill" / "distill.json").write_text(json.dumps(manifest))
+    _checkpointed(source / "distill" / "student", 6300, 7000)
+    _checkpointed(source / "student-original", 6300, 7000)
+    args = _continue_args(work)
+    distill_bible.reuse_runs(args, source, _options(args))
+    distill_bible.reuse_runs(args, source, _options(args))  # the second lane: nothing copied again
+    for mine in (work / "distill" / "student", work / "student-original"):
+        assert sorted(path.name for path in mine.iterdir()) == ["checkpoint-7000"]
+        assert (mine / "checkpoint-7000" / "optimizer.pt").read_text() == "optimizer.pt 7000"
+        assert not mine.is_symlink()  # a copy: the continued run never writes into the reused study
+    assert json.loads((work / "entries" / "continued.json").read_text()) == {"distilled-student": 7000,
+                                                                            "original-student": 7000}
+    assert list(json.loads((work / "distill" / "distill.json").read_text())["completed"]) == ["translate", "dataset"]
+    report = {"runs": {}, "command": "c", "threads": 1, "reused_from": str(source),
+              "continued_students": {"distilled-student": 7000, "original-student": 7000}}
+    page = distill_bible.render(report)
+    assert f"The distilled student continued from step 7000 of the same run of {source}" in page
+    assert "The original student continued from step 7000" in page
+
+
+def test_continue_students_is_refused_in_one_sentence_when_it_would_not_continue_the_same_run(tmp_path):
+    import pytest
+
+    source = tmp_path / "s7000"
+    manifest = _source_study(source)
+    manifest["settings"]["student_options"] = ["--seed", "42", "--max_steps", "7000", "--config_overrides",
+                                               "dropout=0.1"]
+    (source / "distill" / "distill.json").write_text(json.dumps(manifest))
+    _checkpointed(source / "distill" / "student", 7000)
+    _checkpointed(source / "student-original", 7000)
+    refusals = [({"student_steps": 7000}, "--student_steps 7000 must be more than the 7000 steps"),
+                ({"student_dropout": 0.2}, "only --max_steps may differ"),
+                ({"reuse_original_student": True}, "do not also link it"),
+                ({"keep_original_targets": True}, "--keep_original_targets differs")]
+    for index, (changes, message) in enumerate(refusals):
+        work = tmp_path / f"new{index}"
+        args = _continue_args(work, **changes)
+        with pytest.raises(SystemExit, match=message):
+            distill_bible.reuse_runs(args, source, _options(args))
+        assert not (work / "distill" / "student").exists() and not (work / "student-original").exists()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -73,6 +74,29 @@ def test_sigkilled_run_resumes_to_the_same_result(small_corpus, tmp_path):
     assert max(resumed) == max(straight) == 160
     assert resumed[160] == pytest.approx(straight[160], rel=1e-3, abs=1e-3)
     a, b = _weights(tmp_path / "straight"), _weights(killed)
+    assert all(torch.allclose(a[name], b[name], atol=1e-4) for name in a)
+
+
+@pytest.mark.integration
+def test_a_run_continued_to_more_steps_is_the_longer_run(small_corpus, tmp_path):
+    """What `distill_bible --continue_students` relies on: a run of 40 steps, continued from its last checkpoint to 80
+    in another folder, is the run of 80 steps (inverse-square-root schedule, dropout, token batches over several epochs)."""
+    args = ["--save_strategy", "steps", "--save_steps", "20", "--lr_scheduler_type", "inverse_sqrt", "--warmup_steps",
+            "10", "--config_overrides",
+            "d_model=16,encoder_layers=2,decoder_layers=2,encoder_attention_heads=2,decoder_attention_heads=2,"
+            "encoder_ffn_dim=32,decoder_ffn_dim=32,max_position_embeddings=64,dropout=0.1",
+            "--max_tokens", "300", "--per_device_train_batch_size", "4"]
+    _run(TRAIN + train_argv(small_corpus, tmp_path / "straight", *args, "--max_steps", "80"))
+    _run(TRAIN + train_argv(small_corpus, tmp_path / "short", *args, "--max_steps", "40"))
+    continued = tmp_path / "continued"
+    continued.mkdir()
+    shutil.copytree(tmp_path / "short" / "checkpoint-40", continued / "checkpoint-40")
+    _run(TRAIN + train_argv(small_corpus, continued, *args, "--max_steps", "80", "--resume_from_checkpoint", "last"))
+    straight, resumed = _losses(tmp_path / "straight"), _losses(continued)
+    assert max(resumed) == max(straight) == 80
+    for step in (41, 60, 80):
+        assert resumed[step] == pytest.approx(straight[step], rel=1e-3, abs=1e-3), step
+    a, b = _weights(tmp_path / "straight"), _weights(continued)
     assert all(torch.allclose(a[name], b[name], atol=1e-4) for name in a)
 
 

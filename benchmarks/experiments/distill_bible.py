@@ -41,7 +41,12 @@ translation and dataset stages (`reuse_runs`; `deepnmt distill` then resumes at 
 ``--student_dropout D`` gives both students dropout D (``--config_overrides dropout=D``). The study of 2026-11-27:
 ``--teacher_steps 2800 --student_steps 8400 --student_dropout 0.1 --work_dir runs/distill_bible_t2800_s8400_d01
 --reuse_from runs/distill_bible_t2800``, lane 1 ``--only distilled-student``, lane 2 ``--only original-student``,
-then the int8 rows and a run without ``--only``.
+then the int8 rows and a run without ``--only``. ``--continue_students`` (with ``--reuse_from`` and more
+``--student_steps``) starts both students from the other study's newest student checkpoints instead of from scratch
+(`continue_students`: the longer run, its first steps not repeated). The study of 2026-11-27 evening:
+``--teacher_steps 7000 --teacher_dropout 0.1 --teacher_warmup_steps 400 --student_steps 14000 --student_dropout 0.1
+--work_dir runs/distill_bible_t7000_s14000 --reuse_from runs/distill_bible_t7000_s7000 --continue_students``, lane 1
+``--only distilled-student``, lane 2 (once lane 1 had copied the checkpoints) ``--only original-student``.
 
 A run killed part-way continues where its newest checkpoint left off when the study is run again: ``deepnmt train``
 with ``--resume_from_checkpoint last`` (added to the command that row shows), ``deepnmt distill`` by itself.
@@ -266,6 +271,9 @@ def reuse_runs(args: argparse.Namespace, source: Path, student_options: list[str
     if missing:
         raise SystemExit(f"--reuse_from {source}: {missing[0]} does not exist; give the WORK_DIR of a study whose "
                          "teachers, ensemble rows and distillation translation are complete.")
+    manifest = json.loads((source / "distill" / "distill.json").read_text())
+    points = (continuation_points(args, source, dict(manifest["settings"]), student_options)
+              if getattr(args, "continue_students", False) else {})
     (work / "entries").mkdir(parents=True, exist_ok=True)
     for name in reused:
         link, kept = work / FOLDERS.get(name, name), work / "entries" / f"{name}.json"
@@ -274,9 +282,15 @@ def reuse_runs(args: argparse.Namespace, source: Path, student_options: list[str
         if (source / "entries" / f"{name}.json").is_file() and not kept.is_file():
             kept.write_text((source / "entries" / f"{name}.json").read_text())
     distill = work / "distill"
-    if distill.exists():
-        return
-    manifest = json.loads((source / "distill" / "distill.json").read_text())
+    if not distill.exists():
+        start_distillation(args, source, manifest, student_options)
+    if points:
+        continue_students(work, points)
+
+
+def start_distillation(args: argparse.Namespace, source: Path, manifest: dict, student_options: list[str]) -> None:
+    """WORK_DIR/distill from SOURCE's translation stage (and its dataset stage when built the same way)."""
+    work, distill = Path(args.work_dir), Path(args.work_dir) / "distill"
     missing = [stage for stage in ("translate", "dataset") if stage not in manifest["completed"]]
     if missing:
         raise SystemExit(f"--reuse_from {source}: its distillation has not completed {missing}")
@@ -293,6 +307,65 @@ def reuse_runs(args: argparse.Namespace, source: Path, student_options: list[str
     manifest["completed"] = {stage: manifest["completed"][stage] for stage in stages}
     (staging / "distill.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
     staging.rename(distill)
+
+
+def _without_max_steps(options: list[str]) -> list[str]:
+    return [token for index, token in enumerate(options)
+            if token != "--max_steps" and (index == 0 or options[index - 1] != "--max_steps")]
+
+
+def continuation_points(args: argparse.Namespace, source: Path, source_settings: dict,
+                        options: list[str]) -> dict[str, tuple[Path, Path, int]]:
+    """``--continue_students``: ``{run: (its folder here, SOURCE's newest checkpoint of it, its step)}``, or
+    refused in one sentence (before anything is written) unless SOURCE's students ran with the same options and
+    dataset but fewer steps than ``--student_steps``."""
+    from hf_deepnmt_training.checkpoints import last_checkpoint
+
+    if args.reuse_original_student:
+        raise SystemExit("--continue_students trains the student on the original data on from the reused study's "
+                         "checkpoint; do not also link it (--reuse_original_student).")
+    if source_settings.get("keep_original_targets", False) != args.keep_original_targets:
+        raise SystemExit(f"--continue_students: {source}'s distilled student learned from another dataset "
+                         "(--keep_original_targets differs); it can only be continued on its own.")
+    if _without_max_steps(source_settings["student_options"]) != _without_max_steps(options):
+        raise SystemExit(f"--continue_students: {source}'s students ran with {source_settings['student_options']}, "
+                         f"this study's with {options}; only --max_steps may differ.")
+    work, points = Path(args.work_dir), {}
+    for name, mine, theirs in (("distilled-student", work / "distill" / "student", source / "distill" / "student"),
+                               ("original-student", work / "student-original", source / "student-original")):
+        found = last_checkpoint(theirs) if theirs.is_dir() else None
+        if found is None:
+            raise SystemExit(f"--continue_students: {theirs} holds no complete checkpoint to continue from.")
+        step = int(Path(found).name.split("-")[-1])
+        if args.student_steps is None or args.student_steps <= step:
+            raise SystemExit(f"--continue_students: --student_steps {args.student_steps} must be more than the "
+                             f"{step} steps {Path(found)} holds.")
+        points[name] = (mine, Path(found), step)
+    return points
+
+
+def continue_students(work: Path, points: dict[str, tuple[Path, Path, int]]) -> dict[str, int]:
+    """Both students of WORK_DIR start from the newest checkpoints of SOURCE's students (`continuation_points`) and
+    train on to ``--student_steps``: `deepnmt distill` and `run_one` continue a folder that holds a checkpoint. The
+    students' learning-rate schedule (inverse square root after the warm-up) does not depend on the run length and a
+    resumed `Trainer` restores the optimizer, the scheduler, the random states and the place in the data, so the
+    result is the longer run's without its first steps again (tests/test_resume_and_distributed.py,
+    `test_a_run_continued_to_more_steps_is_the_longer_run`). Copies (through a staging folder); never changes SOURCE;
+    a folder that already holds a checkpoint (an earlier lane's copy, or a run under way) is left alone. Returns
+    ``{run: the step it continues from}``, also kept in ``WORK_DIR/entries/continued.json``."""
+    started = {}
+    for name, (mine, found, step) in points.items():
+        started[name] = step
+        if mine.is_dir() and any(mine.glob("checkpoint-*")):
+            continue
+        staging = mine.parent / f"{mine.name}.partial"
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.copytree(found, staging / found.name)
+        staging.rename(mine)
+    kept = work / "entries" / "continued.json"
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    kept.write_text(json.dumps(started, indent=2) + "\n")
+    return started
 
 
 def free_port() -> int:
@@ -428,6 +501,10 @@ def main() -> None:
     parser.add_argument("--reuse_original_student", action="store_true", help="With --reuse_from: link its student "
                         "trained on the original data too (when this study would run the same command: same steps, "
                         "dropout and seed).")
+    parser.add_argument("--continue_students", action="store_true", help="With --reuse_from and more "
+                        "--student_steps: both students continue from the newest checkpoints of the reused study's "
+                        "students instead of starting again (`continue_students`: the same run, its first steps not "
+                        "repeated).")
     parser.add_argument("--only", default=None, help="Comma-separated runs to do now (a lane of a parallel study): "
                         f"of {RUN_NAMES}; without it, every run in order and the results page.")
     parser.add_argument("--translate_processes", type=int, default=1, help="Processes (torchrun, one thread each) "
@@ -437,6 +514,8 @@ def main() -> None:
     unknown = sorted(set(only or ()) - set(RUN_NAMES))
     if unknown:
         parser.error(f"--only {args.only!r} names {unknown}; the runs are {RUN_NAMES}")
+    if args.continue_students and args.reuse_from is None:
+        parser.error("--continue_students continues the students of the study named by --reuse_from; give it.")
     if args.translate_processes < 1:
         parser.error(f"--translate_processes {args.translate_processes} must be 1 or more")
     name = results_name_of(args)
@@ -455,7 +534,7 @@ def main() -> None:
     if args.smoke:
         smoke_training_file(work / "smoke-train.jsonl")
     if args.reuse_from is not None:
-        distill_argv = dict((name, argv) for name, _, argv in steps(args))["distilled-student"]
+        distill_argv = {name: argv for name, _, argv in steps(args)}["distilled-student"]
         reuse_runs(args, Path(args.reuse_from), student_options(distill_argv))
     if args.device == "cuda" and not args.smoke:
         import torch
@@ -489,6 +568,9 @@ def main() -> None:
     if args.reuse_from is not None:
         report["reused_from"] = args.reuse_from
         report["reused_original_student"] = args.reuse_original_student
+    continued = Path(args.work_dir) / "entries" / "continued.json"
+    if args.continue_students and continued.is_file():
+        report["continued_students"] = json.loads(continued.read_text())
     if args.keep_original_targets:
         report["keep_original_targets"] = True
     for step in steps(args):
@@ -544,7 +626,12 @@ def render(report: dict) -> str:
                 + (", and the student on the original data too (`--reuse_original_student`: the same command)"
                    if report.get("reused_original_student") else "")
                 + ": the same runs, not repeated." if report.get("reused_from")
-                else ""), "",
+                else "")
+             + ("".join(f" The {name.replace('-', ' ')} continued from step {step} of the same run of "
+                        f"{report['reused_from']} (`--continue_students`: same options, inverse-square-root schedule, "
+                        "optimizer, random states and place in the data restored), so its minutes are those after "
+                        f"step {step}." for name, step in report["continued_students"].items())
+                if report.get("continued_students") else ""), "",
              "| model | test BLEU | chrF | minutes | where | command |", "|---|---|---|---|---|---|"]
     for label, name in rows:
         entry = runs.get(name) or {}
