@@ -205,8 +205,9 @@ def test_continue_students_starts_both_students_from_the_reused_studys_newest_ch
     report = {"runs": {}, "command": "c", "threads": 1, "reused_from": str(source),
               "continued_students": {"distilled-student": 7000, "original-student": 7000}}
     page = distill_bible.render(report)
-    assert f"The distilled student continued from step 7000 of the same run of {source}" in page
-    assert "The original student continued from step 7000" in page
+    assert (f"Continued from the same runs of {source} (`--continue_students`" in page
+            and "the student on the distilled data from step 7000 and the student on the original data from step "
+                "7000;" in page)
 
 
 def test_continue_students_is_refused_in_one_sentence_when_it_would_not_continue_the_same_run(tmp_path):

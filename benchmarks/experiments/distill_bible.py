@@ -314,6 +314,10 @@ def _without_max_steps(options: list[str]) -> list[str]:
             if token != "--max_steps" and (index == 0 or options[index - 1] != "--max_steps")]
 
 
+CONTINUED_LABELS = {"distilled-student": "the student on the distilled data",
+                    "original-student": "the student on the original data"}
+
+
 def continuation_points(args: argparse.Namespace, source: Path, source_settings: dict,
                         options: list[str]) -> dict[str, tuple[Path, Path, int]]:
     """``--continue_students``: ``{run: (its folder here, SOURCE's newest checkpoint of it, its step)}``, or
@@ -627,11 +631,11 @@ def render(report: dict) -> str:
                    if report.get("reused_original_student") else "")
                 + ": the same runs, not repeated." if report.get("reused_from")
                 else "")
-             + ("".join(f" The {name.replace('-', ' ')} continued from step {step} of the same run of "
-                        f"{report['reused_from']} (`--continue_students`: same options, inverse-square-root schedule, "
-                        "optimizer, random states and place in the data restored), so its minutes are those after "
-                        f"step {step}." for name, step in report["continued_students"].items())
-                if report.get("continued_students") else ""), "",
+             + (f" Continued from the same runs of {report['reused_from']} (`--continue_students`: same options; "
+                "inverse-square-root schedule, optimizer, random states and place in the data restored): "
+                + " and ".join(f"{CONTINUED_LABELS.get(name, name)} from step {step}"
+                               for name, step in report["continued_students"].items())
+                + "; their minutes are those after that step." if report.get("continued_students") else ""), "",
              "| model | test BLEU | chrF | minutes | where | command |", "|---|---|---|---|---|---|"]
     for label, name in rows:
         entry = runs.get(name) or {}
