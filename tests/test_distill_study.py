@@ -230,3 +230,19 @@ def test_continue_students_is_refused_in_one_sentence_when_it_would_not_continue
         with pytest.raises(SystemExit, match=message):
             distill_bible.reuse_runs(args, source, _options(args))
         assert not (work / "distill" / "student").exists() and not (work / "student-original").exists()
+
+
+def test_continue_students_is_refused_when_the_student_schedule_depends_on_the_run_length(tmp_path, monkeypatch):
+    import pytest
+    from hf_deepnmt_training import recipes
+
+    source = tmp_path / "s7000"
+    _source_study(source)
+    real = recipes.load_recipe
+    monkeypatch.setattr(recipes, "load_recipe", lambda name: {**real(name), "training": {
+        **real(name)["training"], "lr_scheduler_type": "linear"}})
+    args = _continue_args(tmp_path / "new")
+    with pytest.raises(SystemExit, match="lr_scheduler_type 'linear' depends on the run's length"):
+        distill_bible.reuse_runs(args, source, _options(args))
+    assert not (tmp_path / "new").exists()
+    assert real("student")["training"]["lr_scheduler_type"] in distill_bible.LENGTH_FREE_SCHEDULES

@@ -314,6 +314,7 @@ def _without_max_steps(options: list[str]) -> list[str]:
             if token != "--max_steps" and (index == 0 or options[index - 1] != "--max_steps")]
 
 
+LENGTH_FREE_SCHEDULES = ("inverse_sqrt", "constant", "constant_with_warmup")  # none reads --max_steps
 CONTINUED_LABELS = {"distilled-student": "the student on the distilled data",
                     "original-student": "the student on the original data"}
 
@@ -324,7 +325,13 @@ def continuation_points(args: argparse.Namespace, source: Path, source_settings:
     refused in one sentence (before anything is written) unless SOURCE's students ran with the same options and
     dataset but fewer steps than ``--student_steps``."""
     from hf_deepnmt_training.checkpoints import last_checkpoint
+    from hf_deepnmt_training.recipes import load_recipe
 
+    schedule = load_recipe("student")["training"].get("lr_scheduler_type", "linear")
+    if schedule not in LENGTH_FREE_SCHEDULES:
+        raise SystemExit(f"--continue_students: the student recipe's lr_scheduler_type {schedule!r} depends on the "
+                         f"run's length, so a continued run would not be the longer run; it needs one of "
+                         f"{LENGTH_FREE_SCHEDULES}.")
     if args.reuse_original_student:
         raise SystemExit("--continue_students trains the student on the original data on from the reused study's "
                          "checkpoint; do not also link it (--reuse_original_student).")
@@ -533,13 +540,13 @@ def main() -> None:
         write_markdown(report, results / f"{name}.md")
         return
     work = Path(args.work_dir)
+    if args.reuse_from is not None:  # first: a refused --reuse_from/--continue_students leaves no WORK_DIR behind
+        distill_argv = {name: argv for name, _, argv in steps(args)}["distilled-student"]
+        reuse_runs(args, Path(args.reuse_from), student_options(distill_argv))
     work.mkdir(parents=True, exist_ok=True)
     results.mkdir(parents=True, exist_ok=True)
     if args.smoke:
         smoke_training_file(work / "smoke-train.jsonl")
-    if args.reuse_from is not None:
-        distill_argv = {name: argv for name, _, argv in steps(args)}["distilled-student"]
-        reuse_runs(args, Path(args.reuse_from), student_options(distill_argv))
     if args.device == "cuda" and not args.smoke:
         import torch
 
