@@ -31,7 +31,7 @@ def test_reuse_from_links_the_teachers_and_starts_the_distillation_at_the_studen
     before = _source_study(source)
     args = argparse.Namespace(work_dir=str(work), smoke=False, threads=1, teacher_steps=2800, student_steps=8400,
                               student_dropout=0.1, keep_original_targets=False, reuse_original_student=False)
-    argv = dict((name, argv) for name, _, argv in distill_bible.steps(args))["distilled-student"]
+    argv = {name: argv for name, _, argv in distill_bible.steps(args)}["distilled-student"]
     options = distill_bible.student_options(argv)
     assert options == ["--seed", "42", "--max_steps", "8400", "--config_overrides", "dropout=0.1"]
     distill_bible.reuse_runs(args, source, options)
@@ -56,7 +56,7 @@ def test_reuse_from_with_the_original_targets_rebuilds_the_dataset_and_links_the
     (source / "entries" / "original-student.json").write_text('{"exit_code": 0, "wall_minutes": 61.7}\n')
     args = argparse.Namespace(work_dir=str(work), smoke=False, threads=1, teacher_steps=2800, student_steps=8400,
                               student_dropout=0.1, keep_original_targets=True, reuse_original_student=True)
-    argv = dict((name, argv) for name, _, argv in distill_bible.steps(args))["distilled-student"]
+    argv = {name: argv for name, _, argv in distill_bible.steps(args)}["distilled-student"]
     assert "--keep_original_targets" in argv
     options = distill_bible.student_options(argv)
     assert options == ["--seed", "42", "--max_steps", "8400", "--config_overrides", "dropout=0.1"]  # distill's own out
@@ -67,6 +67,32 @@ def test_reuse_from_with_the_original_targets_rebuilds_the_dataset_and_links_the
     assert (work / "student-original").is_symlink()
     assert json.loads((work / "entries" / "original-student.json").read_text())["wall_minutes"] == 61.7
     assert distill_bible.results_name(2800, 8400, 0.1, True) == "distill_bible_teachers2800_8400steps_dropout0.1_keep"
+
+
+def test_a_linked_original_student_that_its_study_continued_says_so_on_the_page(tmp_path):
+    source, work = tmp_path / "s14000", tmp_path / "s14000_keep"
+    _source_study(source)
+    (source / "student-original").mkdir()
+    (source / "entries" / "original-student.json").write_text('{"exit_code": 0, "wall_minutes": 70.8}\n')
+    (source / "entries" / "continued.json").write_text('{"distilled-student": 7000, "original-student": 7000}\n')
+    args = argparse.Namespace(work_dir=str(work), smoke=False, threads=2, teacher_steps=2800, student_steps=14000,
+                              student_dropout=0.1, keep_original_targets=True, reuse_original_student=True)
+    options = distill_bible.student_options({n: a for n, _, a in distill_bible.steps(args)}["distilled-student"])
+    distill_bible.reuse_runs(args, source, options)
+    distill_bible.reuse_runs(args, source, options)  # a second lane: the same entry
+    entry = json.loads((work / "entries" / "original-student.json").read_text())
+    assert entry == {"exit_code": 0, "wall_minutes": 70.8, "continued_from_step": 7000}
+    report = {"runs": {"original-student": entry}, "command": "c", "threads": 2, "reused_from": str(source),
+              "reused_original_student": True}
+    page = distill_bible.render(report)
+    assert (f"(`--reuse_original_student`: the same command; {source} had continued it from step 7000 of an earlier "
+            "study, so its minutes are those after that step)" in page)
+    (source / "entries" / "continued.json").unlink()  # a student the source trained from step 0: nothing to say
+    other = tmp_path / "other"
+    distill_bible.reuse_runs(argparse.Namespace(**{**vars(args), "work_dir": str(other)}), source, options)
+    assert "continued_from_step" not in json.loads((other / "entries" / "original-student.json").read_text())
+    assert "had continued it" not in distill_bible.render({**report, "runs": {}})
+    assert "(2 CPU threads per run of this study; the reused runs as their own study's page says, " in page
 
 
 def test_reuse_from_a_folder_that_is_not_a_finished_study_is_refused_in_one_sentence(tmp_path):

@@ -281,11 +281,23 @@ def reuse_runs(args: argparse.Namespace, source: Path, student_options: list[str
             link.symlink_to((source / FOLDERS.get(name, name)).resolve(), target_is_directory=True)
         if (source / "entries" / f"{name}.json").is_file() and not kept.is_file():
             kept.write_text((source / "entries" / f"{name}.json").read_text())
+    if args.reuse_original_student:  # a linked student that SOURCE continued: its minutes are those after that step
+        step = continued_step(source, "original-student")
+        kept = work / "entries" / "original-student.json"
+        entry = json.loads(kept.read_text()) if kept.is_file() else {}
+        if step is not None and entry.get("continued_from_step") != step:
+            kept.write_text(json.dumps({**entry, "continued_from_step": step}, indent=2) + "\n")
     distill = work / "distill"
     if not distill.exists():
         start_distillation(args, source, manifest, student_options)
     if points:
         continue_students(work, points)
+
+
+def continued_step(study: Path, name: str) -> int | None:
+    """The step from which ``study`` continued its run ``name`` (`continue_students`), or None."""
+    continued = study / "entries" / "continued.json"
+    return json.loads(continued.read_text()).get(name) if continued.is_file() else None
 
 
 def start_distillation(args: argparse.Namespace, source: Path, manifest: dict, student_options: list[str]) -> None:
@@ -616,6 +628,9 @@ def render(report: dict) -> str:
     steps = f"{steps}," if steps else ""
     how_run = ("several runs at a time in lanes (`--only`, the script's docstring): that changes their minutes, not "
                "their results" if report.get("lanes") else "one run at a time")
+    threads = report.get("threads")
+    threads_text = (f"{threads} CPU thread per run" if threads == 1 else f"{threads} CPU threads per run" + (
+        " of this study; the reused runs as their own study's page says" if report.get("reused_from") else ""))
     teacher = (f", {report['teacher_steps']} steps" if "teacher_steps" in report else "") + (
         f", dropout {report['teacher_dropout']:g}" if "teacher_dropout" in report else "") + (
         f", warmup {report['teacher_warmup_steps']}" if "teacher_warmup_steps" in report else "")
@@ -629,12 +644,16 @@ def render(report: dict) -> str:
             ("the distilled student, ONNX Runtime int8", "distilled-student-onnx-int8"),
             ("the distilled student, CTranslate2 int8", "distilled-student-ctranslate2-int8")]
     lines = ["# Distillation on the embedded corpus: two teachers, their ensemble, a distilled student", "",
-             f"Command: `{report.get('command')}` ({report.get('threads')} CPU thread per run, {how_run}). "
+             f"Command: `{report.get('command')}` ({threads_text}, {how_run}). "
              "Test: the 998 verses of the held-out books, beam 4. Every command below ran as written "
              "(`deepnmt` = `python -m hf_deepnmt_training.cli`)."
              + (f" The teachers, both ensemble rows and the teachers' translation of the training corpus were taken "
                 f"from {report['reused_from']} (`--reuse_from`)"
-                + (", and the student on the original data too (`--reuse_original_student`: the same command)"
+                + (", and the student on the original data too (`--reuse_original_student`: the same command"
+                   + (f"; {report['reused_from']} had continued it from step "
+                      f"{runs['original-student']['continued_from_step']} of an earlier study, so its minutes are "
+                      "those after that step" if (runs.get("original-student") or {}).get("continued_from_step")
+                      else "") + ")"
                    if report.get("reused_original_student") else "")
                 + ": the same runs, not repeated." if report.get("reused_from")
                 else "")
