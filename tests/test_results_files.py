@@ -110,6 +110,9 @@ RENDERED: dict[str, Renderer] = {
     "distill_bible_teachers7000-dropout0.1-warmup400_14000steps_dropout0.1.md": Renderer(
         "distill_bible", "write_markdown",
         "distill_bible_teachers7000-dropout0.1-warmup400_14000steps_dropout0.1.json", "markdown"),
+    "distill_bible_teachers7000-dropout0.1-warmup400_14000steps_dropout0.1_keep.md": Renderer(
+        "distill_bible", "write_markdown",
+        "distill_bible_teachers7000-dropout0.1-warmup400_14000steps_dropout0.1_keep.json", "markdown"),
     "dou2018_miniature.md": Renderer("dou2018_miniature", "write_markdown", "dou2018_miniature.json", "markdown",
                                      inputs=("dou2018_miniature_base2.json",)),
     "dou2018_postln_d64.md": Renderer("dou2018_postln", "write_markdown", "dou2018_postln_d64.json", "markdown"),
