@@ -272,3 +272,21 @@ def test_continue_students_is_refused_when_the_student_schedule_depends_on_the_r
         distill_bible.reuse_runs(args, source, _options(args))
     assert not (tmp_path / "new").exists()
     assert real("student")["training"]["lr_scheduler_type"] in distill_bible.LENGTH_FREE_SCHEDULES
+
+
+def test_options_of_a_reused_study_without_reuse_from_are_refused_in_one_sentence(tmp_path, monkeypatch, capsys):
+    import sys
+
+    import pytest
+
+    def no_run(*args, **kwargs):
+        raise AssertionError("the study ran a step instead of refusing the option")
+
+    monkeypatch.setattr(distill_bible, "run_one", no_run)
+    for option in ("--continue_students", "--reuse_original_student"):
+        monkeypatch.setattr(sys, "argv", ["distill_bible", "--work_dir", str(tmp_path / "w"), option])
+        with pytest.raises(SystemExit):
+            distill_bible.main()
+        assert (f"{option} works on the study named by --reuse_from, which is not given; give it."
+                in capsys.readouterr().err)
+    assert not (tmp_path / "w").exists()  # refused before anything is written

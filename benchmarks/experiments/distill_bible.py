@@ -537,8 +537,9 @@ def main() -> None:
     unknown = sorted(set(only or ()) - set(RUN_NAMES))
     if unknown:
         parser.error(f"--only {args.only!r} names {unknown}; the runs are {RUN_NAMES}")
-    if args.continue_students and args.reuse_from is None:
-        parser.error("--continue_students continues the students of the study named by --reuse_from; give it.")
+    for option in ("continue_students", "reuse_original_student"):
+        if getattr(args, option) and args.reuse_from is None:
+            parser.error(f"--{option} works on the study named by --reuse_from, which is not given; give it.")
     if args.translate_processes < 1:
         parser.error(f"--translate_processes {args.translate_processes} must be 1 or more")
     name = results_name_of(args)
