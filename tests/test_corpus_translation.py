@@ -346,3 +346,21 @@ def test_translate_and_evaluate_put_the_torch_engine_on_the_process_gpu(two_gpus
     monkeypatch.setattr("hf_deepnmt.export.load_engine", lambda folder, name, **kwargs: "an onnx engine")
     assert translate.load_translation_engine([str(tiny_folder)])[0] == "an onnx engine"  # auto: the export's own
     assert placed == []
+
+
+def test_an_over_long_line_is_named_by_its_line_in_the_input(tiny_tokenizer, tmp_path, capsys):
+    """Issue 66 item 2: the note on an over-long line names its line of the whole input, in a process's strided
+    share (rank 1 of 2 translates lines 2, 4, 6, …) and after a resumed run's complete lines."""
+    long_line = " ".join(source for source, _ in PARALLEL * 3)
+    lines = sentences(9)
+    lines[3] = lines[6] = long_line  # input lines 4 and 7
+    translate_corpus(EchoEngine(), tiny_tokenizer, lines, tmp_path / "shared.txt", shard=Shard(1, 2), batch_size=4,
+                     window=2, rendezvous=ONE_AFTER_ANOTHER)
+    assert [line.split(" has ")[0] for line in capsys.readouterr().err.splitlines() if " tokens, more than " in line] \
+        == ["[deepnmt] line 4"]  # line 7 is rank 0's
+    output = tmp_path / "alone.txt"
+    output.write_text("".join(line + "\n" for line in lines[:5]), encoding="utf-8")
+    translate_corpus(EchoEngine(), tiny_tokenizer, lines, output, resume=True, window=2)
+    assert [line.split(" has ")[0] for line in capsys.readouterr().err.splitlines() if " tokens, more than " in line] \
+        == ["[deepnmt] line 7"]
+    assert output.read_text(encoding="utf-8").splitlines()[6] == long_line

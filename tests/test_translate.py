@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 
 import pytest
 
@@ -121,3 +122,80 @@ def test_search_generate_runs_transformers_own_loop(budget_model, tiny_tokenizer
                                 search="generate")
     assert len(texts) == 6 and budget_model.generate_by_retiring_search is True
     assert "generate_by_retiring_search" not in vars(budget_model)
+
+
+# ------------------------------------------------------------------------------------------------ over-long inputs
+LONG_LINES = [" ".join(source for source, _ in PARALLEL * 4),  # 24 sentences, about 8 times the 64 tokens accepted
+              " ".join(source.rstrip(".") for source, _ in PARALLEL * 2)]  # one sentence, about 4 times the limit
+
+
+def test_an_input_longer_than_the_model_accepts_is_translated_whole(tiny_tokenizer, capsys):
+    """Issue 66 item 2: a line over the model's 64 tokens is split into pieces that fit — at sentence ends, and
+    between words inside a sentence longer than the limit — translated piece by piece and joined; an engine that
+    echoes its source shows every word arrives (it was cut at 64 tokens: a 521-token line gave its first 63), and
+    one line on stderr per over-long input names its line number (here those of a strided share: 5, 8, 11, 14)."""
+    from test_corpus_translation import EchoEngine
+
+    from hf_deepnmt_training.translate import split_long_input, translate_windows
+
+    def fits(text: str) -> bool:
+        return len(tiny_tokenizer(text)["input_ids"]) <= 64
+
+    many, one = LONG_LINES
+    lengths = [len(tiny_tokenizer(text)["input_ids"]) for text in LONG_LINES]
+    assert min(lengths) > 3 * 64
+    split = split_long_input(many, fits)
+    assert " ".join(split.pieces) == many and split.inside_sentences == 0
+    assert all(fits(piece) and piece.endswith(".") for piece in split.pieces)
+    assert len(split.pieces) <= -(-lengths[0] // 50)  # packed: a few sentences per piece, not one each
+    words = split_long_input(one, fits)
+    assert " ".join(words.pieces) == one and words.inside_sentences == len(words.pieces) > 1
+    assert all(fits(piece) for piece in words.pieces)
+
+    lines = ["In the beginning.", many, "", one]
+    assert list(translate_windows(EchoEngine(), tiny_tokenizer, lines, window=2, first_line=5, line_step=3)) == lines
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[deepnmt]")]
+    assert notes == [
+        f"[deepnmt] line 8 has {lengths[0]} tokens, more than the 64 the model accepts: translated whole in "
+        f"{len(split.pieces)} pieces, cut at sentence ends, their translations joined (docs/training.md, \"An input "
+        "longer than the model accepts\")",
+        f"[deepnmt] line 14 has {lengths[1]} tokens, more than the 64 the model accepts: translated whole in "
+        f"{len(words.pieces)} pieces, cut at sentence ends and, inside a sentence longer than that, between words "
+        f"({len(words.pieces)} of the pieces), their translations joined (docs/training.md, \"An input longer than "
+        "the model accepts\")"]
+
+
+def test_translate_and_evaluate_translate_an_over_long_line_whole(tiny_folder, tiny_tokenizer, tmp_path, capsys):
+    """Issue 66 item 2 through the command line: `deepnmt translate` and `deepnmt evaluate` give an over-long line
+    the joined translations of its pieces (not the translation of its first 64 tokens), exit 0, and name the line
+    (translate) or test pair (evaluate) on stderr."""
+    from transformers import AutoModelForSeq2SeqLM
+
+    from hf_deepnmt_training.cli import main
+    from hf_deepnmt_training.translate import split_long_input
+
+    model = AutoModelForSeq2SeqLM.from_pretrained(tiny_folder)
+    many = LONG_LINES[0]
+    pieces = split_long_input(many, lambda text: len(tiny_tokenizer(text)["input_ids"]) <= 64).pieces
+    options = dict(num_beams=1, max_new_tokens=4, progress=False)
+    expected = " ".join(text for text in translate_sentences(model, tiny_tokenizer, pieces, **options) if text)
+    cut = translate_sentences(model, tiny_tokenizer, [tiny_tokenizer.decode(
+        tiny_tokenizer(many, truncation=True, max_length=64)["input_ids"], skip_special_tokens=True)], **options)[0]
+    assert expected != cut
+
+    source, output = tmp_path / "in.txt", tmp_path / "out.txt"
+    source.write_text(f"In the beginning.\n{many}\n", encoding="utf-8")
+    assert main(["translate", str(tiny_folder), "--input", str(source), "--output", str(output), "--num_beams", "1",
+                 "--max_new_tokens", "4"]) == 0
+    assert output.read_text(encoding="utf-8").splitlines()[1] == expected
+    assert f"[deepnmt] line 2 has {len(tiny_tokenizer(many)['input_ids'])} tokens" in capsys.readouterr().err
+
+    test, hypotheses = tmp_path / "test.jsonl", tmp_path / "hypotheses.txt"
+    pairs = [PARALLEL[0], (many, " ".join(target for _, target in PARALLEL * 4))]
+    test.write_text("".join(json.dumps({"translation": {"en": en, "es": es}}) + "\n" for en, es in pairs),
+                    encoding="utf-8")
+    assert main(["evaluate", str(tiny_folder), "--test_file", str(test), "--source_lang", "en", "--target_lang", "es",
+                 "--num_beams", "1", "--reliance_pairs", "1", "--hypotheses", str(hypotheses)]) == 0
+    assert "[deepnmt] test pair 2 has" in capsys.readouterr().err
+    whole = translate_sentences(model, tiny_tokenizer, pieces, num_beams=1, progress=False)
+    assert hypotheses.read_text(encoding="utf-8").splitlines()[1] == " ".join(text for text in whole if text)

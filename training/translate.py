@@ -9,6 +9,7 @@ import glob
 import itertools
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -30,6 +31,69 @@ from .metrics import TranslationScores, score_translations
 from .recipes import resolve_path
 
 
+# A sentence ends at . ! ? … (and closing quotes or brackets after them) followed by white space, or at a CJK full
+# stop, exclamation or question mark (no space follows those).
+SENTENCE_END = re.compile(r"[.!?…]+[\"'”’»)\]]*\s+|[。！？]+[」』”’)）]*\s*")
+
+
+def split_sentences(text: str) -> list[str]:
+    """The sentences of ``text`` (`SENTENCE_END`), white space at their ends removed; empty ones dropped."""
+    sentences, start = [], 0
+    for match in SENTENCE_END.finditer(text):
+        sentences.append(text[start:match.end()].strip())
+        start = match.end()
+    sentences.append(text[start:].strip())
+    return [sentence for sentence in sentences if sentence]
+
+
+@dataclass(frozen=True)
+class LongInputSplit:
+    """An input longer than the model accepts, cut into pieces that fit (`split_long_input`)."""
+
+    pieces: list[str]
+    """The pieces in input order, each within the model's limit."""
+    inside_sentences: int
+    """How many pieces were cut between the words (or, for a word longer than the limit, the characters) of one
+    sentence: a token window of a sentence longer than the model accepts on its own."""
+
+
+# How `split_long_input` cuts, coarsest first: sentences (joined by a space), words (joined by a space), characters.
+_SPLIT_LEVELS: tuple[tuple[Callable[[str], list[str]], str], ...] = (
+    (split_sentences, " "), (str.split, " "), (list, ""))
+
+
+def split_long_input(text: str, fits: Callable[[str], bool]) -> LongInputSplit:
+    """``text`` cut into as few pieces as fit (``fits(piece)``: the piece's tokens are within the model's limit):
+    consecutive sentences are packed into one piece as long as it fits; a sentence that does not fit alone is cut
+    between words into the longest windows that fit, and a word that does not fit alone between characters. Each
+    piece is the longest that fits from where the previous one ended (a binary search over how many sentences,
+    words or characters it takes), so a line of n tokens needs about n / limit pieces and a few tokenizer calls
+    per piece (docs/training.md, "An input longer than the model accepts")."""
+    pieces: list[tuple[str, int]] = []
+
+    def cut(part: str, level: int) -> None:
+        split, joiner = _SPLIT_LEVELS[level]
+        units = split(part)
+        start = 0
+        while start < len(units):
+            if level + 1 < len(_SPLIT_LEVELS) and not fits(units[start]):
+                cut(units[start], level + 1)  # one unit longer than the limit: its words (or characters)
+                start += 1
+                continue
+            low, high = start + 1, len(units)  # units[start:low] fits; find the longest run that does
+            while low < high:
+                middle = (low + high + 1) // 2
+                if fits(joiner.join(units[start:middle])):
+                    low = middle
+                else:
+                    high = middle - 1
+            pieces.append((joiner.join(units[start:low]), level))
+            start = low
+
+    cut(text.strip(), 0)
+    return LongInputSplit([piece for piece, _ in pieces], sum(1 for _, level in pieces if level > 0))
+
+
 @torch.no_grad()
 def translate_sentences(
     model,
@@ -42,6 +106,8 @@ def translate_sentences(
     desc: str = "translating",
     bf16: bool = False,
     search: str = "retiring",
+    numbers: Sequence[int] | None = None,
+    what: str = "line",
 ) -> list[str]:
     """Translate in length-sorted batches (original order restored); an empty line translates to "".
 
@@ -52,6 +118,12 @@ def translate_sentences(
     ONNX models of the package), a batch holds sentences of any budget, decoded in one search that retires each
     sentence once its result is final (`hf_deepnmt.retiring_search`: the same tokens as one call per budget).
 
+    An input longer than the model accepts is never cut short: it is split into pieces that fit, at sentence ends
+    and, for a sentence too long on its own, between words (`split_long_input`); the pieces are translated as
+    sentences of their own and their translations joined by spaces, and one line on stderr names the input —
+    ``what`` and its number in ``numbers`` (default 1, 2, … in ``sentences``' order) — its length and its pieces
+    (docs/training.md, "An input longer than the model accepts").
+
     ``model`` is a PyTorch model (run with `generate`, under bf16 autocast with ``bf16``) or an engine of
     `hf_deepnmt.export.load_engine` (CTranslate2, ONNX Runtime): the batching and the output are the same.
     """
@@ -61,22 +133,43 @@ def translate_sentences(
 
     engine = TorchEngine(model, bf16=bf16) if isinstance(model, torch.nn.Module) else model
     limit = min(tokenizer.model_max_length, engine.max_positions)
-    kept = [i for i, sentence in enumerate(sentences) if sentence.strip()]
-    encoded = dict(zip(kept, tokenizer([sentences[i] for i in kept], truncation=True, max_length=limit)["input_ids"]
-                       if kept else []))
-    budget = {i: max_new_tokens or new_token_budget(len(ids), limit) for i, ids in encoded.items()}
     if search not in ("retiring", "generate"):
         raise ValueError(f"search = {search!r} is not allowed; use 'retiring' or 'generate'.")
+    kept = [i for i, sentence in enumerate(sentences) if sentence.strip()]
+    whole = tokenizer([sentences[i] for i in kept], verbose=False)["input_ids"] if kept else []
+    owner: list[int] = []  # the sentence of each unit translated: the sentence itself, or one piece of it
+    encoded: dict[int, list[int]] = {}
+
+    def fits(text: str) -> bool:
+        return len(tokenizer(text, verbose=False)["input_ids"]) <= limit
+
+    for i, ids in zip(kept, whole):
+        if len(ids) <= limit:
+            encoded[len(owner)] = ids
+            owner.append(i)
+            continue
+        split = split_long_input(sentences[i], fits)
+        for piece in split.pieces:  # truncation only guards a character longer than the limit, which no model has
+            encoded[len(owner)] = tokenizer(piece, truncation=True, max_length=limit, verbose=False)["input_ids"]
+            owner.append(i)
+        number = numbers[i] if numbers is not None else i + 1
+        windows = (f" and, inside a sentence longer than that, between words ({split.inside_sentences} of the "
+                   "pieces)" if split.inside_sentences else "")
+        tqdm.write(f"[deepnmt] {what} {number} has {len(ids)} tokens, more than the {limit} the model accepts: "
+                   f"translated whole in {len(split.pieces)} pieces, cut at sentence ends{windows}, their "
+                   "translations joined (docs/training.md, \"An input longer than the model accepts\")",
+                   file=sys.stderr)
+    budget = {u: max_new_tokens or new_token_budget(len(ids), limit) for u, ids in encoded.items()}
     mixed = (search == "retiring" and max_new_tokens is None and callable(getattr(engine, "takes_budgets", None))
              and engine.takes_budgets(num_beams))
-    order = sorted(kept, key=lambda i: (budget[i], len(encoded[i])), reverse=True)
+    order = sorted(encoded, key=lambda u: (budget[u], len(encoded[u])), reverse=True)
     batches: list[list[int]] = []
-    for i in order:  # consecutive runs of one budget (of any, when mixed), cut every batch_size sentences
-        if batches and len(batches[-1]) < batch_size and (mixed or budget[batches[-1][0]] == budget[i]):
-            batches[-1].append(i)
+    for u in order:  # consecutive runs of one budget (of any, when mixed), cut every batch_size units
+        if batches and len(batches[-1]) < batch_size and (mixed or budget[batches[-1][0]] == budget[u]):
+            batches[-1].append(u)
         else:
-            batches.append([i])
-    results = [""] * len(sentences)
+            batches.append([u])
+    translated = [""] * len(owner)
     model = getattr(engine, "model", None)
     loop = search == "generate" and getattr(model, "generate_by_retiring_search", False)
     if loop:  # transformers' own loop per budget (a model's `generate` would otherwise run the retiring search)
@@ -84,36 +177,51 @@ def translate_sentences(
     try:
         for batch in tqdm(batches, desc=desc, disable=not progress, file=sys.stderr):
             if mixed:
-                output = engine.generate_budgets([encoded[i] for i in batch], [budget[i] for i in batch], num_beams)
+                output = engine.generate_budgets([encoded[u] for u in batch], [budget[u] for u in batch], num_beams)
             else:
-                output = engine.generate([encoded[i] for i in batch], num_beams=num_beams,
+                output = engine.generate([encoded[u] for u in batch], num_beams=num_beams,
                                          max_new_tokens=budget[batch[0]])
-            for i, text in zip(batch, tokenizer.batch_decode(output, skip_special_tokens=True)):
-                results[i] = text.strip()
+            for u, text in zip(batch, tokenizer.batch_decode(output, skip_special_tokens=True)):
+                translated[u] = text.strip()
     finally:
         if loop:
             del model.generate_by_retiring_search  # the class's value again
+    results = [""] * len(sentences)
+    for i, group in itertools.groupby(range(len(owner)), key=owner.__getitem__):  # a sentence's units are adjacent
+        results[i] = " ".join(text for text in (translated[u] for u in group) if text)
     return results
 
 
 def translate_windows(model, tokenizer, lines: Iterable[str], window: int = 10_000, batch_size: int = 32,
-                      progress: Any = None, **options: Any) -> Iterator[str]:
+                      progress: Any = None, first_line: int = 1, line_step: int = 1,
+                      **options: Any) -> Iterator[str]:
     """`translate_sentences` over a stream of lines of any length, with bounded memory: reads ``window`` lines,
     sorts them by length into batches (the speed of sorted batching), yields their translations in input order,
     then reads on. At most ``window`` lines and their translations are held at a time; ``window = batch_size`` is
-    the lowest latency (pipes, interactive use). ``progress``, a tqdm bar, is advanced by the lines translated."""
+    the lowest latency (pipes, interactive use). ``progress``, a tqdm bar, is advanced by the lines translated.
+    ``first_line`` and ``line_step``: the input's line numbers of the first line and between two lines of
+    ``lines`` (a resumed run, a process's strided share), which name an over-long line in its note."""
     if window < 1 or batch_size < 1:
         raise UserInputError(f"`window` = {window} and `batch_size` = {batch_size} must both be ≥ 1.")
     chunk: list[str] = []
+    read = 0
+
+    def translated() -> list[str]:
+        start = first_line + (read - len(chunk)) * line_step
+        numbers = range(start, start + len(chunk) * line_step, line_step)
+        return translate_sentences(model, tokenizer, chunk, batch_size=batch_size, progress=False, numbers=numbers,
+                                   **options)
+
     for line in lines:
         chunk.append(line.rstrip("\r\n"))
+        read += 1
         if len(chunk) == window:
-            yield from translate_sentences(model, tokenizer, chunk, batch_size=batch_size, progress=False, **options)
+            yield from translated()
             if progress is not None:
                 progress.update(len(chunk))
             chunk = []
     if chunk:
-        yield from translate_sentences(model, tokenizer, chunk, batch_size=batch_size, progress=False, **options)
+        yield from translated()
         if progress is not None:
             progress.update(len(chunk))
 
@@ -276,7 +384,8 @@ def translate_corpus(model: Any, tokenizer: Any, lines: Iterable[str], output: s
         count = 0
         with open(output, "a" if resume else "w", encoding="utf-8") as handle:
             for translation in translate_windows(model, tokenizer, itertools.islice(lines, done, None), window=window,
-                                                 batch_size=batch_size, progress=progress, **options):
+                                                 batch_size=batch_size, progress=progress, first_line=done + 1,
+                                                 **options):
                 handle.write(translation + "\n")
                 count += 1
         return CorpusTranslation(done, count, merged=True)
@@ -307,7 +416,9 @@ def translate_corpus(model: Any, tokenizer: Any, lines: Iterable[str], output: s
         share = itertools.islice(itertools.islice(lines, base, None), shard.rank, None, shard.world)
         with open(part, "a" if resume else "w", encoding="utf-8") as handle:
             for translation in translate_windows(model, tokenizer, itertools.islice(share, done, None),
-                                                 window=window, batch_size=batch_size, progress=progress, **options):
+                                                 window=window, batch_size=batch_size, progress=progress,
+                                                 first_line=base + shard.rank + done * shard.world + 1,
+                                                 line_step=shard.world, **options):
                 handle.write(translation + "\n")
                 count += 1
             handle.flush()
@@ -389,7 +500,7 @@ def evaluate_model(
     if tokenizer is None:
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
     hypotheses = translate_sentences(model, tokenizer, corpus.sources, num_beams=num_beams, batch_size=batch_size,
-                                     desc=f"evaluating (beam {num_beams})")
+                                     desc=f"evaluating (beam {num_beams})", what="test pair")
     return score_translations(hypotheses, corpus.targets), hypotheses
 
 
