@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import sys
 from types import SimpleNamespace
 
@@ -233,6 +234,46 @@ def test_deepnmt_export_and_translate_with_every_engine(tiny_folder, tiny_tokeni
     out = tmp_path / "marian.txt"
     assert main(["translate", "--model", str(tmp_path / "marian"), "--output", str(out), *common]) == 0
     assert out.read_text(encoding="utf-8") == expected
+
+
+def test_evaluate_scores_an_export_with_the_engine_that_runs_it(tiny_folder, tmp_path, capsys):
+    """Issue 66 item 3: `deepnmt evaluate` on a CTranslate2 or ONNX export folder scores it with its own engine (it
+    failed with transformers' tracebacks: "Unrecognized model" and "no model.safetensors"), translating exactly as
+    `deepnmt translate` with that engine does; source reliance, which needs the torch model, is said to be left out.
+    ``--engine onnx`` scores a model folder's onnx/ export; an engine the folder lacks is one sentence."""
+    from conftest import PARALLEL
+
+    test = tmp_path / "test.jsonl"
+    test.write_text("".join(json.dumps({"translation": {"en": en, "es": es}}) + "\n" for en, es in PARALLEL),
+                    encoding="utf-8")
+    (tmp_path / "in.txt").write_text("".join(en + "\n" for en, _ in PARALLEL), encoding="utf-8")
+    common = ["--test_file", str(test), "--source_lang", "en", "--target_lang", "es", "--num_beams", "2",
+              "--threads", "1"]
+    for engine in ("ctranslate2", "onnx"):
+        folder = tmp_path / engine
+        assert main(["export", str(tiny_folder), str(folder), "--format", engine]) == 0
+        capsys.readouterr()
+        scores, hypotheses = tmp_path / f"{engine}.json", tmp_path / f"{engine}.hyp"
+        assert main(["evaluate", str(folder), *common, "--output_json", str(scores), "--hypotheses",
+                     str(hypotheses)]) == 0
+        out = capsys.readouterr().out
+        assert f"the {engine} engine ({folder})" in out and "source reliance: not measured" in out
+        report = json.loads(scores.read_text())
+        assert report["sentences"] == len(PARALLEL) and report["source_reliance"] is None
+        assert main(["translate", str(folder), "--input", str(tmp_path / "in.txt"), "--output",
+                     str(tmp_path / f"{engine}.txt"), "--num_beams", "2", "--threads", "1"]) == 0
+        assert hypotheses.read_text(encoding="utf-8") == (tmp_path / f"{engine}.txt").read_text(encoding="utf-8")
+    model_folder = tmp_path / "with_onnx"
+    shutil.copytree(tiny_folder, model_folder)
+    shutil.copytree(tmp_path / "onnx", model_folder / "onnx")
+    assert main(["evaluate", str(model_folder), *common, "--engine", "onnx"]) == 0
+    assert f"the onnx engine ({model_folder / 'onnx'})" in capsys.readouterr().out
+    assert main(["evaluate", str(model_folder), *common]) == 0  # a model folder: torch, with source reliance
+    out = capsys.readouterr().out
+    assert f"the torch engine ({model_folder})" in out and "nats/token" in out
+    assert main(["evaluate", str(tmp_path / "onnx"), *common, "--engine", "ctranslate2"]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and "`--engine` = 'ctranslate2' is not allowed for" in error[0]
 
 
 def test_deepnmt_export_and_translate_a_dtmt_model_with_onnx(tiny_tokenizer, tmp_path):

@@ -131,7 +131,7 @@ def test_the_option_table_is_read():
     commands = {command for command, _ in CLAIMS}
     assert {"train", "evaluate", "diagnose", "translate", "export", "serve", "push"} <= commands
     assert {option for _, option in CLAIMS} == {"--model_name_or_path", "--model", "POSITIONAL", "--num_beams",
-                                                "--source_lang", "--target_lang"}
+                                                "--source_lang", "--target_lang", "--engine"}
 
 
 @pytest.mark.parametrize("command, option", CLAIMS, ids=[f"{command}:{option}" for command, option in CLAIMS])

@@ -65,9 +65,16 @@ def _top_level_help() -> str:
 def _evaluate(argv: Sequence[str]) -> int:
     parser = CommandParser(prog="deepnmt evaluate", description="Score a saved model on a test file "
                            "(BLEU, chrF, TER with sacreBLEU signatures) using beam search.")
-    add_model_argument(parser, "Saved model folder (or Hub id); several folders are scored as one ensemble "
-                       "(the tokenizer is the first folder's)", several=True)
+    add_model_argument(parser, "Saved model folder (or Hub id), or a folder written by `deepnmt export` (scored "
+                       "by its engine); several folders are scored as one ensemble (the tokenizer is the first "
+                       "folder's)", several=True)
     add_ensemble_options(parser)
+    parser.add_argument("--engine", choices=ENGINES, default=None, help="What runs the model, as for `deepnmt "
+                        "translate` (default: an export folder's own engine — ctranslate2, onnx, or torch for a "
+                        "marian export — and torch for a model folder; --engine onnx scores a model folder's ONNX "
+                        "export in onnx/). Source reliance needs the torch model and is measured on torch only.")
+    parser.add_argument("--threads", type=int, default=None, help="Intra-op threads of the engine (default: torch's "
+                        "default thread count).")
     parser.add_argument("--test_file", required=True, help="Test data: .jsonl/.json/.tsv, a PREFIX of "
                         "PREFIX.<lang> files, or corpus:web-sparv/test.jsonl.gz (the embedded corpus).")
     add_language_options(parser, "of --test_file")
@@ -84,31 +91,54 @@ def _evaluate(argv: Sequence[str]) -> int:
     model_of(parser, args, needs_tokenizer=True)
     if args.num_beams < 1 or args.batch_size < 1 or args.reliance_pairs < 1:
         parser.error("--num_beams, --batch_size and --reliance_pairs must be ≥ 1.")
+    if args.threads is not None and args.threads < 1:
+        parser.error(f"--threads {args.threads} is not allowed; use 1 or more")
     check_ensemble_options(args, parser)
     languages_of(args, required=True)
+    engine_name = args.engine
+    if engine_name is None and not (Path(args.model[0]).expanduser() / "deepnmt_export.json").is_file():
+        engine_name = "torch"  # a model folder is scored as trained (its onnx/ export: --engine onnx)
     from .data import read_parallel_file
     from .recipes import resolve_path
-    from .translate import corpus_source_reliance, evaluate_model, load_models_and_tokenizer
+    from .translate import corpus_source_reliance, evaluate_model, load_translation_engine
 
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
     quiet_libraries()
-    model, tokenizer = load_models_and_tokenizer(args.model, args.weights, args.combination, device=args.device)
-    languages_of(args, required=True, model=model)
+    engine, tokenizer, described = load_translation_engine(args.model, engine_name, args.threads, False,
+                                                           args.weights, args.combination, command="evaluate",
+                                                           device=args.device)
+    from hf_deepnmt.export import OnnxEngine, TorchEngine
+
+    torch_model = isinstance(engine, TorchEngine) and not isinstance(engine, OnnxEngine)
+    model = engine.model if torch_model else None  # the torch model, on which source reliance is measured
+    if model is not None:
+        languages_of(args, required=True, model=model)
     corpus = read_parallel_file(resolve_path(args.test_file), args.source_lang, args.target_lang, args.max_samples)
     scores, hypotheses = evaluate_model(args.model[0], args.test_file, args.source_lang, args.target_lang,
                                         num_beams=args.num_beams, batch_size=args.batch_size,
-                                        max_samples=args.max_samples, model=model, tokenizer=tokenizer, corpus=corpus)
-    reliance = corpus_source_reliance(model, tokenizer, corpus.sources, corpus.targets, args.reliance_pairs)
+                                        max_samples=args.max_samples, model=engine, tokenizer=tokenizer,
+                                        corpus=corpus)
+    reliance = (corpus_source_reliance(model, tokenizer, corpus.sources, corpus.targets, args.reliance_pairs)
+                if model is not None else None)
     report = {**scores.as_dict(), "sentences": scores.num_sentences, "num_beams": args.num_beams,
-              "source_reliance": round(reliance, 4), "signatures": scores.signatures}
+              "engine": described, "source_reliance": None if reliance is None else round(reliance, 4),
+              "signatures": scores.signatures}
     if len(args.model) > 1:
         report["ensemble"] = {"models": list(args.model), "weights": model.config.weights,
                               "combination": args.combination}
         print(f"an ensemble of {len(args.model)} models ({args.combination}, weights "
               f"{', '.join(f'{weight:g}' for weight in model.config.weights)})")
     print(f"BLEU {scores.bleu}  chrF {scores.chrf}  TER {scores.ter}  ({scores.num_sentences} sentences, "
-          f"beam {args.num_beams})")
-    print(f"source reliance {reliance:.4f} nats/token on {min(args.reliance_pairs, len(corpus.sources))} pairs "
-          "(li2022 collapse monitor: ≈ 0 means the decoder ignores the source)")
+          f"beam {args.num_beams}, {described})")
+    if reliance is None:
+        print("source reliance: not measured (it needs the torch model; score the model folder with --engine torch "
+              "for it)")
+    else:
+        print(f"source reliance {reliance:.4f} nats/token on {min(args.reliance_pairs, len(corpus.sources))} pairs "
+              "(li2022 collapse monitor: ≈ 0 means the decoder ignores the source)")
     for name, signature in scores.signatures.items():
         print(f"  {name}: {signature}")
     if args.output_json:
