@@ -181,3 +181,34 @@ def test_resuming_a_tied_model_warns_about_no_missing_lm_head(tmp_path, data, ti
     assert warnings == [] and model.lm_head.weight is model.get_input_embeddings().weight
     trainer._issue_warnings_after_load(_IncompatibleKeys(["lm_head.weight", "model.encoder.layers.0.fc1.bias"], []))
     assert len(warnings) == 1 and "model.encoder.layers.0.fc1.bias" in warnings[0] and "lm_head" not in warnings[0]
+
+
+def test_the_best_checkpoint_is_recorded_at_its_final_path_and_kept_on_resume(tmp_path, data, tiny_tokenizer,
+                                                                             monkeypatch):
+    """Issue 66 item 4: every checkpoint's trainer_state.json names the best checkpoint by the path it has once moved
+    into place (it named OUTPUT_DIR/.incomplete/checkpoint-N, where it was written), and a resumed run keeps it — a
+    checkpoint of an earlier run that recorded the .incomplete path included — without transformers' warning that it
+    "does not exist anymore"."""
+    import transformers.trainer
+
+    options = dict(max_steps=4, save_strategy="steps", save_steps=2, eval_strategy="steps", eval_steps=2,
+                   metric_for_best_model="loss", load_best_model_at_end=True, save_total_limit=5)
+    trainer = make_trainer(tmp_path, data, tiny_tokenizer, **options)
+    trainer.train()
+    recorded = {name: json.loads((tmp_path / name / "trainer_state.json").read_text())["best_model_checkpoint"]
+                for name in ("checkpoint-2", "checkpoint-4")}
+    assert all(INCOMPLETE_DIR not in path and Path(path).is_dir() for path in recorded.values()), recorded
+    assert recorded["checkpoint-2"] == str(tmp_path / "checkpoint-2")
+
+    state_file = tmp_path / "checkpoint-4" / "trainer_state.json"  # as an earlier version wrote it
+    state = json.loads(state_file.read_text())
+    best = Path(state["best_model_checkpoint"])
+    state["best_model_checkpoint"] = str(best.parent / INCOMPLETE_DIR / best.name)
+    state_file.write_text(json.dumps(state))
+    warnings = []
+    monkeypatch.setattr(transformers.trainer.logger, "warning", lambda message, *a, **k: warnings.append(message))
+    resumed = make_trainer(tmp_path, data, tiny_tokenizer, **{**options, "max_steps": 6})
+    resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-4"))
+    assert not [message for message in warnings if "does not exist anymore" in str(message)]
+    assert resumed.state.best_model_checkpoint in (str(best), str(tmp_path / "checkpoint-6"))
+    assert json.loads(state_file.read_text())["best_model_checkpoint"] == str(best)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import CONFIG_MAPPING, AutoModelForSeq2SeqLM, AutoTokenizer, Seq2SeqTrainingArguments
@@ -18,6 +19,8 @@ from hf_deepnmt.errors import UserInputError
 from hf_deepnmt.registry import model_type_names
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+INCOMPLETE_DIR = ".incomplete"  # a checkpoint is written under OUTPUT_DIR/.incomplete/ and moved into place when whole
+TRAINER_STATE = "trainer_state.json"  # transformers' TRAINER_STATE_NAME
 
 
 def resume_target(training_args: Seq2SeqTrainingArguments) -> str | None:
@@ -141,6 +144,47 @@ def saved_model_problem(folder: str | os.PathLike) -> str | None:
         return (f"{folder} holds a config but no weights ({', '.join(WEIGHT_FILES)}); a run killed before its final "
                 "save keeps its weights in checkpoint-N/ folders")
     return problem and f"{problem}; use an earlier checkpoint-N/ or re-download it"
+
+
+def write_trainer_state(state: Any, folder: str | os.PathLike) -> None:
+    """Replace ``folder``'s ``trainer_state.json`` with ``state`` (a transformers `TrainerState`) atomically: written
+    beside it, flushed to disk, renamed, so that a checkpoint never holds a torn state."""
+    path = Path(folder) / TRAINER_STATE
+    temporary = path.with_name(f".{TRAINER_STATE}.tmp-{os.getpid()}")
+    state.save_to_json(str(temporary))
+    with open(temporary, "rb") as handle:
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+    fsync_dir(str(folder))
+
+
+def final_path(checkpoint: str) -> str | None:
+    """The path a checkpoint recorded under ``OUTPUT_DIR/.incomplete/`` (where it was written) has once moved into
+    place, ``OUTPUT_DIR/checkpoint-N``, when that folder exists; None for any other path."""
+    staged = Path(checkpoint)
+    if staged.parent.name != INCOMPLETE_DIR:
+        return None
+    final = staged.parent.parent / staged.name
+    return str(final) if final.is_dir() else None
+
+
+def record_final_best_checkpoint(checkpoint: str | os.PathLike) -> str | None:
+    """Make the ``best_model_checkpoint`` that ``checkpoint``'s ``trainer_state.json`` records the folder's final
+    path when it names the ``.incomplete/`` path the best checkpoint was written under (runs before 2026-11-28
+    recorded that one, which transformers then drops on resume as a path that "does not exist anymore"); returns the
+    path now recorded, or None when nothing was changed."""
+    from transformers import TrainerState
+
+    path = Path(checkpoint) / TRAINER_STATE
+    if not path.is_file():
+        return None
+    state = TrainerState.load_from_json(str(path))
+    final = final_path(state.best_model_checkpoint) if isinstance(state.best_model_checkpoint, str) else None
+    if final is None:
+        return None
+    state.best_model_checkpoint = final
+    write_trainer_state(state, checkpoint)
+    return final
 
 
 def fsync_tree(path: str) -> None:

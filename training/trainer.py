@@ -50,12 +50,10 @@ from hf_deepnmt.admin import admin_profile
 from hf_deepnmt.losses import UNITS, AuxiliaryLoss, LossNormalizers, batch_normalizers, compute_losses, source_reliance
 from hf_deepnmt.errors import UserInputError
 
-from .checkpoints import fsync_dir, fsync_tree, last_checkpoint
+from .checkpoints import (INCOMPLETE_DIR, fsync_dir, fsync_tree, last_checkpoint, record_final_best_checkpoint,
+                          write_trainer_state)
 from .errors import NonFiniteLossError
 from .data import TokenBudgetBatchSampler, length_column
-
-INCOMPLETE_DIR = ".incomplete"
-
 
 # transformers' private Trainer API this module relies on, and the versions it was read and tested against. Every
 # override of a private method lives in `TrainerInternals`; `check_private_api` names what disappeared, in one
@@ -146,10 +144,12 @@ class TrainerInternals(Seq2SeqTrainer):
             if not os.listdir(staging_root):
                 os.rmdir(staging_root)
             fsync_dir(run_dir)
-            for attribute in ("best_model_checkpoint",):
-                value = getattr(self.state, attribute, None)
-                if isinstance(value, str) and value.startswith(staging_root):
-                    setattr(self.state, attribute, value.replace(staging_root, run_dir, 1))
+            value = self.state.best_model_checkpoint
+            if isinstance(value, str) and value.startswith(staging_root):
+                # the best checkpoint is the one just moved: record its final path, in memory and in the state the
+                # checkpoint holds (written under .incomplete/ before the move), so that resuming finds it
+                self.state.best_model_checkpoint = value.replace(staging_root, run_dir, 1)
+                write_trainer_state(self.state, final)
             rotate_checkpoints(run_dir, self.args.save_total_limit, self.state.best_model_checkpoint, use_mtime=False)
         self.accelerator.wait_for_everyone()
 
@@ -277,9 +277,15 @@ class DeepNMTTrainer(TrainerInternals):
 
     # ------------------------------------------------------------------------------------------------ ADMIN
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any):
-        """`Trainer.train`, preceded (on a fresh run) by liu2020's ADMIN profiling when the model needs it."""
+        """`Trainer.train`, preceded (on a fresh run) by liu2020's ADMIN profiling when the model needs it; a resumed
+        checkpoint written before its best checkpoint's final path was recorded gets that path first
+        (`hf_deepnmt_training.checkpoints.record_final_best_checkpoint`), so that the run keeps its best checkpoint."""
         if not resume_from_checkpoint:
             self._profile_admin_if_needed()
+        elif isinstance(resume_from_checkpoint, str):
+            if self.args.should_save:
+                record_final_best_checkpoint(resume_from_checkpoint)
+            self.accelerator.wait_for_everyone()
         return super().train(resume_from_checkpoint, *args, **kwargs)
 
     def _profile_admin_if_needed(self) -> None:
