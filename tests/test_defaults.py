@@ -300,3 +300,57 @@ def test_a_budget_run_validates_by_the_clock_and_keeps_its_best_checkpoint(small
     saved, kept = load_file(out / "model.safetensors"), load_file(Path(state["best_model_checkpoint"]) /
                                                                   "model.safetensors")
     assert all(torch.equal(saved[name], kept[name]) for name in kept)
+
+
+def test_train_help_shows_what_a_new_models_run_uses(capsys):
+    """Issue 66 item 5: `deepnmt train --help` said its (default: ...) values were those of a new model's run and
+    listed --learning_rate 5e-05, --warmup_steps 0 and --vocab_size 8000 where the run used 0.003, 400 and 4000.
+    Each option the NMT defaults choose from the data says so, with the size rows' values, before the parser's own
+    default, which only a run without the NMT defaults keeps."""
+    from hf_deepnmt_training.defaults import resolved_option_rules
+
+    assert main(["train", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    options = re.split(r" (?=--[a-z_]+ [A-Z_{\[])", text)
+
+    def help_of(name: str) -> str:
+        return next(entry for entry in options if entry.startswith(f"--{name} "))
+
+    row = size_class(20_000, "cpu")
+    where = "where the NMT defaults do not apply: --nmt_defaults false, --recipe, --model_name_or_path)"
+    assert f"NMT default of a new model without --recipe: CPU {row.learning_rate:g} below 200,000 pairs" in \
+        help_of("learning_rate") and f"(default: 5e-05 {where}" in help_of("learning_rate")
+    assert f"CPU {row.warmup_steps} below 200,000 pairs" in help_of("warmup_steps") and \
+        "at most a fifth of --max_steps" in help_of("warmup_steps") and f"(default: 0 {where}" in help_of("warmup_steps")
+    assert f"CPU {row.vocab_size:,} below 200,000 pairs" in help_of("vocab_size") and \
+        "unused when --tokenizer_name gives the tokenizer" in help_of("vocab_size")
+    assert "--max_steps / 4 rounded up (four validations" in help_of("eval_steps")
+    for name in resolved_option_rules():
+        assert "NMT default of a new model without --recipe" in help_of(name), name
+    assert "The (default: ...) values below are those of such a run" not in text
+    assert "every other (default: ...) below is that of such a run" in text
+
+
+def test_a_run_of_known_length_validates_four_times_the_last_at_its_end():
+    """Issue 66 item 6: a --max_steps 10 run validated five times (every 2 steps: 10 // 4), where docs/defaults.md
+    says four, and kept checkpoint-2 as its best. --eval_steps is --max_steps / 4 rounded up; transformers also
+    validates the last step, so a run of 10 steps or more validates exactly four times (at 3, 6, 9, 10 for 10) and
+    never more, the first a quarter into the run."""
+    def validations(max_steps: int) -> list[int]:
+        every = resolve(1000, "cpu", set(), False, max_steps).options["eval_steps"]
+        return sorted({step for step in range(every, max_steps + 1, every)} | {max_steps})
+
+    assert validations(10) == [3, 6, 9, 10]
+    assert all(len(validations(steps)) == 4 for steps in range(10, 600))
+    assert all(len(validations(steps)) <= 4 and validations(steps)[0] >= steps / 4 for steps in range(1, 600))
+
+
+def test_a_run_on_a_given_tokenizer_chooses_no_vocabulary_size(tmp_path, capsys):
+    """Issue 66 item 6: a run with --tokenizer_name (an ensemble member trained on another model's tokenizer) trains
+    no BPE, so the NMT defaults choose no --vocab_size and the run does not print one."""
+    assert "vocab_size" not in resolve(1000, "cpu", {"tokenizer_name"}, False, 100).options
+    argv = _argv(tmp_path, "--max_steps", "100", "--tokenizer_name", str(tmp_path))
+    model_args, data_args, args, recipe = parse_train_args(argv)
+    apply_scratch_defaults(model_args, data_args, args, recipe, 29_024, given_options(argv))
+    printed = capsys.readouterr().err
+    assert "NMT defaults for 29,024 pairs" in printed and "--vocab_size" not in printed

@@ -117,6 +117,53 @@ def size_class(pairs: int, device: str) -> SizeClass:
     return next(row for row in table if pairs < row.max_pairs)
 
 
+def _by_size(attribute: str, table: Sequence[SizeClass]) -> str:
+    """One column of a size table in words: "0.003 below 200,000 pairs, 0.002 above"."""
+    def shown(value: Any) -> str:
+        return "all" if value is None else f"{value:g}" if isinstance(value, float) else f"{value:,}"
+
+    rows: list[tuple[str, float]] = []  # (value, up to how many pairs), rows of one value merged
+    for row in table:
+        value = shown(getattr(row, attribute))
+        if rows and rows[-1][0] == value:
+            rows.pop()
+        rows.append((value, row.max_pairs))
+    if len(rows) == 1:
+        return rows[0][0]
+    return ", ".join(f"{value} above" if bound == float("inf") else f"{value} below {bound:,.0f}"
+                     + (" pairs" if index == 0 else "") for index, (value, bound) in enumerate(rows))
+
+
+def _by_device(attribute: str) -> str:
+    return f"CPU {_by_size(attribute, CPU_SIZES)}; GPU {_by_size(attribute, GPU_SIZES)}"
+
+
+def resolved_option_rules() -> dict[str, str]:
+    """For `deepnmt train --help`: how a new model's run without a recipe chooses each option it sets from the
+    data, the device and the other options (`resolve`, the size rows' values; `hf_deepnmt_training.train`'s
+    evaluation plan and generation length), in words. The parser's own default of these options is transformers'
+    (or this package's), which only ``--nmt_defaults false``, a recipe or a trained model keep."""
+    return {
+        "learning_rate": _by_device("learning_rate"),
+        "warmup_steps": f"{_by_device('warmup_steps')}; at most a fifth of --max_steps",
+        "max_tokens": f"{_by_device('max_tokens')}; none (sentence batches) when --per_device_train_batch_size is "
+                      "given",
+        "vocab_size": f"{_by_device('vocab_size')}; unused when --tokenizer_name gives the tokenizer",
+        "max_eval_samples": _by_device("max_eval_samples"),
+        "eval_steps": "--max_steps / 4 rounded up (four validations, the last at the end), every 1000 steps without "
+                      "--max_steps, every quarter of the minutes with --max_train_minutes alone",
+        "save_steps": "--eval_steps (a checkpoint at every validation) unless --save_strategy is given",
+        "dataloader_pin_memory": "false on a CPU",
+        "eval_strategy": "steps when --validation_file is given",
+        "generation_max_length": "1.5 × the longest validation source + 10 new tokens, plus the start token (the "
+                                 "translate rule), at most --max_target_length",
+        "load_best_model_at_end": "true in a run that validates and saves a checkpoint at every validation (the "
+                                  "best checkpoint is the saved and tested model)",
+        "metric_for_best_model": "bleu (loss without --predict_with_generate) when the best checkpoint is kept",
+        "greater_is_better": "true for bleu when the best checkpoint is kept",
+    }
+
+
 def given_options(argv: Sequence[str]) -> set[str]:
     """The option names (without ``--``, underscores) that ``argv`` sets, ``--x=1`` and ``--x 1`` alike."""
     return {token[2:].split("=", 1)[0].replace("-", "_") for token in argv if token.startswith("--")}
@@ -171,12 +218,15 @@ def resolve(pairs: int, device: str, given: set[str], model_fields_given: bool, 
         "max_tokens": size.max_tokens,
         "vocab_size": size.vocab_size,
         "max_eval_samples": size.max_eval_samples,
-        # four evaluations in a run of known length, else one per 1000 steps
-        "eval_steps": max(1, max_steps // 4) if max_steps > 0 else 1000,
+        # four evaluations in a run of known length (the last at its end: transformers evaluates the last step), else
+        # one per 1000 steps
+        "eval_steps": -(-max_steps // 4) if max_steps > 0 else 1000,
     }
     if "save_strategy" not in given:
         chosen["save_steps"] = chosen["eval_steps"]  # a checkpoint at every evaluation
     if "per_device_train_batch_size" in given:  # batches of sentences were asked for: no token batching
         chosen.pop("max_tokens")
+    if "tokenizer_name" in given:  # no tokenizer is trained: a vocabulary size would be unused (and misread)
+        chosen.pop("vocab_size")
     resolution.options = {key: value for key, value in chosen.items() if key not in given and value is not None}
     return resolution

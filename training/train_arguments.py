@@ -22,7 +22,8 @@ from hf_deepnmt_model_cards.licenses import normalise_license
 
 from .arguments import TRAIN_ALIASES, canonical_options, unknown_arguments_message
 from .data import DataArguments
-from .defaults import PARSE_TIME_DEFAULTS, Resolution, given_options, resolve as resolve_defaults
+from .defaults import (PARSE_TIME_DEFAULTS, Resolution, given_options, resolve as resolve_defaults,
+                       resolved_option_rules)
 from .errors import CommandLineError, is_user_mistake
 from .recipes import load_recipe, model_fields, parse_overrides, recipe_to_argv, resolve_path
 from .train_options import check_option_values, store_option_table
@@ -87,8 +88,11 @@ def train_help_description() -> str:
         "",
         "A new model without --recipe gets NMT defaults for every option left unset (docs/defaults.md): model size,",
         "learning rate, warm-up, token batch and vocabulary from the data size and the device, inverse-sqrt schedule,",
-        "label smoothing 0.1, validation BLEU; they are printed at start. The (default: ...) values below are those",
-        "of such a run; --nmt_defaults false gives transformers' own.",
+        "label smoothing 0.1, validation BLEU; they are printed at start. The options such a run chooses from the data,",
+        textwrap.fill("the device or the other options (" + ", ".join(f"--{name}" for name in resolved_option_rules())
+                      + ") say how in their help, before the default that --nmt_defaults false, a --recipe or "
+                      "--model_name_or_path keeps; every other (default: ...) below is that of such a run.",
+                      width=110, break_on_hyphens=False),
         "",
         "Paper switches (--config_overrides KEY=VALUE,...; meng2019's with --model_type dtmt), with their defaults:",
     ]
@@ -119,7 +123,13 @@ def train_argument_parser(scratch_defaults: dict[str, Any] | None = None) -> HfA
                          allow_abbrev=False, formatter_class=_HelpFormatter,
                          description=train_help_description())
     parser.set_defaults(**NMT_DEFAULTS, **(scratch_defaults or {}))
+    rules = resolved_option_rules() if scratch_defaults is not None else {}
     for action in parser._actions:
+        if action.dest in rules and not action.option_strings[0].startswith("--no_"):
+            # what a new model's run uses, then the parser's own default (where the NMT defaults do not apply)
+            action.help = (f"{(action.help or '').rstrip()} NMT default of a new model without --recipe: "
+                           f"{rules[action.dest]}. (default: %(default)s where the NMT defaults do not apply: "
+                           "--nmt_defaults false, --recipe, --model_name_or_path)")
         if action.dest == "label_smoothing_factor":
             action.help = ("Label smoothing ε of the training NLL (deepnmt's default 0.1, the value of every paper "
                            "of this package; transformers' own default is 0.0). Recorded in the model config as "
