@@ -258,3 +258,51 @@ def test_two_processes_share_the_translation_and_train_the_student_together(teac
     assert json.loads((out / "student" / "trainer_state.json").read_text())["global_step"] == 6
     assert completed(out) == list(STAGES) and result.stdout.count("deepnmt distill finished") == 1
     assert not list((out / "distilled").glob("translations.txt.from*"))  # the parts were merged and removed
+
+
+@pytest.fixture(scope="module")
+def en_fr(tiny_tokenizer, tmp_path_factory):
+    """A tiny teacher that records en → fr, and train/valid/test files of the user's own in en and fr."""
+    from conftest import PARALLEL
+
+    folder = tmp_path_factory.mktemp("en_fr")
+    model = tiny_model(vocab_size=len(tiny_tokenizer))
+    hf_deepnmt.record_language_pair(model.config, "en", "fr")
+    model.save_pretrained(folder / "teacher")
+    tiny_tokenizer.save_pretrained(folder / "teacher")
+    for split in ("train", "valid", "test"):
+        (folder / f"{split}.jsonl").write_text("".join(json.dumps({"translation": {"en": en, "fr": fr}}) + "\n"
+                                                       for en, fr in PARALLEL), encoding="utf-8")
+    return folder
+
+
+def test_distill_without_languages_takes_the_teachers_pair(en_fr, tmp_path):
+    """Issue 66 item 6: `deepnmt distill --train_file` of the user's own data without --source_lang/--target_lang
+    took the recipe's en → es (its corpus's pair) and refused an en → fr teacher as "not --source_lang en →
+    --target_lang es", options the user never passed. The pair comes from the teachers; the recipe's corpus (and its
+    validation and test files) is refused in one sentence when it lacks the pair's languages."""
+    from hf_deepnmt_training.distill import plan_distillation
+    from hf_deepnmt_training.errors import CommandLineError
+
+    teacher = str(en_fr / "teacher")
+    files = {split: str(en_fr / f"{name}.jsonl") for split, name in
+             (("train_file", "train"), ("validation_file", "valid"), ("test_file", "test"))}
+    plan = plan_distillation(DistillOptions(teachers=[teacher], output_dir=str(tmp_path / "out"), **files,
+                                            train_argv=list(STUDENT)))
+    assert (plan.source_lang, plan.target_lang) == ("en", "fr") and "en" in plan.student_argv
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(CommandLineError) as refused:
+        plan_distillation(DistillOptions(teachers=[teacher], output_dir=str(tmp_path / "out"),
+                                         train_file=files["train_file"], train_argv=list(STUDENT)))
+    assert str(refused.value).startswith("--validation_file defaults to the recipe 'student''s corpus:web-sparv/"
+                                         "valid.jsonl.gz, which holds en and es, not the pair to distil, en → fr;")
+    with pytest.raises(CommandLineError) as refused:
+        plan_distillation(DistillOptions(teachers=[teacher], output_dir=str(tmp_path / "out"),
+                                         train_argv=list(STUDENT)))
+    assert str(refused.value).startswith(f"the pair to distil is {teacher}'s en → {teacher}'s fr, and the recipe "
+                                         "'student''s corpus")
+    with pytest.raises(CommandLineError) as refused:
+        plan_distillation(DistillOptions(teachers=[teacher], output_dir=str(tmp_path / "out"), target_lang="de",
+                                         **files, train_argv=list(STUDENT)))
+    assert str(refused.value) == (f"the teacher {teacher} translates en → fr, not --target_lang de; distil with "
+                                  "teachers of the data's pair.")

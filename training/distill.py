@@ -28,7 +28,7 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -125,6 +125,63 @@ class DistillOutcome:
 
 
 # ------------------------------------------------------------------------------------------------ checks
+def _pairs_in_words(pairs: Sequence[tuple[str, str]]) -> str:
+    return ", ".join(f"{source} → {target}" for source, target in pairs)
+
+
+def distillation_pair(options: DistillOptions, recorded: dict[str, list[tuple[str, str]]], data: dict[str, Any],
+                      recipe_corpus: str | None) -> tuple[str, str]:
+    """The language pair to distil: ``--source_lang`` / ``--target_lang`` where given, completed from the pair the
+    teachers record (``recorded``: each teacher's pairs), else from the recipe's when its own corpus is distilled
+    (``recipe_corpus``: that corpus, None when ``--train_file`` was given). One sentence, naming where each language
+    came from, when a teacher translates another pair or several, when nothing names a pair, and when the recipe's
+    corpus lacks a language of the pair (before 2026-11-28 the recipe's en → es was taken for the user's own data
+    and a teacher of another pair was refused as "not --source_lang en → --target_lang es")."""
+    source, target = options.source_lang, options.target_lang
+    named = {name: pairs for name, pairs in recorded.items() if pairs}
+    origin = {"source": "--source_lang", "target": "--target_lang"}
+    if (source is None or target is None) and named:
+        name, pairs = next(iter(named.items()))  # the first teacher that records a pair completes the given ones
+        fitting = [pair for pair in pairs if source in (None, pair[0]) and target in (None, pair[1])]
+        if len(fitting) != 1:
+            given = " and ".join(f"--{side}_lang {value}" for side, value in (("source", source), ("target", target))
+                                 if value is not None)
+            raise CommandLineError(f"the teacher {name} translates {_pairs_in_words(pairs)}"
+                                   + (f", not {given}; distil with teachers of the data's pair." if not fitting else
+                                      "; give --source_lang and --target_lang to choose the pair to distil."))
+        origin = {side: origin[side] if given is not None else f"{name}'s"
+                  for side, given in (("source", source), ("target", target))}
+        source, target = fitting[0]
+    if (source is None or target is None) and recipe_corpus is not None:
+        origin = {side: origin[side] if given is not None else f"the recipe {options.recipe!r}'s"
+                  for side, given in (("source", source), ("target", target))}
+        source, target = source or data.get("source_lang"), target or data.get("target_lang")
+    if source is None or target is None:
+        where = (f"the recipe {options.recipe!r} names no language pair" if recipe_corpus is not None
+                 else f"the teachers record no language pair, and --train_file {options.train_file} is not the "
+                      "recipe's corpus")
+        raise CommandLineError(f"give --source_lang and --target_lang ({where}).")
+    for name, pairs in named.items():
+        if (source, target) not in pairs:
+            hint = ("distil with teachers of the data's pair" if options.source_lang and options.target_lang else
+                    "the teachers of an ensemble translate one pair")
+            raise CommandLineError(f"the teacher {name} translates {_pairs_in_words(pairs)}, not {origin['source']} "
+                                   f"{source} → {origin['target']} {target}; {hint}.")
+    corpus_languages = {data.get("source_lang"), data.get("target_lang")}
+    held = " and ".join(sorted(str(language) for language in corpus_languages))
+    if recipe_corpus is not None and not {source, target} <= corpus_languages:
+        raise CommandLineError(f"the pair to distil is {origin['source']} {source} → {origin['target']} {target}, "
+                               f"and the recipe {options.recipe!r}'s corpus {recipe_corpus} holds {held}; pass "
+                               "--train_file (with --validation_file and --test_file) in the pair's languages.")
+    if not {source, target} <= corpus_languages:
+        for flag in ("validation_file", "test_file"):
+            if getattr(options, flag) is None and data.get(flag):
+                raise CommandLineError(f"--{flag} defaults to the recipe {options.recipe!r}'s {data[flag]}, which "
+                                       f"holds {held}, not the pair to distil, {source} → {target}; pass --{flag} "
+                                       "in that pair.")
+    return source, target
+
+
 def plan_distillation(options: DistillOptions) -> Plan:
     """Check every input and resolve the run's settings; writes nothing. One sentence for: a teacher folder that
     does not translate the data's language pair, teachers that do not share a vocabulary, a training file that
@@ -137,6 +194,7 @@ def plan_distillation(options: DistillOptions) -> Plan:
     from hf_deepnmt.ensemble import check_compatible, check_same_tokens
     from hf_deepnmt.export import export_blockers
 
+    from .arguments import saved_language_pairs
     from .build import new_model_config
     from .data import DataError, iter_local_pairs
     from .errors import hub_lookup
@@ -155,12 +213,8 @@ def plan_distillation(options: DistillOptions) -> Plan:
     recipe = load_recipe(options.recipe)
     data = recipe["data"]
     train_file = options.train_file or data.get("train_file")
-    source_lang, target_lang = options.source_lang or data.get("source_lang"), options.target_lang or data.get(
-        "target_lang")
     if not train_file:
         raise CommandLineError(f"no training data: pass --train_file (the recipe {options.recipe!r} names none).")
-    if not source_lang or not target_lang:
-        raise CommandLineError("give --source_lang and --target_lang (the recipe names no language pair).")
     train_file = str(resolve_path(train_file))
     validation_file = options.validation_file or data.get("validation_file")
     test_file = options.test_file or data.get("test_file")
@@ -174,12 +228,12 @@ def plan_distillation(options: DistillOptions) -> Plan:
             names.append(teacher)
     if len(configs) > 1:
         check_compatible(configs, names)
-    for config, name in zip(configs, names):
-        pairs = hf_deepnmt.recorded_language_pairs(config)
-        if pairs and (source_lang, target_lang) not in pairs:
-            recorded = ", ".join(f"{src} → {tgt}" for src, tgt in pairs)
-            raise CommandLineError(f"the teacher {name} translates {recorded}, not --source_lang {source_lang} → "
-                                   f"--target_lang {target_lang}; distil with teachers of the data's pair.")
+    recorded = {name: hf_deepnmt.recorded_language_pairs(config) for config, name in zip(configs, names)}
+    for teacher in options.teachers:
+        if teacher not in recorded:  # an export folder: the pair its manifest records
+            recorded[teacher] = saved_language_pairs(teacher) or []
+    source_lang, target_lang = distillation_pair(options, recorded, data, train_file if options.train_file is None
+                                                 else None)
     with hub_lookup(options.teachers[0]):
         tokenizers = [AutoTokenizer.from_pretrained(teacher) for teacher in options.teachers]
     if len(tokenizers) > 1:
