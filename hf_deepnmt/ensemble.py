@@ -415,13 +415,16 @@ def check_same_tokens(tokenizers: Sequence[Any], names: Sequence[str]) -> None:
         vocab = tokenizer.get_vocab()
         if vocab == first:
             continue
+        share = (f"the members of an ensemble must share one tokenizer (train the others on the first's: `deepnmt "
+                 f"train --tokenizer_name {names[0]}`).")
         if len(vocab) != len(first):
             raise UserInputError(f"{name} has a vocabulary of {len(vocab)} tokens but {names[0]} has {len(first)}; "
-                                 "the members of an ensemble must share one tokenizer.")
+                                 f"{share}")
         token = next(token for token in sorted(first) if vocab.get(token) != first[token])
+        there = f"id {vocab[token]}" if token in vocab else "absent"
         raise UserInputError(f"{name} has a vocabulary of the same size as {names[0]} but other tokens (the token "
-                             f"{token!r} is id {first[token]} there and {vocab.get(token)} here); the members of an "
-                             "ensemble must share one tokenizer.")
+                             f"{token!r} is id {first[token]} in {names[0]}'s tokenizer and {there} in {name}'s); "
+                             f"{share}")
 
 
 def load_ensemble(folders: Sequence[str | os.PathLike], weights: Sequence[float] | None = None,

@@ -5,6 +5,7 @@ share a vocabulary or a language pair are refused in one sentence."""
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -218,9 +219,16 @@ def test_load_ensemble_compares_the_tokens_of_every_member(tiny_folder, tiny_tok
     reversed_bpe = train_joint_bpe(targets * 3, targets * 3, vocab_size=len(tiny_tokenizer), min_frequency=1,
                                    model_max_length=64)
     reversed_bpe.save_pretrained(other)
-    with pytest.raises(UserInputError, match=f"{other} has a vocabulary of .* tokens? .*the members of an ensemble "
-                                             "must share one tokenizer"):
+    with pytest.raises(UserInputError) as refused:
         load_ensemble([tiny_folder, other])
+    # issue 66 item 6: the sentence named neither folder where it compared a token ("id 5 there and 7 here")
+    token, first, second = re.search(rf"\(the token '(.+)' is id (\d+) in {re.escape(str(tiny_folder))}'s tokenizer "
+                                     rf"and (id \d+|absent) in {re.escape(str(other))}'s\)", str(refused.value)).groups()
+    assert int(first) == tiny_tokenizer.get_vocab()[token]
+    assert second == (f"id {reversed_bpe.get_vocab()[token]}" if token in reversed_bpe.get_vocab() else "absent")
+    assert str(refused.value).startswith(f"{other} has a vocabulary of the same size as {tiny_folder} but other tokens")
+    assert str(refused.value).endswith("the members of an ensemble must share one tokenizer (train the others on the "
+                                       f"first's: `deepnmt train --tokenizer_name {tiny_folder}`).")
 
 
 # ------------------------------------------------------------------------------------------------ the command line
