@@ -349,6 +349,45 @@ def test_metrics_count_requests_errors_and_latency(server):
     assert after['deepnmt_request_duration_seconds_bucket{le="+Inf"}'] == after["deepnmt_request_duration_seconds_count"]
 
 
+def test_a_path_or_method_the_server_does_not_have_is_answered_in_json(tmp_path):
+    """Issue 66 item 6: `GET /` was answered in plain text ("Method Not Allowed") where every other error of the
+    server is `{"error": "<one sentence>"}`; a method a path does not take (405, keeping ``Allow``) and a path the
+    server does not have (404) are JSON sentences too. The app is called as uvicorn calls it (ASGI), without a
+    model: the routing answers before any route runs."""
+    from hf_deepnmt_training.serve import ServeOptions, ServerState, build_app
+
+    app = build_app(ServerState(ServeOptions(model=str(tmp_path)), "torch", tmp_path))
+
+    def call(method: str, path: str) -> tuple[int, dict[str, str], bytes]:
+        sent: list[dict] = []
+
+        async def receive() -> dict:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method, "scheme": "http",
+                 "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "", "headers": [],
+                 "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 8000)}
+        asyncio.run(app(scope, receive, send))
+        start = next(message for message in sent if message["type"] == "http.response.start")
+        headers = {key.decode().lower(): value.decode() for key, value in start["headers"]}
+        return start["status"], headers, b"".join(message.get("body", b"") for message in sent
+                                                 if message["type"] == "http.response.body")
+
+    for method, path, code, sentence in (
+            ("GET", "/", 405, "GET / is not allowed; use POST /."),
+            ("PUT", "/predict", 405, "PUT /predict is not allowed; use POST /predict."),
+            ("POST", "/health", 405, "POST /health is not allowed; use GET or HEAD /health."),
+            ("GET", "/translate", 404, "/translate is not a path of this server; POST / or /predict translates, GET "
+                                       "/health and GET /metrics report.")):
+        status, headers, body = call(method, path)
+        assert (status, headers["content-type"], json.loads(body)) == (code, "application/json",
+                                                                       {"error": sentence}), (method, path, body)
+        assert code != 405 or set(headers["allow"].split(", ")) in ({"POST"}, {"GET", "HEAD"})
+
+
 # ------------------------------------------------------------------------------------------------ faults
 @pytest.mark.integration
 def test_health_is_503_and_requests_wait_to_be_retried_until_the_model_is_loaded(faulty):

@@ -1162,6 +1162,7 @@ class ServerState:
 def build_app(state: ServerState) -> Any:
     """The starlette application of ``state``: the routes and a lifespan that starts the batcher and the loading."""
     from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
     from starlette.requests import ClientDisconnect, Request
     from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
@@ -1260,6 +1261,20 @@ def build_app(state: ServerState) -> Any:
         while (await request.receive())["type"] != "http.disconnect":
             pass
 
+    async def refused_route(request: Request, problem: HTTPException) -> Response:
+        """starlette's own answers — a path this server does not have (404), a method its path does not take (405,
+        with ``Allow``) — as JSON like every other error (they were plain text: "Method Not Allowed")."""
+        path = request.url.path
+        if problem.status_code == 405:
+            allowed = " or ".join(sorted(str((problem.headers or {}).get("Allow", "")).split(", ")))
+            sentence = f"{request.method} {path} is not allowed; use {allowed} {path}."
+        elif problem.status_code == 404:
+            sentence = (f"{path} is not a path of this server; POST / or /predict translates, GET /health and GET "
+                        "/metrics report.")
+        else:
+            sentence = _cut(problem.detail)
+        return JSONResponse({"error": sentence}, status_code=problem.status_code, headers=problem.headers)
+
     async def crashed(request: Request, problem: Exception) -> Response:
         """A bug in a route (not in a batch, whose requests get their own 500): JSON like every other error."""
         return error(500, f"the server failed: {type(problem).__name__}: {_cut(problem)}", "server_error",
@@ -1275,7 +1290,8 @@ def build_app(state: ServerState) -> Any:
 
     routes = [Route("/health", health, methods=["GET"]), Route("/metrics", metrics, methods=["GET"]),
               Route("/", predict, methods=["POST"]), Route("/predict", predict, methods=["POST"])]
-    return Starlette(routes=routes, lifespan=lifespan, exception_handlers={Exception: crashed})
+    return Starlette(routes=routes, lifespan=lifespan,
+                     exception_handlers={HTTPException: refused_route, Exception: crashed})
 
 
 # ------------------------------------------------------------------------------------------------ running it
