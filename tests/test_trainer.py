@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import tiny_model
 from safetensors.torch import load_file
-from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainingArguments
+from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainingArguments, TrainerCallback
 
 from hf_deepnmt.losses import AuxiliaryLoss
 from hf_deepnmt_training.data import read_parallel_file, tokenize_corpus
@@ -212,3 +212,20 @@ def test_the_best_checkpoint_is_recorded_at_its_final_path_and_kept_on_resume(tm
     assert not [message for message in warnings if "does not exist anymore" in str(message)]
     assert resumed.state.best_model_checkpoint in (str(best), str(tmp_path / "checkpoint-6"))
     assert json.loads(state_file.read_text())["best_model_checkpoint"] == str(best)
+
+
+def test_a_run_without_max_steps_says_its_length_before_it_starts(tmp_path, data, tiny_tokenizer, capsys):
+    """Issue 66 item 6: `--max_steps -1` (transformers' default) quietly became three epochs (903 steps, 8 minutes
+    for the user). One line says the run's length in passes and optimizer steps before the first step; a run with
+    --max_steps says nothing of the kind."""
+    trainer = make_trainer(tmp_path, data, tiny_tokenizer, max_steps=-1, num_train_epochs=1,
+                           per_device_train_batch_size=32)
+    steps = []
+    trainer.add_callback(type("Steps", (TrainerCallback,), {"on_step_begin": lambda self, args, state, control, **kw:
+                                                             steps.append(capsys.readouterr().err)})())
+    trainer.train()
+    assert trainer.state.global_step == trainer.state.max_steps == 5  # 160 pairs, 32 a batch
+    assert ("[deepnmt] no --max_steps: the run is --num_train_epochs 1 over its training data, 5 optimizer steps; "
+            "--max_steps N or --max_train_minutes M sets another length") in steps[0]
+    make_trainer(tmp_path / "steps", data, tiny_tokenizer, max_steps=2).train()
+    assert "no --max_steps" not in capsys.readouterr().err

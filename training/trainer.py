@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
-from transformers import Seq2SeqTrainer
+from transformers import Seq2SeqTrainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
 from hf_deepnmt.admin import admin_profile
@@ -152,6 +152,19 @@ class TrainerInternals(Seq2SeqTrainer):
                 write_trainer_state(self.state, final)
             rotate_checkpoints(run_dir, self.args.save_total_limit, self.state.best_model_checkpoint, use_mtime=False)
         self.accelerator.wait_for_everyone()
+
+
+class EpochRunLength(TrainerCallback):
+    """A run without ``--max_steps`` (transformers' -1) trains ``--num_train_epochs`` passes over its training data:
+    one line says so, with the optimizer steps that makes, before the first step (a user who left ``--max_steps``
+    out saw a 3-epoch run of 903 steps start with only a progress bar)."""
+
+    def on_train_begin(self, args, state, control, **kwargs):  # noqa: ANN001, ANN201 (transformers' signature)
+        if args.max_steps <= 0 and state.is_world_process_zero:
+            print(f"[deepnmt] no --max_steps: the run is --num_train_epochs {args.num_train_epochs:g} over its "
+                  f"training data, {state.max_steps:,} optimizer steps; --max_steps N or --max_train_minutes M sets "
+                  "another length", file=sys.stderr)
+        return control
 
 
 def mark_batch_dynamic(inputs: dict[str, Any]) -> None:
@@ -274,6 +287,7 @@ class DeepNMTTrainer(TrainerInternals):
         self._component_sums: dict[str, float] = {}
         self._component_counts: dict[str, float] = {}
         self.batching_seconds = 0.0  # building the token-budget batches (get_train_dataloader)
+        self.add_callback(EpochRunLength())
 
     # ------------------------------------------------------------------------------------------------ ADMIN
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any):
