@@ -231,6 +231,32 @@ def test_train_from_scratch_end_to_end_uses_and_records_the_defaults(small_corpu
     assert [entry["step"] for entry in state["log_history"] if "eval_bleu" in entry] == [1, 2, 3, 4]
 
 
+@pytest.mark.integration
+def test_a_ten_step_run_validates_four_times_and_records_its_best_checkpoint_where_it_is(small_corpus, tmp_path,
+                                                                                      capsys):
+    """Issue 66 items 6 and 4 through `deepnmt train`: a --max_steps 10 run with the NMT defaults validates at steps
+    3, 6, 9 and 10 (it validated five times, from step 2), keeps the best of those, and every trainer_state.json
+    names that checkpoint by its final path."""
+    out = tmp_path / "run"
+    assert main(["train", "--train_file", str(small_corpus / "train.jsonl"),
+                 "--validation_file", str(small_corpus / "valid.jsonl"), "--output_dir", str(out),
+                 "--max_steps", "10", "--vocab_size", "200", "--bpe_min_frequency", "1", "--max_eval_samples", "4",
+                 "--max_source_length", "48", "--max_target_length", "48", "--report_to", "none",
+                 "--disable_tqdm", "true", "--max_tokens", "600",
+                 "--config_overrides", "d_model=16,encoder_ffn_dim=32,decoder_ffn_dim=32,max_position_embeddings=64"]) \
+        == 0
+    printed = capsys.readouterr().err
+    state = json.loads((out / "trainer_state.json").read_text())
+    evaluations = [entry for entry in state["log_history"] if "eval_bleu" in entry]
+    assert [entry["step"] for entry in evaluations] == [3, 6, 9, 10]
+    best = max(evaluations, key=lambda entry: entry["eval_bleu"])["step"]  # the first of equal scores
+    assert state["best_model_checkpoint"] == str(out / f"checkpoint-{best}")
+    for checkpoint in out.glob("checkpoint-*"):
+        recorded = json.loads((checkpoint / "trainer_state.json").read_text())["best_model_checkpoint"]
+        assert recorded is None or (".incomplete" not in recorded and Path(recorded).is_dir()), recorded
+    assert f"kept the best of 4 validations: checkpoint-{best}" in printed and "no --max_steps" not in printed
+
+
 def test_parse_time_defaults_are_real_training_arguments():
     from transformers import Seq2SeqTrainingArguments
 
