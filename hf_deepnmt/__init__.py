@@ -8,7 +8,7 @@ seq2seq models, without `trust_remote_code` for the package's own saved folders.
 Only torch, transformers and safetensors are needed at import time; the training tools live in `training`.
 """
 
-from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
+from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedConfig
 
 from . import losses
 from .admin import admin_omega_closed_form, admin_profile, fold_admin, omega_values
@@ -43,6 +43,7 @@ from .pipeline_translation import (
     register_translation_pipeline,
 )
 from .registry import MODEL_TYPES, ModelTypeEntry, model_type_entry, model_type_names
+from .tokenization_fairseq import FairseqMosesBPETokenizer
 from .warm_start import warm_start
 
 __version__ = "0.1.0"
@@ -76,6 +77,7 @@ __all__ = [
     "DTMTPreTrainedModel",
     "EnsembleCache",
     "EnsembleForConditionalGeneration",
+    "FairseqMosesBPETokenizer",
     "MODEL_TYPES",
     "ModelTypeEntry",
     "TranslationPipeline",
@@ -89,7 +91,16 @@ __all__ = [
 ]
 
 
+class _FairseqTokenizerOwner(PreTrainedConfig):
+    """No model has this config: registering `FairseqMosesBPETokenizer` under it lets ``AutoTokenizer`` find the class
+    by the name a converted folder's tokenizer_config.json gives, without remote code, in a process that imported
+    hf_deepnmt."""
+
+    model_type = "hf_deepnmt_fairseq_bpe_tokenizer"
+
+
 def _register() -> None:
+    AutoTokenizer.register(_FairseqTokenizerOwner, tokenizer_class=FairseqMosesBPETokenizer, exist_ok=True)
     for entry in MODEL_TYPES.values():
         AutoConfig.register(entry.model_type, entry.config_class, exist_ok=True)
         AutoModel.register(entry.config_class, entry.base_model_class, exist_ok=True)

@@ -120,8 +120,26 @@ def divides_d_model() -> Rule:
     return Rule(lambda value, config: config.d_model % value == 0, lambda config: f"it must divide d_model ({config.d_model})")
 
 
-TOKEN_ID = Rule(lambda value, config: is_int(value) and 0 <= value < config.vocab_size,
-                lambda config: f"it must be a token id in [0, vocab_size={config.vocab_size})")
+def token_id_limit(config: Any) -> int:
+    """The smallest vocabulary of ``config``: a special token id must exist on both sides (one ``<pad>`` is the padding
+    row of both embeddings, ``</s>`` ends sources and targets). Without a separate ``decoder_vocab_size`` it is
+    ``vocab_size``."""
+    decoder = getattr(config, "decoder_vocab_size", None)
+    return config.vocab_size if decoder is None else min(config.vocab_size, decoder)
+
+
+def _token_id_range(config: Any) -> str:
+    decoder = getattr(config, "decoder_vocab_size", None)
+    if decoder is None or decoder == config.vocab_size:
+        return f"[0, vocab_size={config.vocab_size})"
+    return f"[0, {token_id_limit(config)}) (vocab_size={config.vocab_size}, decoder_vocab_size={decoder})"
+
+
+TOKEN_ID = Rule(lambda value, config: is_int(value) and 0 <= value < token_id_limit(config),
+                lambda config: f"it must be a token id in {_token_id_range(config)}")
+# `<s>` may be absent: a Marian (OPUS-MT) vocabulary has none (its decoder starts from `<pad>`'s zero embedding).
+OPTIONAL_TOKEN_ID = Rule(lambda value, config: value is None or (is_int(value) and 0 <= value < token_id_limit(config)),
+                         lambda config: f"it must be None (no such token) or a token id in {_token_id_range(config)}")
 
 
 def differs_from(other: str, why: str) -> Rule:

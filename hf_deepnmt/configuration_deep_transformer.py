@@ -27,9 +27,11 @@ from .configuration_common import (
     ENCODER_DECODER_RULES,
     FLAG,
     NON_NEGATIVE_WEIGHT,
+    OPTIONAL_TOKEN_ID,
     POSITIVE_INT,
     PROBABILITY,
     SPECIAL_TOKEN_RULES,
+    TOKEN_ID,
     FieldRules,
     Rule,
     ValidatedConfigMixin,
@@ -61,6 +63,10 @@ ALLOWED_ACTIVATIONS: tuple[str, ...] = (
     "relu2",
 )
 ALLOWED_LAYER_NORM_POSITIONS: tuple[str, ...] = ("post", "pre")
+# How positions enter the embeddings (docs/transformer.md, "Positions"; docs/public-checkpoints.md): Vaswani et al.'s
+# sinusoids with frequencies 10000^(−2i/d) (Marian, OPUS-MT), tensor2tensor's / fairseq's with 10000^(−i/(d/2−1)), or
+# a learned table (fairseq's --encoder-learned-pos).
+ALLOWED_POSITION_ENCODINGS: tuple[str, ...] = ("sinusoidal", "sinusoidal_fairseq", "learned")
 ALLOWED_RESIDUAL_SCALINGS: tuple[str, ...] = ("none", "admin")
 ALLOWED_ADMIN_INITS: tuple[str, ...] = ("profiling", "closed_form")
 
@@ -88,13 +94,29 @@ TRANSFORMER_RULES: FieldRules = {
     "encoder_ffn_dim": (POSITIVE_INT,),
     "decoder_ffn_dim": (POSITIVE_INT,),
     "activation_function": (one_of(ALLOWED_ACTIVATIONS),),
+    "position_encoding": (one_of(ALLOWED_POSITION_ENCODINGS),),
+    "position_offset": (Rule(lambda value, config: is_int(value) and value >= 0,
+                             "it must be an integer ≥ 0 (fairseq's first position is padding_idx + 1)"),),
+    "output_bias": (FLAG,),
     "attention_dropout": (PROBABILITY,),
     "activation_dropout": (PROBABILITY,),
     "scale_embedding": (FLAG,),
     "layer_norm_position": (one_of(ALLOWED_LAYER_NORM_POSITIONS),),
     "init_std": (Rule(lambda value, config: value is None or (is_number(value) and math.isfinite(value) and value > 0),
                       "it must be None (d_model ** -0.5) or a finite positive number"),),
+    "share_encoder_decoder_embeddings": (FLAG,),
+    "decoder_vocab_size": (
+        Rule(lambda value, config: value is None or (is_int(value) and value >= 1),
+             "it must be None (the target vocabulary is the source's) or a positive integer"),
+        Rule(lambda value, config: not config.share_encoder_decoder_embeddings or value in (None, config.vocab_size),
+             lambda config: "one embedding matrix serves both sides with share_encoder_decoder_embeddings=True, so "
+                            f"the target vocabulary must be the source's (vocab_size={config.vocab_size}); leave it "
+                            "None or set share_encoder_decoder_embeddings=False")),
     **SPECIAL_TOKEN_RULES,
+    # The Transformer also holds converted public checkpoints (docs/public-checkpoints.md): Marian (OPUS-MT) has no
+    # `<s>` and starts decoding from `<pad>`, whose embedding row is zero and which no mask of the decoder reads.
+    "bos_token_id": (OPTIONAL_TOKEN_ID,),
+    "decoder_start_token_id": (TOKEN_ID,),
 }
 
 
@@ -216,8 +238,23 @@ class DeepTransformerConfig(ValidatedConfigMixin, PreTrainedConfig):
         activation_dropout (`float`, defaults to 0.0):
             Dropout after the FFN activation (fairseq's relu_dropout), in [0, 1).
         max_position_embeddings (`int`, defaults to 1024):
-            Longest source or target sequence, in tokens, the model accepts. Positions are sinusoidal (not learned),
-            so this is a guard, not a parameter count.
+            Longest source or target sequence, in tokens, the model accepts. With sinusoidal positions this is a
+            guard, not a parameter count; with learned ones each stack's table has this many rows (plus
+            `position_offset`).
+        position_encoding (`str`, defaults to `"sinusoidal"`):
+            How positions are added to the scaled token embeddings (docs/transformer.md, "Positions"). `"sinusoidal"`:
+            Vaswani et al. §3.5, PE(p, i) = sin(p / 10000^{2i/d}) in the first half of the vector and the cosines in
+            the second (Marian's layout, so OPUS-MT models convert exactly). `"sinusoidal_fairseq"`: tensor2tensor's and
+            fairseq's frequencies 10000^{−i/(d/2−1)}, same layout (fairseq and FSMT checkpoints). `"learned"`: a
+            trained table per stack, `embed_positions` (fairseq's `--encoder-learned-pos`), normal-initialised with
+            std d_model ** -0.5. One of `ALLOWED_POSITION_ENCODINGS`.
+        position_offset (`int`, defaults to 0):
+            The position number of the first token (≥ 0): 0 for Vaswani et al. and Marian; fairseq numbers positions
+            from padding_idx + 1 (2 with `<pad>` = 1). A learned table has `position_offset` unused leading rows, so
+            its row indices are fairseq's (docs/public-checkpoints.md).
+        output_bias (`bool`, defaults to `False`):
+            A learned bias on the output projection (`lm_head.bias`): Marian's `decoder_ff_logit_out_b`, transformers'
+            `final_logits_bias`, which every OPUS-MT model has. The papers' Transformer has none.
         scale_embedding (`bool`, defaults to `True`):
             Multiply token embeddings by sqrt(d_model) before adding positions (Vaswani et al. §3.4).
         layer_norm_position (`str`, defaults to `"post"`):
@@ -226,7 +263,16 @@ class DeepTransformerConfig(ValidatedConfigMixin, PreTrainedConfig):
         layer_norm_eps (`float`, defaults to 1e-5):
             Epsilon of every LayerNorm (> 0).
         tie_word_embeddings (`bool`, defaults to `True`):
-            Tie the output projection (`lm_head`) to the shared token embedding (Press & Wolf 2017; docs/transformer.md).
+            Tie the output projection (`lm_head`) to the decoder's token embedding — the shared one, or the target
+            one when `share_encoder_decoder_embeddings=False` (Press & Wolf 2017; docs/transformer.md).
+        share_encoder_decoder_embeddings (`bool`, defaults to `True`):
+            One token embedding matrix (`model.shared`) for source and target, a joint vocabulary (docs/transformer.md).
+            `False`: the encoder keeps `model.shared` (`vocab_size` rows) and the decoder has its own
+            `model.decoder.embed_tokens` (`decoder_vocab_size` rows) — Marian models with separate vocabularies and
+            fairseq models with separate dictionaries (docs/public-checkpoints.md).
+        decoder_vocab_size (`int`, *optional*, defaults to `None`):
+            Size of the target vocabulary when it differs from the source's (`share_encoder_decoder_embeddings=False`);
+            `None` means `vocab_size`. The output projection has this many rows; `target_vocab_size` reads it.
         init_std (`float`, *optional*, defaults to `None`):
             Standard deviation of the normal init of the token embedding (and of an untied `lm_head`). `None` means
             d_model ** -0.5, which gives unit-variance scaled embeddings (fairseq's choice). Linear layers use
@@ -299,14 +345,15 @@ class DeepTransformerConfig(ValidatedConfigMixin, PreTrainedConfig):
             a multilingual model (docs/li2022.md). Each must be a token id in [0, vocab_size).
         pad_token_id (`int`, defaults to 0):
             Id of `<pad>`; its embedding row is kept at zero and it is never attended to.
-        bos_token_id (`int`, defaults to 1):
-            Id of `<s>`.
+        bos_token_id (`int`, *optional*, defaults to 1):
+            Id of `<s>`; `None` for a vocabulary without one (Marian's, whose decoder starts from `<pad>`).
         eos_token_id (`int`, defaults to 2):
             Id of `</s>`, which ends every source and target sequence.
         unk_token_id (`int`, defaults to 3):
             Id of `<unk>`. Used by the li2022 ALD loss (docs/li2022.md) to mask source tokens.
         decoder_start_token_id (`int`, defaults to 1):
-            First decoder input token (`<s>`); labels are shifted right behind it.
+            First decoder input token (`<s>`); labels are shifted right behind it. Marian starts from `<pad>` (its
+            embedding row is zero), fairseq from `</s>`.
         use_cache (`bool`, defaults to `True`):
             Return and use key/value caches (`EncoderDecoderCache`) during incremental decoding.
         is_encoder_decoder (`bool`, defaults to `True`):
@@ -344,10 +391,15 @@ class DeepTransformerConfig(ValidatedConfigMixin, PreTrainedConfig):
         attention_dropout: float = 0.0,
         activation_dropout: float = 0.0,
         max_position_embeddings: int = 1024,
+        position_encoding: str = "sinusoidal",
+        position_offset: int = 0,
+        output_bias: bool = False,
         scale_embedding: bool = True,
         layer_norm_position: str = "post",
         layer_norm_eps: float = 1e-5,
         tie_word_embeddings: bool = True,
+        share_encoder_decoder_embeddings: bool = True,
+        decoder_vocab_size: int | None = None,
         init_std: float | None = None,
         residual_scaling: str = "none",
         admin_init: str = "profiling",
@@ -367,7 +419,7 @@ class DeepTransformerConfig(ValidatedConfigMixin, PreTrainedConfig):
         diversity_weight: float = 0.0,
         label_smoothing: float = 0.0,
         pad_token_id: int = 0,
-        bos_token_id: int = 1,
+        bos_token_id: int | None = 1,
         eos_token_id: int = 2,
         unk_token_id: int = 3,
         decoder_start_token_id: int = 1,
@@ -376,6 +428,11 @@ class DeepTransformerConfig(ValidatedConfigMixin, PreTrainedConfig):
         **kwargs: Any,
     ) -> None:
         self.vocab_size = vocab_size
+        self.position_encoding = position_encoding
+        self.position_offset = position_offset
+        self.output_bias = output_bias
+        self.share_encoder_decoder_embeddings = share_encoder_decoder_embeddings
+        self.decoder_vocab_size = decoder_vocab_size
         self.d_model = d_model
         self.encoder_layers = encoder_layers
         self.decoder_layers = decoder_layers
@@ -427,6 +484,12 @@ class DeepTransformerConfig(ValidatedConfigMixin, PreTrainedConfig):
         is allowed. Warn once about settings that are valid but do nothing (`warn_about_idle_settings`)."""
         super().check_fields()
         self.warn_about_idle_settings()
+
+    @property
+    def target_vocab_size(self) -> int:
+        """Rows of the decoder's token embedding and of the output projection: `decoder_vocab_size`, or `vocab_size`
+        for a joint vocabulary."""
+        return self.vocab_size if self.decoder_vocab_size is None else self.decoder_vocab_size
 
     def diversity_stacks(self) -> tuple[str, ...]:
         """The stacks dou2018's diversity term applies to: those that use a deep-representation mechanism

@@ -9,12 +9,14 @@ transformers and same-folder modules with ``from .module import Name``.
 from __future__ import annotations
 
 import copy
+import math
 import os
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import Seq2SeqLMOutput
 
@@ -54,13 +56,57 @@ def sinusoidal_positions(start: int | torch.Tensor, length: int, dim: int, devic
     return sinusoidal_encodings(positions, dim, dtype)  # (T, d)
 
 
-def sinusoidal_encodings(positions: torch.Tensor, dim: int, dtype: torch.dtype) -> torch.Tensor:
+def sinusoidal_encodings(positions: torch.Tensor, dim: int, dtype: torch.dtype,
+                         frequencies: str = "sinusoidal") -> torch.Tensor:
     """`sinusoidal_positions`' encodings of any tensor of positions: shape ``positions.shape + (dim,)`` (a decoder
-    whose rows stand at different positions, `hf_deepnmt.retiring_search.ContinuousSearch`)."""
+    whose rows stand at different positions, `hf_deepnmt.retiring_search.ContinuousSearch`).
+
+    ``frequencies="sinusoidal_fairseq"``: tensor2tensor's and fairseq's frequencies, ω_i = 10000^(−i/(d/2 − 1)) for
+    i < d/2 (`fairseq.modules.SinusoidalPositionalEmbedding.get_embedding`), sines then cosines as above, computed
+    in float32 as fairseq computes its table, so that a converted fairseq model adds the very numbers it was
+    trained with (docs/public-checkpoints.md)."""
     half = dim // 2
+    if frequencies == "sinusoidal_fairseq":
+        step = math.log(10000.0) / (half - 1)
+        inv_freq = torch.exp(torch.arange(half, device=positions.device, dtype=torch.float32) * -step)  # (d/2,)
+        angles = positions.to(torch.float32)[..., None] * inv_freq  # (..., d/2)
+        return torch.cat([angles.sin(), angles.cos()], dim=-1).to(dtype)  # (..., d)
     inv_freq = torch.pow(10000.0, -torch.arange(half, device=positions.device, dtype=torch.float64) * 2.0 / dim)
     angles = positions.to(torch.float64)[..., None] * inv_freq  # (..., d/2)
     return torch.cat([angles.sin(), angles.cos()], dim=-1).to(dtype)  # (..., d)
+
+
+class PositionEncoding(nn.Module):
+    """The positions one stack adds to its scaled token embeddings (``config.position_encoding``,
+    docs/transformer.md "Positions"): sinusoids (Vaswani et al. §3.5, or fairseq's frequencies) computed on the fly,
+    or a learned table ``weight`` of ``max_position_embeddings + position_offset`` rows (fairseq's
+    ``LearnedPositionalEmbedding``; the first ``position_offset`` rows are never read, so row indices are fairseq's).
+    Token ``t`` of a sequence stands at position ``position_offset + t``."""
+
+    def __init__(self, kind: str, offset: int, max_positions: int, dim: int):
+        super().__init__()
+        self.kind, self.offset, self.dim = kind, offset, dim
+        self.weight = nn.Parameter(torch.empty(max_positions + offset, dim)) if kind == "learned" else None
+
+    def forward(self, start: int | torch.Tensor, length: int, device: torch.device, dtype: torch.dtype,
+                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Encodings of positions ``start … start+length−1`` ``(1, T, d)``, or of ``position_ids`` ``(B, T)`` when the
+        rows stand at different positions (then ``(B, T, d)``)."""
+        if self.kind == "learned":
+            if position_ids is None:
+                position_ids = (torch.arange(length, device=device) + start)[None]  # (1, T)
+            return F.embedding(position_ids + self.offset, self.weight).to(dtype)  # (B or 1, T, d)
+        if position_ids is not None:
+            return sinusoidal_encodings(position_ids + self.offset, self.dim, dtype, self.kind)  # (B, T, d)
+        if self.kind == "sinusoidal" and self.offset == 0:
+            return sinusoidal_positions(start, length, self.dim, device, dtype)[None]  # (1, T, d)
+        positions = torch.arange(length, device=device, dtype=torch.float64) + start + self.offset  # (T,)
+        return sinusoidal_encodings(positions, self.dim, dtype, self.kind)[None]  # (1, T, d)
+
+    def table(self, length: int) -> torch.Tensor:
+        """The encodings of the first ``length`` tokens, ``(length, d)`` float32: row t is what token t gets (an
+        engine that reads a position table, CTranslate2)."""
+        return self.forward(0, length, torch.device("cpu"), torch.float32)[0].detach().float().clone()
 
 
 class ScaledEmbedding(nn.Embedding):

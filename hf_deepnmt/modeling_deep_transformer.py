@@ -90,10 +90,9 @@ from .modeling_common import (
     cache_field,
     check_attention_mask,
     check_token_ids,
+    PositionEncoding,
     merge_cache_arguments,
     output_cache,
-    sinusoidal_encodings,
-    sinusoidal_positions,
 )
 from .errors import UserInputError
 from .handler import EndpointHandler  # noqa: F401  (so that save_pretrained copies handler.py)
@@ -411,10 +410,16 @@ class _DeepTransformerStack(nn.Module):
     embed_tokens: nn.Embedding
     layers: nn.ModuleList
 
-    def __init__(self, config: DeepTransformerConfig, embed_tokens: nn.Embedding, stack: str):
+    def __init__(self, config: DeepTransformerConfig, embed_tokens: nn.Embedding, stack: str, owns_embedding: bool = False):
         super().__init__()
         self.config = config
-        bind_shared_embedding(self, embed_tokens)
+        if owns_embedding:  # the decoder's own target embedding (share_encoder_decoder_embeddings=False)
+            self.embed_tokens = embed_tokens
+        else:  # the shared embedding, owned by `DeepTransformerModel.shared`
+            bind_shared_embedding(self, embed_tokens)
+        # Vaswani et al. §3.5 or fairseq's sinusoids, or a learned table (config.position_encoding, docs/transformer.md)
+        self.embed_positions = PositionEncoding(config.position_encoding, config.position_offset,
+                                                config.max_position_embeddings, config.d_model)
         self.dropout = config.dropout
         self.gradient_checkpointing = False
         # Pre-LN needs a final LayerNorm on each stack (docs/transformer.md); post-LN already ends on one.
@@ -455,7 +460,7 @@ class _DeepTransformerStack(nn.Module):
         if (input_ids is None) == (inputs_embeds is None):
             raise UserInputError(f"{type(self).__name__}: pass exactly one of `input_ids` and `inputs_embeds`.")
         # the value scan runs on every full pass; incremental steps feed back ids generate itself chose
-        check_token_ids(name, input_ids, self.config.vocab_size, check_values=past_length == 0)
+        check_token_ids(name, input_ids, self.embed_tokens.num_embeddings, check_values=past_length == 0)
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)  # (B, T, d), scaled by `ScaledEmbedding`
         length = inputs_embeds.size(1)
@@ -472,11 +477,8 @@ class _DeepTransformerStack(nn.Module):
                 f"max_position_embeddings={self.config.max_position_embeddings}; truncate the input (the tokenizer "
                 "and the translation pipeline do this with truncation=True)."
             )
-        if position_ids is not None:
-            positions = sinusoidal_encodings(position_ids, self.config.d_model, inputs_embeds.dtype)  # (B, T, d)
-        else:
-            positions = sinusoidal_positions(past_length, length, self.config.d_model, inputs_embeds.device,
-                                             inputs_embeds.dtype)[None]  # (1, T, d)
+        positions = self.embed_positions(past_length, length, inputs_embeds.device, inputs_embeds.dtype,
+                                         position_ids)  # (1 or B, T, d)
         hidden_states = inputs_embeds + positions  # (B, T, d)
         if self.training and self.dropout > 0.0:
             hidden_states = F.dropout(hidden_states, p=self.dropout, training=True)
@@ -543,8 +545,8 @@ class DeepTransformerDecoder(_DeepTransformerStack):
 
     main_input_name = "input_ids"
 
-    def __init__(self, config: DeepTransformerConfig, embed_tokens: nn.Embedding):
-        super().__init__(config, embed_tokens, "decoder")
+    def __init__(self, config: DeepTransformerConfig, embed_tokens: nn.Embedding, owns_embedding: bool = False):
+        super().__init__(config, embed_tokens, "decoder", owns_embedding)
         keep = config.cross_attention_keep_schedule()  # li2022 CAD (docs/li2022.md): 1 − p_net below L_dr, 1 above
         self.layers = nn.ModuleList(
             DeepTransformerDecoderLayer(config, i, cross_attention_keep=keep[i]) for i in range(config.decoder_layers)
@@ -779,6 +781,8 @@ class DeepTransformerPreTrainedModel(HubReadyMixin, PreTrainedModel):
             init.zeros_(module.bias)
         elif isinstance(module, LinearCombination) and not getattr(module.weight, "_is_hf_initialized", False):
             module.reset_to_newest()  # docs/dou2018.md: a linear-aggregation stack starts as the vanilla one
+        elif isinstance(module, PositionEncoding) and module.weight is not None:
+            init.normal_(module.weight, mean=0.0, std=self.config.d_model ** -0.5)  # fairseq's learned positions
         if isinstance(module, DeepTransformerSublayerMixin):
             self._init_omegas(module)
 
@@ -805,16 +809,22 @@ class DeepTransformerModel(DeepTransformerPreTrainedModel):
         embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
         self.shared = ScaledEmbedding(config.vocab_size, config.d_model, config.pad_token_id, embed_scale)
         self.encoder = DeepTransformerEncoder(config, self.shared)
-        self.decoder = DeepTransformerDecoder(config, self.shared)
+        if config.share_encoder_decoder_embeddings:
+            self.decoder = DeepTransformerDecoder(config, self.shared)
+        else:  # separate vocabularies (Marian, fairseq): the decoder owns the target embedding
+            target = ScaledEmbedding(config.target_vocab_size, config.d_model, config.pad_token_id, embed_scale)
+            self.decoder = DeepTransformerDecoder(config, target, owns_embedding=True)
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.shared
 
     def set_input_embeddings(self, value: nn.Embedding) -> None:
+        """The source embedding (and the target one too, when the vocabulary is shared), as Marian's."""
         self.shared = value
         bind_shared_embedding(self.encoder, value)
-        bind_shared_embedding(self.decoder, value)
+        if self.config.share_encoder_decoder_embeddings:
+            bind_shared_embedding(self.decoder, value)
 
     def get_encoder(self, modality: str | None = None) -> DeepTransformerEncoder:
         return self.encoder
@@ -924,7 +934,10 @@ class DeepTransformerForConditionalGeneration(TranslationGenerationMixin, DeepTr
     def __init__(self, config: DeepTransformerConfig):
         super().__init__(config)
         self.model = self.base_model_class(config)  # DeepTransformerModel or a paper subclass
-        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        if not config.share_encoder_decoder_embeddings:  # separate vocabularies: tie to the target embedding
+            self._tied_weights_keys = {"lm_head.weight": "model.decoder.embed_tokens.weight"}
+        # Marian's output bias (final_logits_bias) is lm_head.bias when config.output_bias
+        self.lm_head = nn.Linear(config.d_model, config.target_vocab_size, bias=config.output_bias)
         self.post_init()
         self.set_translation_generation_defaults()
 
@@ -1004,7 +1017,7 @@ class DeepTransformerForConditionalGeneration(TranslationGenerationMixin, DeepTr
         """
         past_key_values = merge_cache_arguments(cache, past_key_values)
         if labels is not None:
-            check_token_ids("labels", labels, self.config.vocab_size, allow_ignore_index=True)
+            check_token_ids("labels", labels, self.config.target_vocab_size, allow_ignore_index=True)
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)  # labels shifted right

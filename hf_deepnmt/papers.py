@@ -120,7 +120,8 @@ VASWANI2017 = Paper(
     docs="docs/transformer.md",
     fields=("encoder_layers", "decoder_layers", "encoder_attention_heads", "decoder_attention_heads",
             "encoder_ffn_dim", "decoder_ffn_dim", "activation_function", "attention_dropout", "activation_dropout",
-            "scale_embedding", "layer_norm_position", "init_std"),
+            "scale_embedding", "layer_norm_position", "init_std", "position_encoding", "position_offset", "output_bias",
+            "share_encoder_decoder_embeddings", "decoder_vocab_size"),
     switches=(),
     foreign="it is a Transformer field; DTMT's depth is `transition_depth` and its width `d_model`",
     switched_on=lambda config: True,  # every model of the Transformer family is one

@@ -33,6 +33,7 @@ from hf_deepnmt.aggregation import AGGREGATION_ACTIVATIONS, LAYER_AGGREGATIONS
 from hf_deepnmt.configuration_deep_transformer import (
     ALLOWED_ACTIVATIONS,
     ALLOWED_ADMIN_INITS,
+    ALLOWED_POSITION_ENCODINGS,
     ALLOWED_LAYER_NORM_POSITIONS,
     ALLOWED_RESIDUAL_SCALINGS,
 )
@@ -439,9 +440,9 @@ def float_bad(allowed) -> st.SearchStrategy:
 
 TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "unk_token_id", "decoder_start_token_id")
 # Token ids valid beside the defaults pad 0, bos 1, eos 2, unk 3, decoder start 1 (pad, eos and unk differ; unk
-# differs from bos; the decoder start is not pad).
+# differs from bos; the decoder start may be pad, Marian's convention, docs/public-checkpoints.md).
 TOKEN_ID_CLASHES = {"pad_token_id": {1, 2, 3}, "bos_token_id": {3}, "eos_token_id": {0, 3},
-                    "unk_token_id": {0, 1, 2}, "decoder_start_token_id": {0}}
+                    "unk_token_id": {0, 1, 2}, "decoder_start_token_id": set()}
 # DTMT has no ALD: its only rules are eos != pad and decoder start != pad.
 DTMT_TOKEN_ID_CLASHES = {"pad_token_id": {1, 2}, "bos_token_id": set(), "eos_token_id": {0}, "unk_token_id": set(),
                          "decoder_start_token_id": {0}}
@@ -524,6 +525,17 @@ DEEP_TRANSFORMER_FIELDS: dict[str, tuple[st.SearchStrategy, st.SearchStrategy, d
                                 st.one_of(st.integers().filter(lambda v: v not in (1, 2, 3)), NOT_INT),
                                 {"encoder_layers": 4, "decoder_layers": 4}),
     **{field: (token_id_valid(field), token_id_bad(), {}) for field in TOKEN_IDS},
+    # Marian (OPUS-MT) has no <s> (docs/public-checkpoints.md)
+    "bos_token_id": (st.one_of(st.none(), token_id_valid("bos_token_id")),
+                     token_id_bad().filter(lambda v: v is not None), {}),
+    "position_encoding": (st.sampled_from(ALLOWED_POSITION_ENCODINGS), not_in(ALLOWED_POSITION_ENCODINGS), {}),
+    "position_offset": (st.integers(0, 100), st.one_of(st.integers(max_value=-1), NOT_INT), {}),
+    "output_bias": (st.booleans(), NOT_BOOL, {}),
+    "share_encoder_decoder_embeddings": (st.booleans(), NOT_BOOL, {}),
+    # a target vocabulary of its own needs share_encoder_decoder_embeddings=False; it must hold the special ids
+    "decoder_vocab_size": (st.one_of(st.none(), st.integers(4, 10**6)),
+                           st.one_of(st.integers(max_value=3), NOT_INT.filter(lambda v: v is not None)),
+                           {"share_encoder_decoder_embeddings": False}),
 }
 
 DTMT_BASE = dict(vocab_size=99, d_model=16, attention_heads=2, transition_depth=1, max_position_embeddings=64)
