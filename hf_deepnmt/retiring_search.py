@@ -19,10 +19,12 @@ whose result is final leaves the batch instead of being carried along.
 
 What it takes: deterministic search (``num_beams`` ≥ 1, no sampling) with ``length_penalty`` (transformers' or the
 GNMT form), ``early_stopping`` (True, False, ``"never"``), ``num_return_sequences``, a minimum length (``min_length``,
-``min_new_tokens``: ``</s>`` is forbidden before it, as transformers' two minimum-length processors do) and one budget
-per sentence. Any other generation setting that would add a logits processor or a stopping criterion (repetition
-penalties, n-gram blocking, forced or suppressed tokens, sampling, ...) is outside it: `unsupported` names the first
-such setting and the caller uses ``generate``.
+``min_new_tokens``: ``</s>`` is forbidden before it, as transformers' two minimum-length processors do), single-token
+``bad_words_ids`` (those tokens are never chosen: Marian's ``[[<pad>]]``), ``forced_eos_token_id`` (a hypothesis that
+reaches its length limit ends with ``</s>``, as Marian's and fairseq's generation configs ask) and one budget per
+sentence. Any other generation setting that would add a logits processor or a stopping criterion (repetition
+penalties, n-gram blocking, forced beginnings, multi-token bad words, sampling, ...) is outside it: `unsupported`
+names the first such setting and the caller uses ``generate``.
 """
 
 from __future__ import annotations
@@ -54,11 +56,9 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "encoder_repetition_penalty": (1.0, None),
     "no_repeat_ngram_size": (0, None),
     "encoder_no_repeat_ngram_size": (0, None),
-    "bad_words_ids": (None,),
     "force_words_ids": (None,),
     "constraints": (None,),
     "forced_bos_token_id": (None,),
-    "forced_eos_token_id": (None,),
     "suppress_tokens": (None,),
     "begin_suppress_tokens": (None,),
     "sequence_bias": (None,),
@@ -103,6 +103,12 @@ class SearchSettings:
     """``</s>`` is forbidden while a hypothesis (its start token included) is shorter: ``1 + min_new_tokens`` when
     that is set, else ``min_length`` — transformers' `MinLengthLogitsProcessor` and
     `MinNewTokensLengthLogitsProcessor`, which set ``</s>``'s score to −inf (after the log-softmax in beam search)."""
+    banned_token_ids: tuple[int, ...] = ()
+    """Tokens never chosen: the single-token entries of ``bad_words_ids`` (transformers' `NoBadWordsLogitsProcessor`
+    sets their scores to −inf)."""
+    forced_eos_token_id: int | None = None
+    """At a hypothesis' last allowed position every score but this token's is −inf and its own 0 (transformers'
+    `ForcedEOSTokenLogitsProcessor`)."""
 
 
 def unsupported(model: Any, settings: dict[str, Any]) -> str | None:
@@ -114,6 +120,13 @@ def unsupported(model: Any, settings: dict[str, Any]) -> str | None:
     for name, neutral in _NEUTRAL.items():
         if name in merged and merged[name] not in neutral:
             return f"{name}={merged[name]!r}"
+    bad_words = merged.get("bad_words_ids")
+    if bad_words is not None and not (isinstance(bad_words, (list, tuple)) and all(
+            isinstance(words, (list, tuple)) and len(words) == 1 for words in bad_words)):
+        return f"bad_words_ids={bad_words!r} (only single-token entries are reproduced)"
+    forced = merged.get("forced_eos_token_id")
+    if forced is not None and not isinstance(forced, int):
+        return f"forced_eos_token_id={forced!r} (one token id is reproduced)"
     if merged.get("logits_processor") or merged.get("stopping_criteria"):
         return "a logits processor or stopping criterion was given"
     known = set(GenerationConfig().to_dict()) | {"length_penalty_form", "generation_config"}
@@ -142,10 +155,13 @@ def search_settings(model: Any, settings: dict[str, Any]) -> SearchSettings:
     early = merged.get("early_stopping")
     min_new = merged.get("min_new_tokens")  # transformers: it takes precedence and sets min_length = 1 + it
     minimum = 1 + int(min_new) if min_new is not None else int(merged.get("min_length") or 0)
+    banned = tuple(int(words[0]) for words in merged.get("bad_words_ids") or ())
+    forced = merged.get("forced_eos_token_id")
     return SearchSettings(num_beams=num_beams, length_penalty=penalty, early_stopping=False if early is None else early,
                           num_return_sequences=int(merged.get("num_return_sequences") or 1),
                           eos_token_ids=eos_ids, pad_token_id=int(pad if pad is not None else (eos_ids or (0,))[0]),
-                          decoder_start_token_id=int(start), min_length=minimum)
+                          decoder_start_token_id=int(start), min_length=minimum, banned_token_ids=banned,
+                          forced_eos_token_id=None if forced is None else int(forced))
 
 
 def _map_tensors(value: Any, function: Callable[[torch.Tensor], torch.Tensor]) -> Any:
@@ -418,6 +434,23 @@ def _forbid_end(scores: torch.Tensor, lengths: torch.Tensor, minimum: int, eos: 
     return scores
 
 
+def _process_scores(scores: torch.Tensor, settings: SearchSettings, lengths: torch.Tensor, limits: torch.Tensor,
+                    eos: torch.Tensor, rows_per_sentence: int) -> torch.Tensor:
+    """transformers' logits processors that this search reproduces, in transformers' order, on ``scores``
+    ``(A·k, V)`` (changed in place): the minimum length (`_forbid_end`), the banned tokens (single-token
+    ``bad_words_ids``) and the forced ``</s>`` at each sentence's last position (``lengths + 1 == limits``)."""
+    scores = _forbid_end(scores, lengths, settings.min_length, eos, rows_per_sentence)
+    if settings.banned_token_ids:
+        scores[:, list(settings.banned_token_ids)] = float("-inf")
+    if settings.forced_eos_token_id is not None:
+        last = (lengths + 1 >= limits).repeat_interleave(rows_per_sentence)  # (A·k,) rows at their last position
+        if bool(last.any()):
+            forced = torch.full_like(scores[0], float("-inf"))  # (V,)
+            forced[settings.forced_eos_token_id] = 0.0
+            scores[last] = forced
+    return scores
+
+
 class _Greedy:
     """transformers' greedy search (``num_beams=1``, no sampling), one row per sentence."""
 
@@ -433,7 +466,7 @@ class _Greedy:
         self.eos = torch.tensor(settings.eos_token_ids, dtype=torch.long, device=device)
 
     def step(self, logits: torch.Tensor) -> tuple[None, torch.Tensor, torch.Tensor]:
-        logits = _forbid_end(logits, self.lengths, self.settings.min_length, self.eos, 1)
+        logits = _process_scores(logits, self.settings, self.lengths, self.limits, self.eos, 1)
         chosen = logits.argmax(dim=-1)  # (A,) transformers' greedy choice, on the (processed) logits
         self.sequences.scatter_(1, self.lengths[:, None], chosen[:, None])  # each row's next position
         self.lengths = self.lengths + 1
@@ -499,7 +532,8 @@ class _Beams:
 
     def step(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         k, cur = self.k, self.lengths  # cur (A,): tokens in each sentence's hypotheses
-        log_probs = _forbid_end(F.log_softmax(logits, dim=-1), cur, self.settings.min_length, self.eos, k)  # (A·k, V)
+        log_probs = _process_scores(F.log_softmax(logits, dim=-1), self.settings, cur, self.limits, self.eos,
+                                    k)  # (A·k, V)
         active = self.running.size(0)
         vocab = log_probs.size(-1)
         # accumulated scores of every continuation of every running hypothesis, per sentence

@@ -100,6 +100,37 @@ def test_a_minimum_length_forbids_the_end_as_generate_does(trained, minimum):
         assert any(not torch.equal(a.sequences, b.sequences) for a, b in zip(got, unconstrained))
 
 
+@pytest.mark.parametrize("processors", [{"num_beams": 4, "forced_eos_token_id": "eos", "bad_words_ids": "chosen"},
+                                        {"num_beams": 1, "forced_eos_token_id": "eos", "bad_words_ids": "chosen"},
+                                        {"num_beams": 3, "bad_words_ids": "chosen", "length_penalty": 0.6}],
+                         ids=settings_id)
+def test_banned_tokens_and_a_forced_end_are_generate_s(trained, processors):
+    """Single-token ``bad_words_ids`` (Marian's ``[[<pad>]]``: never chosen) and ``forced_eos_token_id`` (``</s>``
+    at a hypothesis' last position), which every converted OPUS-MT and fairseq model's generation config carries
+    (docs/public-checkpoints.md), give ``generate``'s results sentence by sentence, and the banned tokens change
+    some result (the tokens banned are ones the unconstrained search chooses)."""
+    model, sources, _ = trained
+    batch = source_batch(sources, model.config.pad_token_id)
+    budgets = [BUDGETS[index % len(BUDGETS)] for index in range(len(sources))]
+    free = {key: value for key, value in processors.items() if key not in ("bad_words_ids", "forced_eos_token_id")}
+    unconstrained = retiring_generate(model, batch["input_ids"], batch["attention_mask"], budgets,
+                                      search_settings(model, free))
+    chosen = sorted({int(result.sequences[0, 1]) for result in unconstrained} - {model.config.eos_token_id})[:2]
+    settings = dict(free, bad_words_ids=[[token] for token in chosen])
+    if "forced_eos_token_id" in processors:
+        settings["forced_eos_token_id"] = model.config.eos_token_id
+    assert unsupported(model, settings) is None
+    got = retiring_generate(model, batch["input_ids"], batch["attention_mask"], budgets, search_settings(model, settings))
+    assert_results_alone(model, batch, budgets, settings, got, ends_by_eos=False)
+    assert any(not torch.equal(a.sequences, b.sequences) for a, b in zip(got, unconstrained))
+    assert not any(bool(torch.isin(result.sequences[:, 1:], torch.tensor(chosen)).any()) for result in got)
+    if "forced_eos_token_id" in settings:  # a hypothesis that reaches its budget ends with </s>
+        for result, budget in zip(got, budgets):
+            for row in result.sequences:
+                if row.numel() == budget + 1:
+                    assert int(row[-1]) == model.config.eos_token_id
+
+
 def assert_results_alone(model, batch, budgets, settings, got, ends_by_eos) -> None:
     """``got[i]`` is what ``generate`` gives sentence i alone with its budget: the same sequences, the same scores."""
     pad, eos = model.config.pad_token_id, model.config.eos_token_id
@@ -208,6 +239,7 @@ def test_finished_sentences_leave_the_batch(trained):
     ({"do_sample": True}, "do_sample"), ({"repetition_penalty": 1.2}, "repetition_penalty"),
     ({"no_repeat_ngram_size": 3}, "no_repeat_ngram_size"), ({"suppress_tokens": [5]}, "suppress_tokens"),
     ({"forced_bos_token_id": 5}, "forced_bos_token_id"), ({"output_scores": True}, "output_scores"),
+    ({"bad_words_ids": [[5, 6]]}, "bad_words_ids"),
     ({"unheard_of": 1}, "unheard_of")])
 def test_settings_outside_the_search_are_named_so_the_caller_uses_generate(settings, named):
     model = dtmt_model()
