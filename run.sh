@@ -3,9 +3,9 @@
 #   bash run.sh quickstart   train + evaluate a deep Transformer on the embedded corpus, translate, write card/plots
 #   bash run.sh test         run the test suite
 # Both create (or reuse) a virtual environment in .venv, install torch first (the CPU wheel: a plain `torch`
-# requirement would pull a multi-GB CUDA build), then this package with its dev, export and serve extras (the export
-# tests need CTranslate2 and ONNX Runtime, the server tests starlette and uvicorn; `test` makes their absence a
-# failure, not a skip).
+# requirement would pull a multi-GB CUDA build), then this package with its dev, export, serve and convert extras (the
+# export tests need CTranslate2 and ONNX Runtime, the server tests starlette and uvicorn, the conversion tests
+# sentencepiece and sacremoses; `test` makes their absence a failure, not a skip).
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV="${DEEPNMT_VENV:-.venv}"
@@ -20,7 +20,7 @@ setup() {
   if ! "$py" -c "import torch" >/dev/null 2>&1; then
     "$py" -m pip install --quiet --disable-pip-version-check "$TORCH_SPEC"
   fi
-  "$py" -m pip install --quiet --disable-pip-version-check -e ".[dev,export,serve]"
+  "$py" -m pip install --quiet --disable-pip-version-check -e ".[dev,export,serve,convert]"
 }
 
 command="${1:-}"
@@ -28,7 +28,7 @@ shift || true
 case "$command" in
   test)
     setup
-    export HF_HUB_OFFLINE=1 DEEPNMT_REQUIRE_EXPORT=1 DEEPNMT_REQUIRE_SERVE=1
+    export HF_HUB_OFFLINE=1 DEEPNMT_REQUIRE_EXPORT=1 DEEPNMT_REQUIRE_SERVE=1 DEEPNMT_REQUIRE_CONVERT=1
     exec "$VENV/bin/python" -m pytest "$@"
     ;;
   quickstart)

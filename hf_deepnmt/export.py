@@ -115,6 +115,7 @@ def write_export(model: nn.Module, tokenizer: Any, output_dir: Path, export_form
         "admin_folded": export_format != "onnx" and getattr(config, "residual_scaling", "none") == "admin",
         "d_model": config.d_model,
         "vocab_size": config.vocab_size,
+        "target_vocab_size": getattr(config, "target_vocab_size", config.vocab_size),
         "max_position_embeddings": config.max_position_embeddings,
         "pad_token_id": config.pad_token_id,
         "eos_token_id": config.eos_token_id,
@@ -127,6 +128,9 @@ def write_export(model: nn.Module, tokenizer: Any, output_dir: Path, export_form
             # transformers' defaults where the config leaves them unset (None)
             "length_penalty": 1.0 if generation.length_penalty is None else generation.length_penalty,
             "early_stopping": False if generation.early_stopping is None else generation.early_stopping,
+            # a converted OPUS-MT / fairseq model's: <pad> never produced, </s> at the length limit
+            "bad_words_ids": generation.bad_words_ids,
+            "forced_eos_token_id": generation.forced_eos_token_id,
         },
     }
     if onnx_section is not None:

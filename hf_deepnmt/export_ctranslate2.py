@@ -6,7 +6,8 @@ its spec with CTranslate2's converter machinery, and `CTranslate2Engine` runs th
 The loader reuses BART's walk through the layers (``set_encoder``, ``set_decoder``, ``set_attention``: our weights
 carry BART/Marian names) and overrides only our conventions: the decoder starts from the real ``<s>`` embedding
 (``decoder_start_token_id``; Marian's loader starts from a zero one and drops the last vocabulary row, we do neither),
-sinusoidal positions are `hf_deepnmt.modeling_common.sinusoidal_positions`' table, pre-LN is ``pre_norm=True`` with
+positions are the model's own table (`hf_deepnmt.modeling_common.PositionEncoding.table`: Vaswani et al.'s or
+fairseq's sinusoids, or the learned one), separate source and target vocabularies are CTranslate2's two, pre-LN is ``pre_norm=True`` with
 each stack's final LayerNorm, liu2020 ADMIN is folded first (`hf_deepnmt.export.standard_model`), and:
 
 li2022 CAD: at inference every existing cross-attention runs; a layer built without one (p_net = 1.0) is written as a
@@ -38,7 +39,6 @@ from transformers.utils import logging
 
 from .errors import UserInputError
 from .export_formats import CT2_ACTIVATIONS, MANIFEST, check_exportable, standard_model
-from .modeling_common import sinusoidal_positions
 from .registry import MODEL_TYPES, TRANSFORMER
 
 logger = logging.get_logger(__name__)
@@ -49,10 +49,16 @@ CT2_CONFIG_NAMES: tuple[str, ...] = tuple(entry.config_class.__name__ for entry 
                                           if entry.family == TRANSFORMER and "ctranslate2" in entry.export_formats)
 
 
-def vocabulary_tokens(tokenizer: Any, vocab_size: int) -> list[str]:
-    """Token strings for ids 0 .. vocab_size-1 (ids the tokenizer lacks get unique placeholder names)."""
-    tokens = tokenizer.convert_ids_to_tokens(list(range(min(vocab_size, len(tokenizer)))))
-    tokens += [f"<deepnmt_unused_{i}>" for i in range(len(tokens), vocab_size)]
+def vocabulary_tokens(tokenizer: Any, vocab_size: int, side: str | None = None) -> list[str]:
+    """Token strings for ids 0 .. vocab_size-1 (ids the tokenizer lacks get unique placeholder names). ``side``
+    ``"source"`` / ``"target"``: that vocabulary of a tokenizer with two (Marian's and FSMT's ``get_src_vocab`` /
+    ``get_tgt_vocab``; docs/public-checkpoints.md); None: the one vocabulary of a model that shares it."""
+    getter = {"source": "get_src_vocab", "target": "get_tgt_vocab"}.get(side or "", "get_vocab")
+    names: dict[int, str] = {}
+    for key, value in getattr(tokenizer, getter)().items():
+        index, token = (key, value) if isinstance(key, int) else (value, key)  # FSMT's target side maps id → token
+        names.setdefault(int(index), str(getattr(token, "content", token)))
+    tokens = [names.get(index, f"<deepnmt_unused_{index}>") for index in range(vocab_size)]
     if len(set(tokens)) != len(tokens):
         raise UserInputError("the tokenizer maps two ids to the same token string; CTranslate2 needs unique tokens.")
     return tokens
@@ -102,16 +108,30 @@ def ctranslate2_loader() -> Any:
                                                         pre_norm=pre_norm, activation=activation))
             self.set_encoder(spec.encoder, model.model.encoder)
             self.set_decoder(spec.decoder, model.model.decoder)
-            self.set_linear(spec.decoder.projection, model.lm_head)  # no final logits bias: ours has none
+            self.set_linear(spec.decoder.projection, model.lm_head)  # with Marian's output bias when it has one
             model_spec.visit_spec(spec, _own_copy)
             return spec
 
+        def __call__(self, model: nn.Module, tokenizer: Any) -> Any:
+            spec = self.get_model_spec(model)
+            self.set_config(spec.config, model, tokenizer)
+            config = model.config  # two vocabularies where the model has two (docs/public-checkpoints.md)
+            target = self.get_vocabulary(model, tokenizer)
+            spec.register_source_vocabulary(target if config.share_encoder_decoder_embeddings else
+                                            vocabulary_tokens(tokenizer, config.vocab_size, "source"))
+            spec.register_target_vocabulary(target)
+            return spec
+
         def get_vocabulary(self, model: nn.Module, tokenizer: Any) -> list[str]:
-            return vocabulary_tokens(tokenizer, model.config.vocab_size)  # every row kept (Marian drops the last)
+            # every row kept (Marian's loader drops the last); the target side of two vocabularies
+            config = model.config
+            return vocabulary_tokens(tokenizer, config.target_vocab_size,
+                                     None if config.share_encoder_decoder_embeddings else "target")
 
         def set_config(self, config: Any, model: nn.Module, tokenizer: Any) -> None:
             ids, tokens = model.config, self.get_vocabulary(model, tokenizer)  # the model's ids, as `generate`'s
-            config.bos_token = tokens[ids.bos_token_id]
+            # CTranslate2 reads <s> only to prepend it to sources, which we never ask; Marian's vocabulary has none
+            config.bos_token = tokens[ids.bos_token_id if ids.bos_token_id is not None else ids.eos_token_id]
             config.eos_token = tokens[ids.eos_token_id]
             config.unk_token = tokens[ids.unk_token_id] if ids.unk_token_id is not None else "<unk>"
             config.decoder_start_token = tokens[ids.decoder_start_token_id]  # a real <s> embedding (Marian: zero)
@@ -126,9 +146,9 @@ def ctranslate2_loader() -> Any:
                 self.set_layer_norm(spec.layer_norm, module.layer_norm)
 
         def set_position_encodings(self, spec: Any, module: nn.Module) -> None:
-            config = module.config  # Vaswani et al. §3.5: our table (Marian's layout), row = position
-            spec.encodings = sinusoidal_positions(0, config.max_position_embeddings, config.d_model,
-                                                  torch.device("cpu"), torch.float32)
+            # row t: what the t-th token gets (Vaswani et al.'s or fairseq's sinusoids, or the learned table, from
+            # position_offset on; modeling_common.PositionEncoding)
+            spec.encodings = module.embed_positions.table(module.config.max_position_embeddings)
 
         def set_decoder(self, spec: Any, decoder: nn.Module) -> None:
             super().set_decoder(spec, decoder)  # BART's walk; it leaves a CAD layer's absent modules to us
@@ -215,8 +235,16 @@ class CTranslate2Engine:
             raise UserInputError(f"{folder} holds a {self.manifest['format']} export, not a ctranslate2 one.")
         self.translator = ctranslate2.Translator(str(folder), device="cpu", compute_type=compute_type,
                                                  inter_threads=1, intra_threads=intra_threads)
-        self.tokens = json.loads((folder / "shared_vocabulary.json").read_text(encoding="utf-8"))
+        # one vocabulary, or the source's and the target's (a converted model with two, docs/public-checkpoints.md)
+        shared = folder / "shared_vocabulary.json"
+        self.source_tokens = json.loads((shared if shared.is_file() else folder / "source_vocabulary.json")
+                                        .read_text(encoding="utf-8"))
+        self.tokens = json.loads((shared if shared.is_file() else folder / "target_vocabulary.json")
+                                 .read_text(encoding="utf-8"))
         self.ids = {token: index for index, token in enumerate(self.tokens)}
+        # single-token bad words (Marian's [[<pad>]]): never produced, as generate's search (`suppress_sequences`)
+        banned = self.manifest.get("generation", {}).get("bad_words_ids") or []
+        self.suppressed = [[self.tokens[words[0]]] for words in banned if len(words) == 1] or None
         self.patience = patience
         if self.manifest.get("generation", {}).get("early_stopping") is False:
             logger.warning_once(
@@ -241,9 +269,10 @@ class CTranslate2Engine:
                              "the onnx or torch engine for generate's default search.")
         length_penalty, _ = search_settings(self.manifest, length_penalty, None)
         results = self.translator.translate_batch(
-            [[self.tokens[i] for i in ids] for ids in sources], beam_size=num_beams, length_penalty=length_penalty,
-            max_decoding_length=min(max_new_tokens, self.max_positions), patience=self.patience,
-            min_decoding_length=min_new_tokens, return_end_token=True, max_input_length=0)
+            [[self.source_tokens[i] for i in ids] for ids in sources], beam_size=num_beams,
+            length_penalty=length_penalty, max_decoding_length=min(max_new_tokens, self.max_positions),
+            patience=self.patience, min_decoding_length=min_new_tokens, return_end_token=True, max_input_length=0,
+            suppress_sequences=self.suppressed)
         return [[self.ids[token] for token in result.hypotheses[0]] for result in results]
 
     def score(self, sources: Sequence[Sequence[int]], targets: Sequence[Sequence[int]]) -> list[list[float]]:
@@ -251,7 +280,7 @@ class CTranslate2Engine:
         eos = self.manifest["eos_token_id"]
         ends = [bool(ids) and ids[-1] == eos for ids in targets]
         results = self.translator.score_batch(  # CTranslate2 appends </s> to every target itself
-            [[self.tokens[i] for i in ids] for ids in sources],
+            [[self.source_tokens[i] for i in ids] for ids in sources],
             [[self.tokens[i] for i in (ids[:-1] if end else ids)] for ids, end in zip(targets, ends)],
             max_input_length=0)
         return [list(result.log_probs)[: None if end else -1] for result, end in zip(results, ends)]

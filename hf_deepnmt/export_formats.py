@@ -78,6 +78,11 @@ def mechanism_blockers(config: Any) -> list[Blocker]:
     if values.get("layer_norm_position", "post") != "post":
         blockers.append(Blocker(f"layer_norm_position={values['layer_norm_position']!r}", "pre-LN",
                                 "Marian is post-LN", ("marian",)))
+    positions, offset = values.get("position_encoding", "sinusoidal"), values.get("position_offset", 0)
+    if positions != "sinusoidal" or offset != 0:
+        blockers.append(Blocker(f"position_encoding={positions!r} (position_offset={offset})",
+                                "positions other than Vaswani et al.'s sinusoids from 0",
+                                "Marian's are those sinusoids from position 0", ("marian",)))
     eps = values.get("layer_norm_eps", 1e-5)
     if not math.isclose(eps, 1e-5):
         blockers.append(Blocker(f"layer_norm_eps={eps}", "a LayerNorm epsilon other than 1e-5",

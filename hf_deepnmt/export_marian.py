@@ -2,8 +2,10 @@
 code (``deepnmt export --format marian``; `hf_deepnmt.export.export_model`).
 
 Marian is Vaswani et al.'s post-LN Transformer with Marian/BART names, which are ours (docs/transformer.md): the
-weights are copied name for name, the shared embedding becomes Marian's encoder, decoder and (tied) output embedding,
-and the sinusoidal positions and a zero ``final_logits_bias`` are Marian's own. What Marian cannot hold is decided
+weights are copied name for name, the shared embedding becomes Marian's encoder, decoder and (tied) output embedding
+(separate vocabularies stay separate), the output bias becomes ``final_logits_bias`` (zero for a model without one),
+and the sinusoidal positions are Marian's own; fairseq's positions (other frequencies, an offset) or learned ones are
+not (docs/public-checkpoints.md). What Marian cannot hold is decided
 before anything is written, from the model type's registry entry and the one list of mechanisms a format cannot
 express (`hf_deepnmt.export_formats.format_blockers`): DTMT, pre-LN, a LayerNorm epsilon other than 1e-5, dou2018's
 layer aggregation and multi-layer attention, and li2022 CAD layers built without a cross-attention (p_net = 1.0).
@@ -48,8 +50,9 @@ def marian_config(config: Any) -> Any:
     ids; one shared vocabulary)."""
     from transformers import MarianConfig
 
-    return MarianConfig(**{name: getattr(config, name) for name in SHARED_FIELDS}, decoder_vocab_size=config.vocab_size,
-                        forced_eos_token_id=None, share_encoder_decoder_embeddings=True)
+    return MarianConfig(**{name: getattr(config, name) for name in SHARED_FIELDS},
+                        decoder_vocab_size=getattr(config, "target_vocab_size", config.vocab_size), forced_eos_token_id=None,
+                        share_encoder_decoder_embeddings=getattr(config, "share_encoder_decoder_embeddings", True))
 
 
 @torch.no_grad()
@@ -71,14 +74,22 @@ def export_marian(model: nn.Module) -> nn.Module:
     config = model.config
     marian = MarianMTModel(marian_config(config)).to(model.device)
     state = model.state_dict()
+    shared = config.share_encoder_decoder_embeddings
     state["model.encoder.embed_tokens.weight"] = state["model.shared.weight"]
-    state["model.decoder.embed_tokens.weight"] = state["model.shared.weight"]
+    if shared:
+        state["model.decoder.embed_tokens.weight"] = state["model.shared.weight"]
+    else:  # separate vocabularies: Marian's own encoder and decoder embeddings, no `shared`
+        del state["model.shared.weight"]
     if config.tie_word_embeddings:
-        state["lm_head.weight"] = state["model.shared.weight"]
+        state["lm_head.weight"] = state["model.decoder.embed_tokens.weight"]
+    bias = state.pop("lm_head.bias", None)  # Marian's final_logits_bias (a converted OPUS-MT model's)
     missing, unexpected = marian.load_state_dict(state, strict=False)
     if unexpected or set(missing) - MARIAN_ONLY_PARAMETERS:
         raise RuntimeError(f"export_marian: state dicts differ (missing {missing}, unexpected {unexpected}).")
-    marian.final_logits_bias.zero_()
+    if bias is None:
+        marian.final_logits_bias.zero_()
+    else:
+        marian.final_logits_bias.copy_(bias[None])  # (1, V)
     if config.tie_word_embeddings:
         marian.tie_weights()
     marian.generation_config = copy.deepcopy(model.generation_config)

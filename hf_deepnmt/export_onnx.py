@@ -236,7 +236,8 @@ def export_onnx(model: nn.Module, output_dir: str | Path, quantization: str | No
         _export(encoder, (input_ids, attention_mask), ({0: batch, 1: source}, {0: batch, 1: source}),
                 manifest["encoder"]["inputs"], manifest["encoder"]["outputs"], output_dir / "encoder.onnx")
         encoded = dict(zip(manifest["encoder"]["outputs"], encoder(input_ids, attention_mask)))
-        tokens = torch.randint(4, config.vocab_size, (EXAMPLE_BATCH, 1), generator=generator)
+        tokens = torch.randint(4, getattr(config, "target_vocab_size", config.vocab_size), (EXAMPLE_BATCH, 1),
+                               generator=generator)
         memory = [encoded[name] for name in description["memory"]]
         past = [encoded[entry["initial"]] if entry["initial"] else
                 torch.randn(EXAMPLE_BATCH, *_example_shape(entry["empty_shape"]), generator=generator)
