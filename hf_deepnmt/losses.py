@@ -498,8 +498,11 @@ def compute_losses(
     """
     if "labels" not in batch:
         raise UserInputError("compute_losses: the batch has no `labels`; training needs target sequences.")
-    outputs = model(**batch, smoothing_epsilon=label_smoothing, num_items_in_batch=num_items_in_batch,
-                    loss_normalizers=loss_normalizers, use_cache=False)
+    if getattr(unwrap_model(model), "computes_translation_objective", False):
+        outputs = model(**batch, smoothing_epsilon=label_smoothing, num_items_in_batch=num_items_in_batch,
+                        loss_normalizers=loss_normalizers, use_cache=False)
+    else:  # any other transformers seq2seq model: the label-smoothed NLL of its logits, normalised as ours
+        outputs = stock_model_objective(model, batch, label_smoothing, num_items_in_batch, loss_normalizers)
     components = dict(outputs.loss_components)
     counts = dict(outputs.loss_component_counts)
     num_tokens = counts["nll"]
@@ -524,6 +527,31 @@ def compute_losses(
             counts[term.name] = num_tokens
             total = total + term.weight * value * share
     return LossOutput(loss=total, components=components, counts=counts, num_tokens=num_tokens.long(), outputs=outputs)
+
+
+def stock_model_objective(model: nn.Module, batch: Mapping[str, torch.Tensor], label_smoothing: float,
+                          num_items_in_batch: torch.Tensor | int | None,
+                          loss_normalizers: LossNormalizers | None) -> Any:
+    """The objective of a seq2seq model of another package (BART, T5, M2M100, ... from transformers): its logits under
+    teacher forcing, then `translation_nll_objective` — the label-smoothed NLL normalised per step exactly as for
+    this package's models (so gradient accumulation and data parallelism still equal one large batch). The papers'
+    terms need this package's models (`deepnmt convert` turns Marian, FSMT and fairseq checkpoints into one).
+    Returns the model's output with ``loss``, ``loss_components`` and ``loss_component_counts`` set."""
+    core = unwrap_model(model)
+    labels = batch["labels"]
+    inputs = {key: value for key, value in batch.items() if key != "labels"}
+    if "decoder_input_ids" not in inputs:
+        inputs["decoder_input_ids"] = core.prepare_decoder_input_ids_from_labels(labels=labels)
+    outputs = model(**inputs, use_cache=False)
+    pad = getattr(core.config, "pad_token_id", None)
+    mask = batch.get("attention_mask")
+    source_tokens = mask.sum() if mask is not None else torch.tensor(batch["input_ids"].numel())
+    loss, components, counts = translation_nll_objective(
+        outputs.logits, labels, pad, core.training, label_smoothing, source_tokens,
+        num_items_in_batch=num_items_in_batch, loss_normalizers=loss_normalizers)
+    outputs.loss = loss
+    outputs.loss_components, outputs.loss_component_counts = components, counts
+    return outputs
 
 
 # ------------------------------------------------------------------------------------------------ collapse monitor

@@ -265,6 +265,10 @@ class TranslationGenerationMixin:
     the output embedding accessors, the encoder/decoder, labels → decoder inputs, and `generate` with checked
     arguments. Put before the `PreTrainedModel` subclass."""
 
+    # Its forward computes the full training objective of its config (`hf_deepnmt.losses.compute_losses` calls it so;
+    # any other seq2seq model gets the label-smoothed NLL of its logits, `losses.stock_model_objective`).
+    computes_translation_objective: bool = True
+
     def get_output_embeddings(self) -> nn.Linear:
         return self.lm_head
 

@@ -38,6 +38,9 @@ def load_or_train_tokenizer(model_args: ModelArguments, data_args: DataArguments
     if model_args.tokenizer_name or model_args.model_name_or_path or model_args.warm_start_from:
         name, flag = next((getattr(model_args, option), f"--{option}") for option in
                           ("tokenizer_name", "model_name_or_path", "warm_start_from") if getattr(model_args, option))
+        converted = converted_source(name) if flag != "--tokenizer_name" else None
+        if converted is not None:  # a Marian / FSMT model: the converted model's tokenizer (FSMT's targets fixed)
+            return converted[1]
         with hub_lookup(name, flag):
             return AutoTokenizer.from_pretrained(name)
     output_dir = Path(training_args.output_dir)
@@ -122,27 +125,109 @@ def new_model_config(model_args: ModelArguments, data_args: DataArguments, recip
     return AutoConfig.for_model(model_type, **fields)
 
 
+def converted_source(name: str) -> tuple[Any, Any] | None:
+    """A Marian or FSMT model named by ``--model_name_or_path`` / ``--warm_start_from``, converted once per process
+    into the package's Transformer (`hf_deepnmt_training.convert.convert_for_training`, which says so in one line):
+    ``(model, tokenizer)``; None for any other model."""
+    if name not in _CONVERTED:
+        from .convert import convert_for_training
+
+        _CONVERTED[name] = convert_for_training(name)
+    return _CONVERTED[name]
+
+
+_CONVERTED: dict[str, tuple[Any, Any] | None] = {}
+
+
 def new_or_loaded_model(model_args: ModelArguments, data_args: DataArguments, recipe_model: dict, tokenizer,
                          label_smoothing: float):
     if model_args.model_name_or_path:
-        with hub_lookup(model_args.model_name_or_path, "--model_name_or_path"):
-            model = AutoModelForSeq2SeqLM.from_pretrained(model_args.model_name_or_path)
+        converted = converted_source(model_args.model_name_or_path)
+        if converted is not None:
+            model = converted[0]
+        else:
+            with hub_lookup(model_args.model_name_or_path, "--model_name_or_path"):
+                model = AutoModelForSeq2SeqLM.from_pretrained(model_args.model_name_or_path)
+            check_foreign_model(model, model_args)
         if hasattr(model.config, "label_smoothing"):
             model.config.label_smoothing = label_smoothing
         return model
-    config = new_model_config(model_args, data_args, recipe_model, tokenizer, label_smoothing)
     if model_args.warm_start_from:
         if model_args.model_name_or_path:
             raise UserInputError("--warm_start_from and --model_name_or_path exclude each other: fine-tune a model with "
                              "the latter, or start a new one from a trained model's weights with the former.")
         from hf_deepnmt import warm_start
 
+        converted = converted_source(model_args.warm_start_from)  # a Marian / FSMT model, converted first
         with hub_lookup(model_args.warm_start_from, "--warm_start_from"):
-            model = warm_start(model_args.warm_start_from, config=config)
-        print(f"[deepnmt] warm start: {config.model_type} initialised from {model_args.warm_start_from}",
-              file=sys.stderr)
+            source = (converted[0] if converted is not None
+                      else AutoModelForSeq2SeqLM.from_pretrained(model_args.warm_start_from))
+        config = warm_start_config(source.config, model_args, data_args, recipe_model, label_smoothing)
+        model = warm_start(source, config=config, method=model_args.warm_start_method)
+        layers = f"{config.encoder_layers}+{config.decoder_layers} layers"
+        how = {"copy": "", "grow": f", grown to {layers} (Wu et al. 2019: new top layers)",
+               "stack": f", stacked to {layers} (Li et al. 2020: top layers copied)"}[model_args.warm_start_method]
+        print(f"[deepnmt] warm start: {config.model_type} initialised from {model_args.warm_start_from}{how}; "
+              f"{sum(p.numel() for n, p in model.named_parameters() if n in model.warm_start_new_parameters):,} "
+              "parameters new", file=sys.stderr)
         return model
+    config = new_model_config(model_args, data_args, recipe_model, tokenizer, label_smoothing)
     return AutoModelForSeq2SeqLM.from_config(config)
+
+
+def warm_start_config(source: Any, model_args: ModelArguments, data_args: DataArguments, recipe_model: dict,
+                      label_smoothing: float) -> Any:
+    """The config of a model warm-started from a trained one whose config is ``source``: the trained model's
+    backbone (`hf_deepnmt.warm_start.BACKBONE_FIELDS`: its shape, positions, vocabularies, tokens, regularisation),
+    then what the preset / recipe / ``--config_overrides`` give — the mechanisms to add, a regularisation to change,
+    more layers for ``--warm_start_method grow|stack`` — on ``--model_type`` (default ``deep_transformer``). A shape
+    field given with another value than the trained model's is one sentence (the weights would not fit)."""
+    from hf_deepnmt.warm_start import BACKBONE_FIELDS, SHAPE_FIELDS
+
+    from .recipes import load_model_config_dict, parse_overrides
+
+    model_type, _ = model_fields(model_args.config_name, model_args.config_overrides, model_args.model_type,
+                                 recipe_model)  # checks the override keys
+    given = load_model_config_dict(model_args.config_name, recipe_model)
+    given.update(parse_overrides(model_args.config_overrides))
+    given.pop("model_type", None)
+    fields = {key: getattr(source, key) for key in BACKBONE_FIELDS if hasattr(source, key)}
+    for key, value in given.items():
+        if key in SHAPE_FIELDS and key in fields and value != fields[key]:
+            raise UserInputError(f"`{key}` = {value!r} is not allowed with --warm_start_from: the trained model has "
+                                 f"{key}={fields[key]!r}, and a warm start keeps its weights' shapes (leave {key} out "
+                                 "of the recipe / --config_overrides).")
+        fields[key] = value
+    longest = max(data_args.max_source_length, data_args.max_target_length)
+    if fields.get("max_position_embeddings", longest) < longest:
+        raise UserInputError(f"`--max_source_length`/`--max_target_length` {longest} is not allowed with --warm_start_from "
+                             f"{model_args.warm_start_from}: its positions end at {fields['max_position_embeddings']}; "
+                             "use at most that.")
+    fields["label_smoothing"] = label_smoothing
+    return AutoConfig.for_model(model_type, **fields)
+
+
+def check_foreign_model(model: Any, model_args: ModelArguments) -> None:
+    """A seq2seq model of another package (BART, T5, M2M100, ...) fine-tunes with the label-smoothed NLL
+    (`hf_deepnmt.losses.stock_model_objective`); what needs this package's models is refused in one sentence."""
+    if getattr(model, "computes_translation_objective", False):
+        return
+    model_type = getattr(model.config, "model_type", type(model).__name__)
+    if model_args.config_overrides:
+        raise UserInputError(f"`--config_overrides` = {model_args.config_overrides!r} is not allowed with a {model_type!r} "
+                             "model: the papers' mechanisms and losses need a model of hf_deepnmt (`deepnmt convert` "
+                             "turns Marian, FSMT and fairseq checkpoints into one); fine-tune this one without it.")
+    if not hasattr(model, "prepare_decoder_input_ids_from_labels"):
+        raise UserInputError(f"`--model_name_or_path` names a {model_model_name(model)} model, which cannot be trained "
+                             "on labels (it has no prepare_decoder_input_ids_from_labels); use a seq2seq "
+                             "translation model.")
+    print(f"[deepnmt] fine-tuning a {model_type!r} model of transformers with the label-smoothed NLL (the papers' "
+          "losses need a model of hf_deepnmt: `deepnmt convert` makes one from Marian, FSMT or fairseq)",
+          file=sys.stderr)
+
+
+def model_model_name(model: Any) -> str:
+    return repr(getattr(model.config, "model_type", type(model).__name__))
 
 
 def check_torch_compile_options(training_args: Seq2SeqTrainingArguments, model_type: str | None) -> None:

@@ -6,6 +6,7 @@
     deepnmt diagnose ...          does a saved model use its source? (li2022 collapse monitor, per-layer attention)
     deepnmt translate ...         translate a file or stdin, batched, to stdout (torch, CTranslate2 or ONNX Runtime)
     deepnmt export ...            export a model to CTranslate2, ONNX or a stock MarianMTModel (fast inference)
+    deepnmt convert SRC OUT       a public checkpoint (OPUS-MT/Marian, FSMT, fairseq) as a model of hf_deepnmt
     deepnmt distill --teachers    teachers -> distilled training set -> shallow-decoder student -> int8 export
     deepnmt serve MODEL_DIR       an HTTP translation server with dynamic batching (POST /, /health, /metrics)
     deepnmt push DIR --repo_id    upload model + tokenizer + code + pipeline + card to the Hub
@@ -55,8 +56,8 @@ from .clock import RunClock
 from .errors import CommandLineError, NonFiniteLossError, hub_lookup, is_user_mistake
 
 EMBEDDED_TEST = "corpus:web-sparv/test.jsonl.gz"  # the embedded corpus' test books (English → Spanish)
-COMMANDS = ("quickstart", "train", "evaluate", "diagnose", "translate", "export", "distill", "serve", "push",
-            "average-checkpoints")
+COMMANDS = ("quickstart", "train", "evaluate", "diagnose", "translate", "export", "convert", "distill", "serve",
+            "push", "average-checkpoints")
 
 def _top_level_help() -> str:
     return __doc__.split("\n\n", 1)[1]
@@ -804,8 +805,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             _close_process_group()
             code = 0
         else:
+            from .convert import convert_command
+
             code = {"evaluate": _evaluate, "diagnose": _diagnose, "translate": _translate, "export": _export,
-                    "distill": _distill, "serve": _serve, "push": _push,
+                    "convert": convert_command, "distill": _distill, "serve": _serve, "push": _push,
                     "quickstart": lambda rest: _quickstart(rest, clock),
                     "average-checkpoints": _average}[command](rest)
     except NonFiniteLossError as error:

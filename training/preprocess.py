@@ -158,6 +158,24 @@ def prepare_pairs(args: Any, split: str, path: str | None, max_samples: int | No
     return dataset, key, {"files": [], **counts}, False
 
 
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """What identifies a tokenizer's ids: a fast tokenizer's ``tokenizer.json``; for a slow one (a converted
+    OPUS-MT's MarianTokenizer, a converted fairseq model's FairseqMosesBPETokenizer) its class and the files
+    ``save_pretrained`` writes (sentencepiece models, vocabularies, merges, settings)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        return hashlib.sha256(backend.to_str().encode()).hexdigest()
+    import tempfile
+
+    digest = hashlib.sha256(type(tokenizer).__name__.encode())
+    with tempfile.TemporaryDirectory() as folder:
+        tokenizer.save_pretrained(folder)
+        for path in sorted(Path(folder).iterdir()):
+            digest.update(path.name.encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
 def tokenize_pairs(pairs: Any, key: str, tokenizer: Any, max_source_length: int, max_target_length: int,
                    filter_max_length: int | None, filter_max_ratio: float | None, source_prefix: str | None,
                    num_proc: int | None = None, split: str = "train") -> tuple[Any, bool]:
@@ -165,8 +183,7 @@ def tokenize_pairs(pairs: Any, key: str, tokenizer: Any, max_source_length: int,
     length filters keep, truncated to the maximum lengths (`hf_deepnmt_training.data.tokenize_corpus`'s rules)."""
     options = dict(max_source_length=max_source_length, max_target_length=max_target_length,
                    filter_max_length=filter_max_length, filter_max_ratio=filter_max_ratio, source_prefix=source_prefix)
-    tokenizer_json = hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest()
-    folder = cache_root() / f"tokens-{_key(key, tokenizer_json, options)}"
+    folder = cache_root() / f"tokens-{_key(key, tokenizer_fingerprint(tokenizer), options)}"
     stored = _stored(folder)
     if stored is not None:
         print(f"[deepnmt] {split}: reusing the tokenized corpus ({folder})", file=sys.stderr)

@@ -355,6 +355,7 @@ def build_trainer(model: torch.nn.Module, tokenizer: Any, datasets: dict[str, An
         new_parameters=getattr(model, "warm_start_new_parameters", ()),
         new_parameters_lr_scale=model_args.warm_start_new_lr_scale,
         new_parameters_freeze_steps=model_args.warm_start_freeze_steps,
+        pretrained_hold_steps=model_args.warm_start_hold_pretrained_steps,
     )
     if model_args.max_train_minutes is not None:
         trainer.add_callback(TimeBudget(model_args.max_train_minutes))

@@ -141,6 +141,16 @@ def check_option_values(*sources: Any) -> None:
     if hold is not None and hold < 0:
         raise CommandLineError(f"`--warm_start_freeze_steps` = {hold!r} is not allowed; use 0 (no hold) or a positive "
                                "number of optimizer steps.")
+    method, held = values.warm_start_method, values.warm_start_hold_pretrained_steps
+    if ((method is not None and method != "copy") or (held is not None and held != 0)) and not values.warm_start_from:
+        raise CommandLineError("`--warm_start_method` / `--warm_start_hold_pretrained_steps` start a model from a trained "
+                               "one; give --warm_start_from too, or leave them at copy / 0.")
+    if method is not None and method not in ("copy", "grow", "stack"):
+        raise CommandLineError(f"`--warm_start_method` = {method!r} is not allowed; use copy, grow (Wu et al. 2019) or "
+                               "stack (Li et al. 2020).")
+    if held is not None and held < 0:
+        raise CommandLineError(f"`--warm_start_hold_pretrained_steps` = {held!r} is not allowed; use 0 (no hold) or a "
+                               "positive number of optimizer steps.")
 
 
 def check_data_files(values: argparse.Namespace) -> None:

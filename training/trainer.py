@@ -189,17 +189,19 @@ def check_new_parameter_options(lr_scale: float, freeze_steps: int) -> None:
                              "positive number of optimizer steps.")
 
 
-def hold_new_parameters(scheduler: torch.optim.lr_scheduler.LRScheduler, steps: int) -> None:
-    """Multiply the schedule of every ``warm_start_new`` parameter group by 0 for its first ``steps`` steps.
+def hold_new_parameters(scheduler: torch.optim.lr_scheduler.LRScheduler, steps: int, new: bool = True) -> None:
+    """Multiply the schedule of every ``warm_start_new`` parameter group by 0 for its first ``steps`` steps (``new
+    =False``: every other group, the trained parameters — Wu et al. 2019's frozen base while grown layers learn).
 
     Works on `LambdaLR` (every schedule of transformers' ``lr_scheduler_type`` and of `hf_deepnmt_training.schedules`); the
     current learning rates are recomputed, so the very first optimizer step already holds them."""
     if not isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):
-        raise UserInputError(f"`--warm_start_freeze_steps` needs a LambdaLR schedule; this run's is "
+        option = "--warm_start_freeze_steps" if new else "--warm_start_hold_pretrained_steps"
+        raise UserInputError(f"`{option}` needs a LambdaLR schedule; this run's is "
                              f"{type(scheduler).__name__}: use --warm_start_new_lr_scale instead.")
     groups = scheduler.optimizer.param_groups
     for index, group in enumerate(groups):
-        if group.get("warm_start_new"):
+        if bool(group.get("warm_start_new")) == new:
             schedule = scheduler.lr_lambdas[index]
             scheduler.lr_lambdas[index] = lambda step, schedule=schedule: 0.0 if step < steps else schedule(step)
     for group, base, schedule in zip(groups, scheduler.base_lrs, scheduler.lr_lambdas):
@@ -228,6 +230,9 @@ class DeepNMTTrainer(TrainerInternals):
         new_parameters_lr_scale: their learning rate is this multiple of the schedule's (1.0: the same as the rest).
         new_parameters_freeze_steps: their learning rate is 0 for the first this many optimizer steps.
             Why and what was measured: docs/dou2018.md, "Warm start".
+        pretrained_hold_steps: the other parameters' (those the warm start copied) learning rate is 0 for the first
+            this many optimizer steps: Wu et al. 2019's depth growing trains the new top layers on a frozen base
+            first (docs/public-checkpoints.md).
         All other arguments are those of `Seq2SeqTrainer`. Label smoothing is ``args.label_smoothing_factor``.
     """
 
@@ -247,6 +252,7 @@ class DeepNMTTrainer(TrainerInternals):
         new_parameters: Sequence[str] = (),
         new_parameters_lr_scale: float = 1.0,
         new_parameters_freeze_steps: int = 0,
+        pretrained_hold_steps: int = 0,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
@@ -254,6 +260,7 @@ class DeepNMTTrainer(TrainerInternals):
         self.new_parameters = tuple(new_parameters)
         self.new_parameters_lr_scale = float(new_parameters_lr_scale)
         self.new_parameters_freeze_steps = int(new_parameters_freeze_steps)
+        self.pretrained_hold_steps = int(pretrained_hold_steps)
         if self.args.n_gpu > 1:
             raise UserInputError(
                 f"DeepNMTTrainer: {self.args.n_gpu} GPUs are visible to one process, so transformers would wrap the "
@@ -343,7 +350,8 @@ class DeepNMTTrainer(TrainerInternals):
         """`Trainer.create_optimizer`; the parameters a warm start added get groups of their own (same options,
         learning rate × ``new_parameters_lr_scale``, marked ``warm_start_new``) when a scale or freeze is asked."""
         optimizer = super().create_optimizer(model)
-        if not self.new_parameters or (self.new_parameters_lr_scale == 1.0 and self.new_parameters_freeze_steps == 0):
+        if not self.new_parameters or (self.new_parameters_lr_scale == 1.0 and self.new_parameters_freeze_steps == 0
+                                       and self.pretrained_hold_steps == 0):
             return optimizer
         if any(group.get("warm_start_new") for group in optimizer.param_groups):
             return optimizer  # already split (create_optimizer called again)
@@ -368,7 +376,9 @@ class DeepNMTTrainer(TrainerInternals):
             count = sum(parameter.numel() for group in added for parameter in group["params"])
             print(f"[deepnmt] warm start: {count:,} new parameters train at {self.new_parameters_lr_scale:g}× the "
                   f"learning rate" + (f", held for the first {self.new_parameters_freeze_steps} steps"
-                                      if self.new_parameters_freeze_steps else ""), file=sys.stderr)
+                                      if self.new_parameters_freeze_steps else "")
+                  + (f"; the trained ones are held for the first {self.pretrained_hold_steps} steps"
+                     if self.pretrained_hold_steps else ""), file=sys.stderr)
         return optimizer
 
     def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None
@@ -382,8 +392,11 @@ class DeepNMTTrainer(TrainerInternals):
                                                           num_training_steps)
             self._mark_scheduler_created()
             scheduler = self.lr_scheduler
-        if self.new_parameters_freeze_steps > 0 and not getattr(scheduler, "_holds_new_parameters", False):
-            hold_new_parameters(scheduler, self.new_parameters_freeze_steps)
+        if not getattr(scheduler, "_holds_new_parameters", False):
+            if self.new_parameters_freeze_steps > 0:
+                hold_new_parameters(scheduler, self.new_parameters_freeze_steps)
+            if self.pretrained_hold_steps > 0 and self.new_parameters:
+                hold_new_parameters(scheduler, self.pretrained_hold_steps, new=False)
         return scheduler
 
     # ------------------------------------------------------------------------------------------------ loss
