@@ -20,6 +20,7 @@ from .configuration_deep_transformer import (
     DeepTransformerConfig,
 )
 from .configuration_dtmt import DTMTConfig
+from .conversion import convert_checkpoint, convert_model
 from .ensemble import EnsembleCache, EnsembleForConditionalGeneration, load_ensemble
 from .errors import UserInputError
 from .export_marian import export_marian
@@ -54,6 +55,8 @@ __all__ = [
     "AdminTransformerModel",
     "admin_omega_closed_form",
     "admin_profile",
+    "convert_checkpoint",
+    "convert_model",
     "export_marian",
     "fold_admin",
     "losses",

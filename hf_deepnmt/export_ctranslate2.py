@@ -53,9 +53,13 @@ def vocabulary_tokens(tokenizer: Any, vocab_size: int, side: str | None = None) 
     """Token strings for ids 0 .. vocab_size-1 (ids the tokenizer lacks get unique placeholder names). ``side``
     ``"source"`` / ``"target"``: that vocabulary of a tokenizer with two (Marian's and FSMT's ``get_src_vocab`` /
     ``get_tgt_vocab``; docs/public-checkpoints.md); None: the one vocabulary of a model that shares it."""
-    getter = {"source": "get_src_vocab", "target": "get_tgt_vocab"}.get(side or "", "get_vocab")
+    if side == "target" and isinstance(getattr(tokenizer, "target_encoder", None), dict):
+        vocabulary = tokenizer.target_encoder  # token → id (MarianTokenizer's get_tgt_vocab fails on added tokens)
+    else:
+        vocabulary = getattr(tokenizer, {"source": "get_src_vocab", "target": "get_tgt_vocab"}.get(side or "",
+                                                                                                 "get_vocab"))()
     names: dict[int, str] = {}
-    for key, value in getattr(tokenizer, getter)().items():
+    for key, value in vocabulary.items():
         index, token = (key, value) if isinstance(key, int) else (value, key)  # FSMT's target side maps id → token
         names.setdefault(int(index), str(getattr(token, "content", token)))
     tokens = [names.get(index, f"<deepnmt_unused_{index}>") for index in range(vocab_size)]

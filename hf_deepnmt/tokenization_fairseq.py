@@ -23,6 +23,9 @@ class FairseqMosesBPETokenizer(FSMTTokenizer):
     """`FSMTTokenizer` whose target side uses the target language's Moses rules and the target dictionary."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # fairseq ends every sequence with </s>, which FSMTTokenizer appends as its `sep_token` without naming an
+        # `eos_token`; naming it lets code that truncates or detects the end (every seq2seq trainer) find it
+        kwargs.setdefault("eos_token", kwargs.get("sep_token", "</s>"))
         super().__init__(*args, **kwargs)
         self.target_encoder = {token: index for index, token in self.decoder.items()}  # the target dictionary
         self._target_side = False

@@ -308,8 +308,8 @@ def test_every_recipe_is_complete_and_documented(recipe):
     # complete: every documented config field is spelled out (no chain of mutated defaults)
     config_class = type(AutoConfig.for_model(fields.get("model_type", "deep_transformer")))
     documented = set(config_class().to_dict()) & set(config_class.__init__.__code__.co_varnames)
-    token_fields = {"vocab_size", "pad_token_id", "bos_token_id", "eos_token_id", "unk_token_id",
-                    "decoder_start_token_id", "use_cache", "is_encoder_decoder"}
+    token_fields = {"vocab_size", "decoder_vocab_size", "pad_token_id", "bos_token_id", "eos_token_id", "unk_token_id",
+                    "decoder_start_token_id", "use_cache", "is_encoder_decoder"}  # the tokenizer's (vocabularies too)
     assert documented - token_fields <= set(fields), documented - token_fields - set(fields)
     yaml.safe_dump(sections)  # plain data
 

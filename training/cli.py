@@ -704,6 +704,11 @@ def check_references(argv: Sequence[str], several: bool = False) -> None:
 def check_reference(flag: str, value: str) -> None:
     """`check_references` for one option (or positional, named ``flag``) that names a model folder or Hub id."""
     path = Path(value).expanduser()
+    fairseq = path.suffix == ".pt" and path.is_file() or path.is_dir() and any(path.glob("*.pt")) \
+        and not (path / "config.json").exists()
+    if fairseq:  # a fairseq checkpoint (docs/public-checkpoints.md)
+        raise CommandLineError(f"`{flag}` = {value!r} is a fairseq checkpoint; convert it first: deepnmt convert "
+                               f"{value} --output_dir FOLDER, then pass FOLDER.")
     if path.is_file():
         raise CommandLineError(f"`{flag}` = {value!r} is a file; it must be a saved model folder or a Hub id.")
     if path.is_dir() and not any((path / marker).exists() for marker in SAVED_MARKERS):

@@ -109,6 +109,7 @@ def convert_for_training(name: str) -> tuple[Any, Any] | None:
 
     with hub_lookup(name, "--model_name_or_path"):
         converted = convert_model(name)
+    converted.model.config.converted_from = converted.provenance()  # the run's card and config say where it began
     print(describe(converted) + " — fine-tuning the converted model (save it once with `deepnmt convert`)",
           file=sys.stderr)
     return converted.model, converted.tokenizer
