@@ -320,6 +320,7 @@ def _note_language_codes(converted: Converted, tokenizer: Any) -> None:
     codes = sorted(getattr(tokenizer, "supported_language_codes", None) or [])
     if codes:
         converted.model.config.target_language_codes = codes
+        converted.target_lang = None  # many targets: no one pair is recorded unless --target_lang gives one
         converted.notes.append(f"multi-target model: a source starts with its target's code, one of {', '.join(codes[:8])}"
                                + (" …" if len(codes) > 8 else ""))
 

@@ -221,6 +221,13 @@ class TranslationPipeline(Pipeline):
         preprocess_params: dict[str, Any] = {}
         if truncation is not None:
             preprocess_params["truncation"] = truncation
+        codes = getattr(self.model.config, "target_language_codes", None)
+        if tgt_lang is not None and codes:  # a multi-target OPUS-MT model: the source starts with >>tgt<<
+            code = f">>{tgt_lang}<<"
+            if code not in codes:
+                raise UserInputError(f"TranslationPipeline: `tgt_lang` = {_preview(tgt_lang)} is not allowed; this "
+                                     f"multi-target model's codes are {', '.join(codes)}.")
+            preprocess_params["target_code"] = code
         postprocess_params: dict[str, Any] = {}
         if return_tensors is not None:
             postprocess_params["return_tensors"] = return_tensors
@@ -258,7 +265,11 @@ class TranslationPipeline(Pipeline):
         usable = [int(limit) for limit in limits if isinstance(limit, int) and 0 < limit < 10**9]
         return min(usable) if usable else 1024
 
-    def preprocess(self, text: str, truncation: bool = True) -> dict[str, torch.Tensor]:
+    def preprocess(self, text: str, truncation: bool = True, target_code: str | None = None) -> dict[str, torch.Tensor]:
+        """``target_code``: a multi-target model's ``>>xx<<`` (``tgt_lang``), put before the text as Marian's
+        tokenizer expects it (docs/public-checkpoints.md)."""
+        if target_code is not None and not text.startswith(">>"):
+            text = f"{target_code} {text}"
         if self.prefix:
             text = self.prefix + text
         limit = self._max_source_tokens()

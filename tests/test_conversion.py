@@ -137,6 +137,14 @@ def test_a_converted_opus_mt_model_exports_back_to_the_same_marian(tmp_path):
         assert teacher_forced_difference(marian, reference, batch, targets) == 0.0
 
 
+def test_fairseq_positions_are_not_marian_s_so_that_export_is_refused(tmp_path):
+    from hf_deepnmt import export_marian
+
+    directory, _ = fairseq_sentencepiece_checkpoint(tmp_path / "fairseq")
+    with pytest.raises(UserInputError, match="position_encoding='sinusoidal_fairseq' \\(position_offset=2\\)"):
+        export_marian(convert_model(directory).model)
+
+
 # ------------------------------------------------------------------------------------------------ FSMT and fairseq
 def test_an_fsmt_folder_converts_exactly(tmp_path):
     source = fsmt_source(tmp_path)

@@ -297,3 +297,19 @@ def test_a_converted_folder_translates_in_process_remotely_and_through_the_handl
     classes, translation = result.stdout.strip().splitlines()[-2:]
     assert classes == "DeepTransformerForConditionalGeneration FairseqMosesBPETokenizer"
     assert translation == local
+
+
+def test_the_pipeline_puts_a_multi_target_model_s_code_before_the_source(tmp_path):
+    """A multi-target OPUS-MT model (``>>xx<<`` tokens) records its codes; ``tgt_lang="es"`` translates as the
+    text with ``>>es<<`` before it, and a code the model lacks is one sentence."""
+    from transformers import pipeline
+
+    folder = convert_checkpoint(marian_source(tmp_path / "source", "multi_target"), tmp_path / "converted")
+    translate = pipeline("translation", model=str(folder))
+    text = SOURCE_SAMPLE[0]
+    coded = translate(f">>es<< {text}", max_new_tokens=6, num_beams=2)[0]["translation_text"]
+    assert translate(text, tgt_lang="es", max_new_tokens=6, num_beams=2)[0]["translation_text"] == coded
+    assert translate(text, tgt_lang="fr", max_new_tokens=6, num_beams=2)[0]["translation_text"] != coded \
+        or translate(text, tgt_lang="de", max_new_tokens=6, num_beams=2)[0]["translation_text"] != coded
+    with pytest.raises(UserInputError, match="`tgt_lang` = 'it' is not allowed; this multi-target model's codes are"):
+        translate(text, tgt_lang="it")
