@@ -377,6 +377,12 @@ def check_compatible(configs: Sequence[Any], names: Sequence[str]) -> None:
         if config.vocab_size != first.vocab_size:
             raise UserInputError(f"{name} has vocab_size {config.vocab_size} but {first_name} has "
                                  f"{first.vocab_size}; the members of an ensemble must share one vocabulary.")
+        # the target side of a converted model with two vocabularies (docs/public-checkpoints.md): the probabilities
+        # the ensemble combines must be over one target vocabulary
+        mine, theirs = (getattr(c, "decoder_vocab_size", None) or c.vocab_size for c in (config, first))
+        if mine != theirs:
+            raise UserInputError(f"{name} has a target vocabulary of {mine} tokens but {first_name} of {theirs}; the "
+                                 "members of an ensemble must share one vocabulary.")
         for field in SPECIAL_TOKEN_FIELDS:
             mine, theirs = getattr(config, field, None), getattr(first, field, None)
             if mine is not None and theirs is not None and mine != theirs:

@@ -286,7 +286,8 @@ def test_push_uploads_the_onnx_export_the_endpoint_handler_serves(tmp_path):
 
 def test_push_refuses_an_incomplete_folder(tmp_path):
     (tmp_path / "config.json").write_text("{}")
-    with pytest.raises(CommandLineError, match="missing model.safetensors, tokenizer.json"):
+    with pytest.raises(CommandLineError, match="missing model.safetensors, tokenizer_config.json, README.md, .*"
+                                               "tokenizer.json or source.spm or vocab-src.json \\(the tokenizer\\)"):
         files_to_upload(tmp_path)
 
 

@@ -313,3 +313,54 @@ def test_the_pipeline_puts_a_multi_target_model_s_code_before_the_source(tmp_pat
         or translate(text, tgt_lang="de", max_new_tokens=6, num_beams=2)[0]["translation_text"] != coded
     with pytest.raises(UserInputError, match="`tgt_lang` = 'it' is not allowed; this multi-target model's codes are"):
         translate(text, tgt_lang="it")
+
+
+@pytest.mark.integration
+def test_translate_evaluate_push_and_ensembles_take_a_converted_folder(tmp_path, capsys):
+    """`deepnmt translate` and `evaluate` on a converted folder (its slow tokenizer), `deepnmt push` uploads its
+    tokenizer files (no tokenizer.json) and code, and two converted models of one tokenizer are an ensemble."""
+    from hf_deepnmt import load_ensemble
+    from hf_deepnmt_training.hub import files_to_upload
+
+    source = marian_source(tmp_path / "source")
+    folder = convert_checkpoint(source, tmp_path / "converted", source_lang="en", target_lang="es")
+    (tmp_path / "input.txt").write_text("\n".join(SOURCE_SAMPLE) + "\n")
+    capsys.readouterr()
+    assert main(["translate", str(folder), "--input", str(tmp_path / "input.txt"), "--num_beams", "2",
+                 "--max_new_tokens", "8"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == len(SOURCE_SAMPLE)
+    test_file = tmp_path / "test.jsonl"
+    test_file.write_text("".join(json.dumps({"translation": {"en": s, "es": t}}) + "\n"
+                                 for s, t in zip(SOURCE_SAMPLE, TARGET_SAMPLE)))
+    assert main(["evaluate", str(folder), "--test_file", str(test_file), "--num_beams", "2"]) == 0
+    assert "BLEU" in capsys.readouterr().out
+    (folder / "README.md").write_text("a card")
+    uploaded = files_to_upload(folder)
+    assert {"source.spm", "target.spm", "vocab.json", "modeling_deep_transformer.py"} <= set(uploaded)
+    second = convert_checkpoint(marian_source(tmp_path / "second", seed=1), tmp_path / "second-converted")
+    ensemble, tokenizer = load_ensemble([str(folder), str(second)])
+    batch = tokenizer(SOURCE_SAMPLE[:2], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        assert ensemble.generate(**batch, num_beams=2, max_new_tokens=6).shape[0] == 2
+
+
+@pytest.mark.integration
+def test_deepnmt_serve_answers_with_a_converted_fairseq_model(tmp_path):
+    """`deepnmt serve` on a converted folder whose tokenizer is FairseqMosesBPETokenizer answers as the pipeline."""
+    pytest.importorskip("starlette")
+    pytest.importorskip("uvicorn")
+    from test_serve import Server
+    from transformers import pipeline
+
+    folder = convert_checkpoint(fairseq_bpe_checkpoint(tmp_path / "fairseq")[0], tmp_path / "converted")
+    parameters = {"num_beams": 2, "max_new_tokens": 8}
+    expected = [answer["translation_text"] for answer in
+                pipeline("translation", model=str(folder))(SOURCE_SAMPLE[:3], **parameters)]
+    server = Server(folder, "--workers", "1")
+    try:
+        server.wait_ready()
+        status, answer = server.post({"inputs": SOURCE_SAMPLE[:3], "parameters": parameters})
+    finally:
+        code = server.stop()
+    assert status == 200 and [item["translation_text"] for item in answer] == expected
+    assert code == 0, server.log()

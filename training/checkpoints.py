@@ -81,7 +81,7 @@ def average_checkpoints(run_dir: str | os.PathLike, last: int = 10, output_dir: 
     model.tie_weights()
     output_dir = Path(output_dir) if output_dir is not None else run_dir / f"averaged-last{last}"
     model.save_pretrained(output_dir)
-    tokenizer_source = folders[-1] if (folders[-1] / "tokenizer.json").exists() else run_dir
+    tokenizer_source = folders[-1] if (folders[-1] / "tokenizer_config.json").exists() else run_dir
     AutoTokenizer.from_pretrained(tokenizer_source).save_pretrained(output_dir)
     (output_dir / "averaged_from.json").write_text(json.dumps([f.name for f in folders], indent=2) + "\n")
     return output_dir

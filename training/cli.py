@@ -648,7 +648,7 @@ def model_of(parser: CommandParser, args: Any, needs_tokenizer: bool = False) ->
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "spiece.model", "sentencepiece.bpe.model",
-                   "source.spm", "vocab.txt")
+                   "source.spm", "vocab.txt", "vocab-src.json")
 
 
 def check_tokenizer(flag: str, value: str) -> None:

@@ -13,7 +13,11 @@ from typing import Any
 
 from .errors import CommandLineError
 
-REQUIRED = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "README.md")
+REQUIRED = ("config.json", "model.safetensors", "tokenizer_config.json", "README.md")
+# A tokenizer's own files, one of which every model folder needs: a fast tokenizer's tokenizer.json, or a converted
+# public checkpoint's slow tokenizer (MarianTokenizer's source.spm, FairseqMosesBPETokenizer's vocab-src.json;
+# docs/public-checkpoints.md)
+TOKENIZER_FILES = ("tokenizer.json", "source.spm", "vocab-src.json")
 EXCLUDED_PREFIXES = ("checkpoint-", ".", "_", "runs")
 EXCLUDED_NAMES = ("optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json")
 # The export `handler.py` serves: hf_deepnmt.handler's ONNX_SUBFOLDER and EXPORT_MANIFEST, repeated here so that this
@@ -47,6 +51,8 @@ def files_to_upload(folder: str | Path, include_subfolders: bool = False) -> lis
     if not folder.is_dir():
         raise CommandLineError(f"{folder} is not a model folder.")
     missing = [name for name in REQUIRED if not (folder / name).exists()]
+    if not any((folder / name).exists() for name in TOKENIZER_FILES):
+        missing.append(" or ".join(TOKENIZER_FILES) + " (the tokenizer)")
     if not any(folder.glob("modeling_*.py")):
         missing.append("modeling_*.py (the remote code; save with hf_deepnmt imported)")
     if missing:
