@@ -19,10 +19,23 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 from collections import Counter
 from pathlib import Path
 
+import pytest
 import torch
+
+
+def require_convert_extra() -> None:
+    """sentencepiece and sacremoses are the `convert` extra (subword-nmt the dev extra's reference of fairseq's BPE):
+    without them a test module using these fixtures skips, unless DEEPNMT_REQUIRE_CONVERT=1 (set by `bash run.sh
+    test`, which installs them) makes that a failure."""
+    for module in ("sentencepiece", "sacremoses", "subword_nmt"):
+        if os.environ.get("DEEPNMT_REQUIRE_CONVERT") == "1":
+            __import__(module)
+        else:
+            pytest.importorskip(module)
 
 # A multilingual sample: the tokenizers are trained on it and the id comparisons read it.
 SAMPLE = [

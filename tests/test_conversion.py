@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -28,6 +27,7 @@ from public_checkpoints import (
     fairseq_sentencepiece_ids,
     fsmt_source,
     marian_source,
+    require_convert_extra,
 )
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
@@ -35,15 +35,7 @@ from hf_deepnmt import DeepTransformerForConditionalGeneration
 from hf_deepnmt.conversion import convert_checkpoint, convert_model
 from hf_deepnmt.errors import UserInputError
 
-# sentencepiece and sacremoses are the `convert` extra (subword-nmt the dev extra's reference): without them these tests
-# skip, unless DEEPNMT_REQUIRE_CONVERT=1 (set by `bash run.sh test`, which installs them) makes that a failure
-if os.environ.get("DEEPNMT_REQUIRE_CONVERT") == "1":
-    import sacremoses  # noqa: F401
-    import sentencepiece  # noqa: F401
-    import subword_nmt  # noqa: F401
-else:
-    for module in ("sentencepiece", "sacremoses", "subword_nmt"):
-        pytest.importorskip(module)
+require_convert_extra()
 
 TOLERANCE = 1e-5  # teacher-forced logits, float32 (the bound)
 BUDGET = 12

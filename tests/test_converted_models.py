@@ -26,6 +26,7 @@ from public_checkpoints import (
     fairseq_sentencepiece_checkpoint,
     fsmt_source,
     marian_source,
+    require_convert_extra,
 )
 from test_pipeline_and_remote_code import BLOCK_OUR_PACKAGES
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
@@ -34,12 +35,7 @@ from hf_deepnmt import convert_checkpoint, convert_model, warm_start
 from hf_deepnmt.errors import UserInputError
 from hf_deepnmt_training.cli import main
 
-if os.environ.get("DEEPNMT_REQUIRE_CONVERT") == "1":
-    import sacremoses  # noqa: F401
-    import sentencepiece  # noqa: F401
-else:
-    for module in ("sentencepiece", "sacremoses", "subword_nmt"):
-        pytest.importorskip(module)
+require_convert_extra()
 
 
 @pytest.fixture(scope="module")
