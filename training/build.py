@@ -218,16 +218,11 @@ def check_foreign_model(model: Any, model_args: ModelArguments) -> None:
                              "model: the papers' mechanisms and losses need a model of hf_deepnmt (`deepnmt convert` "
                              "turns Marian, FSMT and fairseq checkpoints into one); fine-tune this one without it.")
     if not hasattr(model, "prepare_decoder_input_ids_from_labels"):
-        raise UserInputError(f"`--model_name_or_path` names a {model_model_name(model)} model, which cannot be trained "
-                             "on labels (it has no prepare_decoder_input_ids_from_labels); use a seq2seq "
-                             "translation model.")
+        raise UserInputError(f"`--model_name_or_path` names a {model_type!r} model, which cannot be trained on labels "
+                             "(it has no prepare_decoder_input_ids_from_labels); use a seq2seq translation model.")
     print(f"[deepnmt] fine-tuning a {model_type!r} model of transformers with the label-smoothed NLL (the papers' "
           "losses need a model of hf_deepnmt: `deepnmt convert` makes one from Marian, FSMT or fairseq)",
           file=sys.stderr)
-
-
-def model_model_name(model: Any) -> str:
-    return repr(getattr(model.config, "model_type", type(model).__name__))
 
 
 def check_torch_compile_options(training_args: Seq2SeqTrainingArguments, model_type: str | None) -> None:
