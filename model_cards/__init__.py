@@ -103,7 +103,21 @@ def _methods(config: dict[str, Any]) -> list[str]:
     description writes its own)."""
     from hf_deepnmt.papers import papers_used
 
-    return [line for paper in papers_used(config) for line in paper.card_lines(config)]
+    lines = [line for paper in papers_used(config) for line in paper.card_lines(config)]
+    source = config.get("converted_from")
+    if isinstance(source, dict):  # docs/public-checkpoints.md
+        lines.insert(0, f"initialised from the {source.get('format')} checkpoint `{source.get('source')}`, converted "
+                        "exactly by `deepnmt convert` (docs/public-checkpoints.md of hf_deepnmt)")
+    return lines
+
+
+def base_model_of(config: dict[str, Any]) -> str | None:
+    """The Hub id a converted model started from (the card's ``base_model``), when its source was one rather than a
+    local folder."""
+    source = (config.get("converted_from") or {}).get("source") if isinstance(config.get("converted_from"), dict) else None
+    if not isinstance(source, str) or source.startswith(("/", ".", "~")) or source.count("/") != 1 or Path(source).exists():
+        return None
+    return source
 
 
 def render_model_card(
@@ -182,6 +196,7 @@ def render_model_card(
         library_name="transformers",
         pipeline_tag="translation",
         tags=["translation", "hf_deepnmt", model_type, "custom_code", *papers],
+        base_model=base_model_of(config),
         datasets=[trained_on] if trained_on else None,
         metrics=["bleu", "chrf", "ter"],
         model_name=name if eval_results else None,  # the model-index's name; no index, no name

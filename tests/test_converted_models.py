@@ -139,6 +139,8 @@ def test_train_converts_a_marian_folder_first_and_fine_tunes_it(small_corpus, tm
     assert "converted the marian model" in err and "fine-tuning the converted model" in err
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["model_type"] == "deep_transformer" and config["converted_from"]["format"] == "marian"
+    card = (tmp_path / "run" / "README.md").read_text()
+    assert "initialised from the marian checkpoint" in card and "converted exactly by `deepnmt convert`" in card
     assert not config["share_encoder_decoder_embeddings"]
     assert type(AutoTokenizer.from_pretrained(tmp_path / "run")).__name__ == "MarianTokenizer"
 

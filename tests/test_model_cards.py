@@ -200,3 +200,12 @@ def test_a_trained_runs_card_states_what_the_command_printed(small_corpus, tmp_p
         assert (run / plot).is_file() and f"[{plot}]({plot})" in text
     stored = json.loads((run / "deepnmt_card.json").read_text())
     assert stored["license"] is None and stored["plots"] == ["loss_components.png", "validation.png"]
+
+
+def test_a_converted_model_s_card_names_its_hub_source_as_base_model():
+    from hf_deepnmt_model_cards import base_model_of
+
+    assert base_model_of({"converted_from": {"format": "marian", "source": "Helsinki-NLP/opus-mt-en-es"}}) == \
+        "Helsinki-NLP/opus-mt-en-es"
+    assert base_model_of({"converted_from": {"format": "fairseq", "source": "/data/run/checkpoint_best.pt"}}) is None
+    assert base_model_of({}) is None
