@@ -362,3 +362,24 @@ def test_deepnmt_serve_answers_with_a_converted_fairseq_model(tmp_path):
         code = server.stop()
     assert status == 200 and [item["translation_text"] for item in answer] == expected
     assert code == 0, server.log()
+
+
+@pytest.mark.integration
+def test_distill_takes_a_converted_teacher_with_two_vocabularies(small_corpus, tmp_path):
+    """`deepnmt distill` with a converted OPUS-MT model of separate vocabularies as the teacher: its translations
+    train a student on the teacher's tokenizer, which gets the teacher's two vocabularies and starts decoding from
+    <pad> (Marian's tokenizer has no <s>)."""
+    from test_distill import STUDENT
+
+    teacher = convert_checkpoint(marian_source(tmp_path / "source", "separate_vocabularies"), tmp_path / "teacher",
+                                 source_lang="en", target_lang="es")
+    out = tmp_path / "distill"
+    assert main(["distill", "--teachers", str(teacher), "--output_dir", str(out), "--train_file",
+                 str(small_corpus / "train.jsonl"), "--validation_file", str(small_corpus / "valid.jsonl"),
+                 "--test_file", str(small_corpus / "test.jsonl"), "--num_beams", "2", "--export", "none",
+                 *STUDENT]) == 0
+    student = json.loads((out / "student" / "config.json").read_text())
+    teacher_config = json.loads((teacher / "config.json").read_text())
+    assert not student["share_encoder_decoder_embeddings"]
+    assert student["decoder_vocab_size"] == teacher_config["decoder_vocab_size"]
+    assert student["decoder_start_token_id"] == student["pad_token_id"] and student["bos_token_id"] is None

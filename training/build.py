@@ -112,8 +112,12 @@ def new_model_config(model_args: ModelArguments, data_args: DataArguments, recip
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         unk_token_id=tokenizer.unk_token_id,
-        decoder_start_token_id=tokenizer.bos_token_id,
+        # a converted OPUS-MT model's MarianTokenizer has no <s>: decoding starts from <pad>, as Marian's does
+        decoder_start_token_id=tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.pad_token_id,
     )
+    target = target_vocabulary_size(tokenizer)
+    if target is not None:  # two vocabularies (a converted model's tokenizer, docs/public-checkpoints.md)
+        fields.update(share_encoder_decoder_embeddings=False, decoder_vocab_size=target)
     longest = max(data_args.max_source_length, data_args.max_target_length)
     fields.setdefault("max_position_embeddings", max(1024, longest))
     if fields["max_position_embeddings"] < longest:
@@ -137,6 +141,15 @@ def converted_source(name: str) -> tuple[Any, Any] | None:
 
 
 _CONVERTED: dict[str, tuple[Any, Any] | None] = {}
+
+
+def target_vocabulary_size(tokenizer: Any) -> int | None:
+    """The size of a tokenizer's own target vocabulary where it has one apart from the source's (MarianTokenizer with
+    separate vocabularies, FairseqMosesBPETokenizer), else None: every id the target side can produce, plus one."""
+    target = getattr(tokenizer, "target_encoder", None)
+    if not isinstance(target, dict) or target == getattr(tokenizer, "encoder", None):
+        return None
+    return max(target.values()) + 1
 
 
 def new_or_loaded_model(model_args: ModelArguments, data_args: DataArguments, recipe_model: dict, tokenizer,
