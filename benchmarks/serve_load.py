@@ -118,11 +118,16 @@ class ServerProcess:
 
     def metrics(self) -> dict[str, float]:
         status, body = asyncio.run(get(self.port, "/metrics"))
-        samples = {}
+        samples: dict[str, float] = {}
         for line in body.decode().splitlines():
             if line and not line.startswith("#"):
                 name, value = line.rsplit(" ", 1)
-                samples[name] = float(value)
+                # the server labels its series by model and route: summed over both, `name{...}` keeps the others
+                base, _, labels = name.partition("{")
+                kept = [label for label in labels.rstrip("}").split(",")
+                        if label and not label.startswith(("model=", "route="))]
+                key = f"{base}{{{','.join(kept)}}}" if kept else base
+                samples[key] = samples.get(key, 0.0) + float(value)
         return samples
 
     def stop(self) -> int:

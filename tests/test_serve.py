@@ -137,15 +137,22 @@ class Server:
 
 
 def parse_prometheus(text: str) -> dict[str, float]:
-    """``{"name{labels}": value}`` of Prometheus' text format; every line must be a comment or a sample."""
-    samples = {}
+    """``{"name{labels}": value}`` of Prometheus' text format; every line must be a comment or a sample. The
+    ``model`` and ``route`` labels (issue 62: one series per model and route) are summed over: ``name{code="200"}``
+    is every model's and route's count of that code; bucket bounds are read as numbers (prometheus_client writes
+    ``le="4.0"``, the key is ``le="4"``)."""
+    samples: dict[str, float] = {}
     for line in text.splitlines():
         if line.startswith("# "):
             assert re.fullmatch(r"# (HELP \w+ .+|TYPE \w+ (counter|gauge|histogram))", line), line
             continue
-        match = re.fullmatch(r'(\w+(?:\{\w+="[^"]*"\})?) (\S+)', line)
+        match = re.fullmatch(r'(\w+)(?:\{((?:\w+="[^"]*",?)*)\})? (\S+)', line)
         assert match, line
-        samples[match.group(1)] = float(match.group(2))
+        labels = [(name, f"{float(value):g}" if name == "le" and value != "+Inf" else value)
+                  for name, value in re.findall(r'(\w+)="([^"]*)"', match.group(2) or "")]
+        kept = ",".join(f'{name}="{value}"' for name, value in labels if name not in ("model", "route"))
+        key = f"{match.group(1)}{{{kept}}}" if kept else match.group(1)
+        samples[key] = samples.get(key, 0.0) + float(match.group(3))
     return samples
 
 
@@ -380,8 +387,10 @@ def test_a_path_or_method_the_server_does_not_have_is_answered_in_json(tmp_path)
             ("GET", "/", 405, "GET / is not allowed; use POST /."),
             ("PUT", "/predict", 405, "PUT /predict is not allowed; use POST /predict."),
             ("POST", "/health", 405, "POST /health is not allowed; use GET or HEAD /health."),
-            ("GET", "/translate", 404, "/translate is not a path of this server; POST / or /predict translates, GET "
-                                       "/health and GET /metrics report.")):
+            ("GET", "/translation", 404, "/translation is not a path of this server; POST / or /predict translates "
+                                         "(POST /translate, /detect and GET /languages in LibreTranslate's API), GET "
+                                         "/health and GET /metrics report."),
+            ("GET", "/translate", 405, "GET /translate is not allowed; use POST /translate.")):
         status, headers, body = call(method, path)
         assert (status, headers["content-type"], json.loads(body)) == (code, "application/json",
                                                                        {"error": sentence}), (method, path, body)

@@ -8,7 +8,7 @@
     deepnmt export ...            export a model to CTranslate2, ONNX or a stock MarianMTModel (fast inference)
     deepnmt convert SRC OUT       a public checkpoint (OPUS-MT/Marian, FSMT, fairseq) as a model of hf_deepnmt
     deepnmt distill --teachers    teachers -> distilled training set -> shallow-decoder student -> int8 export
-    deepnmt serve MODEL_DIR       an HTTP translation server with dynamic batching (POST /, /health, /metrics)
+    deepnmt serve MODEL_DIR...    an HTTP translation server with dynamic batching (POST /, LibreTranslate's API)
     deepnmt push DIR --repo_id    upload model + tokenizer + code + pipeline + card to the Hub
     deepnmt average-checkpoints   average the weights of a run's last N checkpoints (liu2020: last 10)
 
@@ -487,10 +487,13 @@ def _serve(argv: Sequence[str]) -> int:
                            "(the Inference Endpoints payload) answers [{\"translation_text\": ...}, ...] as the "
                            "folder's translation pipeline does; GET /health, GET /metrics (Prometheus). Requests that "
                            "arrive together are translated together. SIGTERM/SIGINT: stop accepting, answer every "
-                           "request in flight, exit 0. Needs the serve extra (pip install 'hf_deepnmt[serve]'); "
+                           "request in flight, exit 0. Several MODEL_DIRs: one server, each request routed by its language pair; "
+                           "LibreTranslate's API on the same port (POST /translate, /detect, GET /languages). "
+                           "Needs the serve extra (pip install 'hf_deepnmt[serve]'); "
                            "docs/serving.md.")
-    parser.add_argument("folder", nargs="?", metavar="MODEL_DIR", help="A saved model folder, or a `deepnmt export` "
-                        "folder (or --model_name_or_path).")
+    parser.add_argument("folder", nargs="*", metavar="MODEL_DIR", help="A saved model folder, or a `deepnmt export` "
+                        "folder (or --model_name_or_path); several serve several language pairs on one port, each "
+                        "request going to the model of its pair (each folder must record one pair, no two the same).")
     add_model_option(parser, "The model folder, instead of the positional MODEL_DIR.", required=False)
     parser.add_argument("--engine", choices=ENGINES, default=None, help="What runs the model (default: the fastest "
                         "the folder has: an export folder's own engine; for a model folder ONNX Runtime when it holds "
@@ -522,15 +525,25 @@ def _serve(argv: Sequence[str]) -> int:
                         "(up to --max_batch_size) instead of waiting for the next batch; each gets the translation it "
                         "gets alone. On the 2-core CPU measured it lowers throughput (docs/serving.md, \"Continuous "
                         "batching\"); off by default.")
+    parser.add_argument("--api_keys", default=None, metavar="FILE", help="A file of the API keys the server accepts, "
+                        "one per line, each optionally followed by a requests-per-minute limit (# comments and blank "
+                        "lines allowed); requests without a valid key get 403, over the limit 429. Without it the "
+                        "server is open (docs/serving.md, \"API keys\").")
     args = parser.parse_args(argv)
     if bool(args.folder) == bool(args.model):
         parser.error("give the model folder once, as MODEL_DIR or --model_name_or_path")
-    folder = args.folder or args.model
-    if args.folder:
-        check_reference("MODEL_DIR", folder)
-    if not Path(folder).expanduser().is_dir():
-        raise CommandLineError(f"MODEL_DIR {folder!r} is not a folder here; pass a folder written by `deepnmt train`, "
-                               "`save_pretrained` or `deepnmt export`.")
+    folders = args.folder or [args.model]
+    for folder in folders:
+        if args.folder:
+            check_reference("MODEL_DIR", folder)
+        if not Path(folder).expanduser().is_dir():
+            raise CommandLineError(f"MODEL_DIR {folder!r} is not a folder here; pass a folder written by `deepnmt "
+                                   "train`, `save_pretrained` or `deepnmt export`.")
+    if len(set(folders)) < len(folders):
+        parser.error(f"MODEL_DIR {next(f for f in folders if folders.count(f) > 1)} is given twice; give each "
+                     "model folder once")
+    if args.api_keys is not None and not Path(args.api_keys).is_file():
+        parser.error(f"--api_keys {args.api_keys} is not a file here; give a file of keys, one per line")
     if not 0 <= args.port <= 65535:
         parser.error(f"--port {args.port} is not allowed; use 0 (a free port) to 65535")
     for name in ("max_batch_size", "max_queue", "max_input_tokens", "threads", "workers"):
@@ -539,11 +552,12 @@ def _serve(argv: Sequence[str]) -> int:
             parser.error(f"--{name} {value} is not allowed; use 1 or more")
     if not (args.max_wait_ms >= 0 and args.max_wait_ms < float("inf")):
         parser.error(f"--max_wait_ms {args.max_wait_ms} is not allowed; use 0 or more milliseconds")
-    require_modules("serve", ("starlette", "uvicorn"), "the server")
+    require_modules("serve", ("starlette", "uvicorn", "prometheus_client", "lingua"), "the server")
     quiet_libraries()
     from .serve import ServeOptions, serve
 
-    return serve(ServeOptions(model=folder, engine=args.engine, host=args.host, port=args.port,
+    return serve(ServeOptions(model=folders[0], more_models=tuple(folders[1:]), api_keys=args.api_keys,
+                              engine=args.engine, host=args.host, port=args.port,
                               max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms,
                               max_queue=args.max_queue, max_input_tokens=args.max_input_tokens,
                               threads=args.threads, workers=args.workers, search=args.search,

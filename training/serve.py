@@ -103,6 +103,8 @@ class ServeOptions:
     workers: int | None = None  # model instances, each running one search at a time; None: `default_workers`
     search: str = "retiring"  # torch/onnx: one retiring search over every budget, or "generate" per budget
     continuous_batching: bool = False  # sentences join a running retiring search between decoder steps
+    more_models: tuple[str, ...] = ()  # further model folders: one server routes each request by language pair
+    api_keys: str | None = None  # a key file (`serve_libretranslate.read_api_keys`); None: an open server
 
 
 def default_workers(engine: str, cuda: bool, threads: int | None) -> int:
@@ -615,86 +617,119 @@ def answer(single: bool, candidates: Sequence[Sequence[str]], num_return_sequenc
 
 
 # ------------------------------------------------------------------------------------------------ metrics
-class Histogram:
-    """A Prometheus histogram: cumulative ``_bucket{le=...}`` counts, ``_sum`` and ``_count``."""
-
-    def __init__(self, name: str, help_text: str, buckets: Sequence[float]) -> None:
-        self.name, self.help_text, self.buckets = name, help_text, list(buckets)
-        self.counts = [0] * len(self.buckets)
-        self.sum, self.count = 0.0, 0
-
-    def observe(self, value: float) -> None:
-        for index, bound in enumerate(self.buckets):
-            if value <= bound:
-                self.counts[index] += 1
-        self.sum += value
-        self.count += 1
-
-    def render(self) -> list[str]:
-        lines = [f"# HELP {self.name} {self.help_text}", f"# TYPE {self.name} histogram"]
-        for bound, count in zip(self.buckets, self.counts):
-            lines.append(f'{self.name}_bucket{{le="{_number(bound)}"}} {count}')
-        lines += [f'{self.name}_bucket{{le="+Inf"}} {self.count}', f"{self.name}_sum {_number(self.sum)}",
-                  f"{self.name}_count {self.count}"]
-        return lines
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30)
+SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+BATCH_DURATION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10)
+NO_MODEL = "none"  # the `model` label of a request answered before a model was chosen (bad JSON, no key, ...)
+ROUTES = ("/", "/predict", "/translate", "/detect")  # the routes whose requests are counted and timed
 
 
-def _number(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() and abs(value) < 1e15 else repr(float(value))
+class MetricFamilies:
+    """A server's metrics (prometheus_client) in a registry of its own (not the process-wide default: tests build
+    several servers in one process), labelled by model — its language pair, ``en-es`` — and by route
+    (docs/serving.md, "Metrics")."""
+
+    def __init__(self) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.registry = registry = CollectorRegistry()
+        request, model = ["model", "route"], ["model"]
+        self.requests = Counter("deepnmt_requests", "Translation requests answered, by HTTP status code.",
+                                [*request, "code"], registry=registry)
+        self.errors = Counter("deepnmt_request_errors", "Translation requests answered with an error, by reason.",
+                              [*request, "reason"], registry=registry)
+        self.disconnects = Counter("deepnmt_client_disconnects", "Requests whose client left before the answer "
+                                   "(their waiting sentences are dropped from the queue).", request, registry=registry)
+        self.latency = Histogram("deepnmt_request_duration_seconds", "Time from a translation request's arrival to "
+                                 "its answer.", request, buckets=LATENCY_BUCKETS, registry=registry)
+        self.in_flight = Gauge("deepnmt_requests_in_flight", "Translation requests received and not yet answered.",
+                               ["route"], registry=registry)
+        self.sentences = Counter("deepnmt_sentences", "Sentences translated.", model, registry=registry)
+        self.batches = Counter("deepnmt_batches", "Batches: sentences taken from the queue together.", model,
+                               registry=registry)
+        self.batch_failures = Counter("deepnmt_batch_failures", "Batches whose search raised (their requests got "
+                                      "an error).", model, registry=registry)
+        self.queue_depth = Gauge("deepnmt_queue_depth_sentences", "Sentences waiting for a batch.", model,
+                                 registry=registry)
+        self.loaded = Gauge("deepnmt_model_loaded", "1 once the model is loaded.", model, registry=registry)
+        self.batch_size = Histogram("deepnmt_batch_size_sentences", "Sentences taken from the queue together (a new "
+                                    "search, or sentences joining a running one).", model, buckets=SIZE_BUCKETS,
+                                    registry=registry)
+        self.batch_duration = Histogram("deepnmt_batch_duration_seconds", "Time from a batch's start to its last "
+                                        "sentence's translation.", model, buckets=BATCH_DURATION_BUCKETS,
+                                        registry=registry)
+        self.search_size = Histogram("deepnmt_search_size_sentences", "Sentences decoded by each decoder step of a "
+                                     "search that takes sentences while it runs.", model, buckets=SIZE_BUCKETS,
+                                     registry=registry)
+        for route in ROUTES:
+            self.in_flight.labels(route)
+
+    def answered(self, model: str, route: str, code: int, seconds: float, error: str | None = None) -> None:
+        self.requests.labels(model, route, str(code)).inc()
+        if error is not None:
+            self.errors.labels(model, route, error).inc()
+        self.latency.labels(model, route).observe(seconds)
+
+    def value(self, name: str, **labels: str) -> float:
+        """The sum of ``name``'s samples whose labels include ``labels``."""
+        return sum(sample.value for family in self.registry.collect() for sample in family.samples
+                   if sample.name == name and labels.items() <= sample.labels.items())
+
+    def render(self) -> bytes:
+        from prometheus_client import generate_latest
+
+        return generate_latest(self.registry)
+
+
+@dataclass(frozen=True)
+class Observed:
+    """How many values a histogram has observed, and their sum."""
+
+    count: int
+    sum: float
 
 
 class Metrics:
-    """The server's counters, gauges and histograms, rendered in Prometheus' text exposition format 0.0.4. Updated
-    and read on the event loop only."""
+    """One model's batch metrics (``model``: its label, the language pair), in ``families`` (a registry of its own
+    when not given). Updated on the event loop only."""
 
-    def __init__(self) -> None:
-        self.requests: dict[int, int] = {}
-        self.errors: dict[str, int] = {}
-        self.sentences = 0
-        self.batches = 0
-        self.batch_failures = 0
-        self.disconnects = 0
-        self.latency = Histogram("deepnmt_request_duration_seconds", "Time from a translation request's arrival to "
-                                 "its answer.", (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30))
-        self.batch_size = Histogram("deepnmt_batch_size_sentences", "Sentences taken from the queue together (a "
-                                    "new search, or sentences joining a running one).", (1, 2, 4, 8, 16, 32, 64, 128,
-                                                                                        256))
-        self.batch_duration = Histogram("deepnmt_batch_duration_seconds", "Time from a batch's start to its last "
-                                        "sentence's translation.", (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10))
-        self.search_size = Histogram("deepnmt_search_size_sentences", "Sentences decoded by each decoder step of a "
-                                     "search that takes sentences while it runs.", (1, 2, 4, 8, 16, 32, 64, 128, 256))
+    def __init__(self, model: str = "model", families: MetricFamilies | None = None) -> None:
+        self.model = model
+        self.families = families or MetricFamilies()
+        families = self.families
+        self._sentences, self._batches = families.sentences.labels(model), families.batches.labels(model)
+        self._failures = families.batch_failures.labels(model)
+        self._batch_size, self._batch_duration = families.batch_size.labels(model), families.batch_duration.labels(model)
+        self._search_size = families.search_size.labels(model)
+        families.queue_depth.labels(model)
+        families.loaded.labels(model)
 
-    def answered(self, code: int, seconds: float, error: str | None = None) -> None:
-        self.requests[code] = self.requests.get(code, 0) + 1
-        if error is not None:
-            self.errors[error] = self.errors.get(error, 0) + 1
-        self.latency.observe(seconds)
+    def batch_opened(self, sentences: int) -> None:
+        self._batches.inc()
+        self._batch_size.observe(sentences)
 
-    def render(self, queue_depth: int, in_flight: int, loaded: bool) -> str:
-        lines: list[str] = []
+    def search_stepped(self, sentences: int) -> None:
+        self._search_size.observe(sentences)
 
-        def family(name: str, kind: str, help_text: str, samples: Sequence[tuple[str, float]]) -> None:
-            lines.extend([f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"])
-            lines.extend(f"{name}{labels} {_number(value)}" for labels, value in samples)
+    def batch_ended(self, sentences: int, failed: bool, seconds: float) -> None:
+        if failed:
+            self._failures.inc()
+        else:
+            self._sentences.inc(sentences)
+        self._batch_duration.observe(seconds)
 
-        family("deepnmt_requests_total", "counter", "Translation requests answered, by HTTP status code.",
-               [(f'{{code="{code}"}}', count) for code, count in sorted(self.requests.items())])
-        family("deepnmt_request_errors_total", "counter", "Translation requests answered with an error, by reason.",
-               [(f'{{reason="{reason}"}}', count) for reason, count in sorted(self.errors.items())])
-        family("deepnmt_client_disconnects_total", "counter", "Requests whose client left before the answer (their "
-               "waiting sentences are dropped from the queue).", [("", self.disconnects)])
-        family("deepnmt_sentences_total", "counter", "Sentences translated.", [("", self.sentences)])
-        family("deepnmt_batches_total", "counter", "Batches: sentences taken from the queue together.",
-               [("", self.batches)])
-        family("deepnmt_batch_failures_total", "counter", "Batches whose search raised (their requests got an "
-               "error).", [("", self.batch_failures)])
-        family("deepnmt_queue_depth_sentences", "gauge", "Sentences waiting for a batch.", [("", queue_depth)])
-        family("deepnmt_requests_in_flight", "gauge", "Translation requests received and not yet answered.",
-               [("", in_flight)])
-        family("deepnmt_model_loaded", "gauge", "1 once the model is loaded.", [("", int(loaded))])
-        for histogram in (self.latency, self.batch_size, self.batch_duration, self.search_size):
-            lines.extend(histogram.render())
-        return "\n".join(lines) + "\n"
+    @property
+    def batches(self) -> int:
+        return int(self.families.value("deepnmt_batches_total", model=self.model))
+
+    @property
+    def sentences(self) -> int:
+        return int(self.families.value("deepnmt_sentences_total", model=self.model))
+
+    @property
+    def search_size(self) -> Observed:
+        return Observed(int(self.families.value("deepnmt_search_size_sentences_count", model=self.model)),
+                        self.families.value("deepnmt_search_size_sentences_sum", model=self.model))
 
 
 # ------------------------------------------------------------------------------------------------ dynamic batching
@@ -986,15 +1021,14 @@ class Batcher:
                       (min(lengths), max(lengths)), searched, time.perf_counter(), remaining=len(items))
         for item in items:
             item.batch = batch
-        self.metrics.batches += 1
-        self.metrics.batch_size.observe(len(items))
+        self.metrics.batch_opened(len(items))
 
     def stepped(self, joining: Sequence[Item], searched: int) -> None:
         """Event loop: a decoder step of a continuous search is next, with ``joining`` sentences added to the
         ``searched`` ones."""
         if joining:
             self.open_batch(joining, searched)
-        self.metrics.search_size.observe(searched + len(joining))
+        self.metrics.search_stepped(searched + len(joining))
 
     def deliver(self, item: Item, candidates: list[str]) -> None:
         """Hand a sentence's translations to its request, once (early from the search, or at its batch's end); a
@@ -1014,9 +1048,7 @@ class Batcher:
         if batch.remaining:
             return
         seconds = time.perf_counter() - batch.started
-        self.metrics.batch_failures += failed
-        self.metrics.sentences += 0 if failed else batch.sentences
-        self.metrics.batch_duration.observe(seconds)
+        self.metrics.batch_ended(batch.sentences, failed, seconds)
         joined = f"joined a search of {batch.searched} sentences and " if batch.searched else ""
         logger.info("batch %d: %d sentences from %d requests, %d-%d source tokens, parameters %s: %s%s in %.3f s, "
                     "%d sentences waiting", batch.number, batch.sentences, batch.requests, *batch.lengths,
@@ -1041,11 +1073,16 @@ class ServerState:
 
     def __init__(self, options: ServeOptions, engine: str, folder: Path,
                  loader: Callable[[], Translator] | None = None,
-                 spawner: Callable[[], Translator] | None = None) -> None:
+                 spawner: Callable[[], Translator] | None = None, *,
+                 pair: tuple[str, str] | None = None, families: MetricFamilies | None = None) -> None:
         """``loader`` loads the first worker's translator (in this process); ``spawner`` each further one (default:
         a `ProcessTranslator`, or, with continuous batching, which a child process cannot join, another
-        in-process instance; a caller's ``loader`` alone gives in-process instances for every worker)."""
+        in-process instance; a caller's ``loader`` alone gives in-process instances for every worker). ``pair``: the
+        language pair the model records (the requests for it come here; its metrics' ``model`` label);
+        ``families``: the server's metrics (a registry of its own when not given)."""
         self.options = options
+        self.pair = pair
+        self.label = f"{pair[0]}-{pair[1]}" if pair else "model"
         self.engine = engine
         self.folder = folder
         self.loader = loader or (lambda: load_translator(engine, folder, options.threads, options.max_input_tokens,
@@ -1056,13 +1093,12 @@ class ServerState:
         self.spawner = spawner or self.loader
         self.processes: list[ProcessTranslator] = []
         self.worker_threads = 1  # each worker's torch threads (`_load_workers`)
-        self.metrics = Metrics()
+        self.metrics = Metrics(self.label, families)
         self.translator: Translator | None = None  # the first worker's: it also checks and tokenizes the requests
         self.idle: SimpleQueue[Translator] = SimpleQueue()  # the workers' translators not searching now
         self.batcher: Batcher | None = None
         self.load_error: BaseException | None = None
         self.on_load_error: Callable[[], None] = lambda: None
-        self.in_flight = 0
         self.check_request: Callable[[Any], tuple[Any, dict]] | None = None
         self.user_error: type[Exception] = ValueError
 
@@ -1159,62 +1195,177 @@ class ServerState:
             process.close()
 
 
-def build_app(state: ServerState) -> Any:
-    """The starlette application of ``state``: the routes and a lifespan that starts the batcher and the loading."""
+class ClientGone(Exception):
+    """The client closed its connection before its answer (499, which nobody reads)."""
+
+
+def describe_pairs(pairs: Sequence[tuple[str, str]]) -> str:
+    return ", ".join(f"{source} → {target}" for source, target in pairs) or "no language pair"
+
+
+def default_beams(translator: Translator) -> int:
+    """The number of beams a translator uses when a request does not say."""
+    pipeline = getattr(translator, "pipeline", None)
+    if pipeline is not None:
+        return int(getattr(pipeline.model.generation_config, "num_beams", None) or 1)
+    return int(getattr(translator, "defaults", {}).get("num_beams") or 1)
+
+
+class Service:
+    """Every model a server serves (one `ServerState` each: its own batcher, workers and metrics label), the API keys
+    and the language detector, shared by the routes (`build_app`). A request for a language pair goes to the model
+    that records it (`choose`); two models of one pair are refused at start (`check_pairs`)."""
+
+    def __init__(self, states: Sequence[ServerState], keys: Any = None,
+                 families: MetricFamilies | None = None) -> None:
+        self.states = list(states)
+        self.families = families or self.states[0].metrics.families
+        self.keys = keys  # serve_libretranslate.ApiKeys, or None: an open server
+        self.by_pair = {state.pair: state for state in self.states if state.pair is not None}
+        self.detector: Any = None
+
+    @property
+    def pairs(self) -> list[tuple[str, str]]:
+        return list(self.by_pair)
+
+    @property
+    def sources(self) -> list[str]:
+        return list(dict.fromkeys(source for source, _ in self.pairs))
+
+    async def start(self) -> None:
+        for state in self.states:
+            await state.start()
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(state.stop() for state in self.states))
+
+    def authorize(self, key: str | None) -> None:
+        """Raise `ApiError` 403 / 429 when the server has keys and ``key`` is missing, unknown or over its limit."""
+        if self.keys is not None:
+            self.keys.check(key)
+
+    def choose(self, parameters: dict[str, Any]) -> ServerState:
+        """The model of a payload request: the only one, or the one whose pair ``parameters.src_lang`` /
+        ``tgt_lang`` name (`ApiError` 400 otherwise)."""
+        from .serve_libretranslate import ApiError
+
+        if len(self.states) == 1:
+            return self.states[0]
+        check_parameter_types({name: parameters[name] for name in ("src_lang", "tgt_lang") if name in parameters},
+                              PIPELINE_PARAMETERS, "routing")
+        source, target = parameters.get("src_lang"), parameters.get("tgt_lang")
+        matching = [state for pair, state in self.by_pair.items()
+                    if source in (None, pair[0]) and target in (None, pair[1])]
+        if len(matching) == 1 and (source is not None or target is not None):
+            return matching[0]
+        served = describe_pairs(self.pairs)
+        if not matching:
+            given = f"{source or '?'} → {target or '?'}"
+            raise ApiError(400, f"`parameters.src_lang`/`parameters.tgt_lang` = {given} is not a pair this server "
+                                f"translates; it translates {served}.", "unknown_pair")
+        raise ApiError(400, f"this server translates several pairs ({served}); name one with `parameters.src_lang` "
+                            "and `parameters.tgt_lang`.", "no_pair")
+
+    def pair_state(self, source: str, target: str) -> ServerState:
+        from .serve_libretranslate import ApiError
+
+        state = self.by_pair.get((source, target))
+        if state is None:
+            raise ApiError(400, f"`source`/`target` = {source} → {target} is not a pair this server translates; it "
+                                f"translates {describe_pairs(self.pairs)}.", "unknown_pair")
+        return state
+
+    def confidences(self, text: str) -> list[tuple[str, float]]:
+        """The served source languages with the detector's confidence (0-100) that ``text`` is in each, best first."""
+        from .serve_libretranslate import ApiError, LanguageDetector
+
+        if not self.sources:
+            raise ApiError(400, "this server's model records no language pair, so it cannot detect a language; "
+                                "record the pair (hf_deepnmt.record_language_pair) and serve it again.", "no_pair")
+        if self.detector is None:
+            self.detector = LanguageDetector(self.sources)
+        return self.detector.confidences(text)
+
+    def detect_for(self, text: str, target: str) -> tuple[str, float]:
+        """``text``'s detected source language (and confidence) for a translation into ``target``."""
+        from .serve_libretranslate import ApiError
+
+        if not text.strip():  # nothing to detect: the first language translated into `target`
+            return next(source for source, into in self.pairs if into == target), 0.0
+        language, confidence = self.confidences(text)[0]
+        if (language, target) not in self.by_pair:
+            raise ApiError(400, f"`q` {text[:40]!r} was detected as {language} (confidence {confidence:g}), and this "
+                                f"server does not translate {language} → {target}; it translates "
+                                f"{describe_pairs(self.pairs)}.", "unknown_pair")
+        return language, confidence
+
+
+def build_app(service: Service | ServerState) -> Any:
+    """The starlette application of ``service`` (or of one model's ``ServerState``): the routes and a lifespan that
+    starts the batchers and the loading."""
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.requests import ClientDisconnect, Request
     from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
 
-    def error(code: int, sentence: str, reason: str, started: float, retry: bool = False) -> Response:
-        state.metrics.answered(code, time.perf_counter() - started, reason)
-        headers = {"Retry-After": str(RETRY_AFTER_S)} if retry else None
+    from .serve_libretranslate import (ApiError, HtmlDocument, alternatives_field, bearer, language_name, read_form,
+                                       text_field, texts_field)
+
+    if isinstance(service, ServerState):
+        service = Service([service])
+    families = service.families
+
+    def error(code: int, sentence: str, reason: str, started: float, retry: int | None = None,
+              model: str = NO_MODEL, route: str = "/") -> Response:
+        families.answered(model, route, code, time.perf_counter() - started, reason)
+        headers = {"Retry-After": str(retry)} if retry else None
         return JSONResponse({"error": sentence}, status_code=code, headers=headers)
 
+    def refused(refusal: ApiError, started: float, model: str, route: str) -> Response:
+        return error(refusal.status, refusal.sentence, refusal.reason, started, refusal.retry_after, model, route)
+
+    def gone(started: float, model: str, route: str) -> Response:
+        families.disconnects.labels(model, route).inc()
+        families.answered(model, route, 499, time.perf_counter() - started, "client_disconnected")
+        return Response(status_code=499)  # nobody reads it; uvicorn drops it
+
+    def loading() -> ApiError:
+        return ApiError(503, f"the model is still loading; retry in {RETRY_AFTER_S} s (GET /health says when it is "
+                             "ready).", "loading", retry_after=RETRY_AFTER_S)
+
+    def model_health(state: ServerState) -> dict[str, Any]:
+        assert state.translator is not None
+        health = {"engine": state.translator.engine, "model": str(state.folder),
+                  "max_input_tokens": state.translator.max_input_tokens,
+                  "max_batch_size": state.options.max_batch_size}
+        if state.pair is not None:
+            health["pair"] = list(state.pair)
+        return health
+
     async def health(request: Request) -> Response:
-        if state.translator is None:
-            return JSONResponse({"status": "loading", "engine": state.engine}, status_code=503,
+        if any(state.translator is None for state in service.states):
+            return JSONResponse({"status": "loading", "engine": service.states[0].engine}, status_code=503,
                                 headers={"Retry-After": str(RETRY_AFTER_S)})
-        return JSONResponse({"status": "ok", "engine": state.translator.engine, "model": str(state.folder),
-                             "max_input_tokens": state.translator.max_input_tokens,
-                             "max_batch_size": state.options.max_batch_size})
+        if len(service.states) == 1:
+            return JSONResponse({"status": "ok", **model_health(service.states[0])})
+        return JSONResponse({"status": "ok", "models": [model_health(state) for state in service.states]})
 
     async def metrics(request: Request) -> Response:
-        waiting = state.batcher.waiting if state.batcher is not None else 0
-        return Response(state.metrics.render(waiting, state.in_flight, state.translator is not None),
-                        media_type="text/plain; version=0.0.4; charset=utf-8")
+        from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4
 
-    async def predict(request: Request) -> Response:
-        started = time.perf_counter()
-        state.in_flight += 1
-        try:
-            return await translate_request(request, started)
-        finally:
-            state.in_flight -= 1
+        for state in service.states:
+            families.queue_depth.labels(state.label).set(state.batcher.waiting if state.batcher is not None else 0)
+            families.loaded.labels(state.label).set(int(state.translator is not None))
+        return Response(families.render(), media_type=CONTENT_TYPE_PLAIN_0_0_4)
 
-    async def translate_request(request: Request, started: float) -> Response:
+    async def translate_texts(state: ServerState, texts: Sequence[str], parameters: dict[str, Any],
+                              request: Request, too_long: int = 413) -> tuple[list[list[str]], Settings]:
+        """Every text's translations by ``state``'s model (its batcher); `ApiError` for a refusal, `ClientGone`
+        when the client leaves first."""
         translator, batcher = state.translator, state.batcher
-        if translator is None or batcher is None or state.check_request is None:
-            return error(503, f"the model is still loading; retry in {RETRY_AFTER_S} s (GET /health says when it "
-                         "is ready).", "loading", started, retry=True)
-        try:
-            body = await request.body()
-        except ClientDisconnect:  # gone before its request was read
-            state.metrics.disconnects += 1
-            state.metrics.answered(499, time.perf_counter() - started, "client_disconnected")
-            return Response(status_code=499)
-        try:
-            data = json.loads(body)
-        except ValueError as problem:  # JSONDecodeError, UnicodeDecodeError
-            return error(400, f"the request body is not valid JSON ({_cut(problem)}); send "
-                         '{"inputs": "text" or ["text", ...], "parameters": {...}}.', "invalid_json", started)
-        try:
-            inputs, parameters = state.check_request(data)  # hf_deepnmt.handler's: one ValueError sentence
-        except ValueError as problem:
-            return error(400, _cut(problem), "bad_request", started)
-        single = isinstance(inputs, str)
-        texts = [inputs] if single else inputs
+        if translator is None or batcher is None:
+            raise loading()
         try:
             if len(texts) > batcher.max_queue:
                 raise InputTooLong(f"`inputs` holds {len(texts)} texts, more than this server queues "
@@ -1223,38 +1374,211 @@ def build_app(state: ServerState) -> Any:
             sources = [(index, translator.encode(text, index, settings)) for index, text in enumerate(texts)
                        if text.strip()]
         except InputTooLong as problem:
-            return error(413, str(problem), "too_large", started)
+            raise ApiError(too_long, str(problem), "too_large") from None
         except state.user_error as problem:
-            return error(400, _cut(problem), "bad_request", started)
+            raise ApiError(400, _cut(problem), "bad_request") from None
+        blank = [""] * settings.num_return_sequences
         if not sources:  # blank texts translate to "" without the model (the pipeline's rule)
-            state.metrics.answered(200, time.perf_counter() - started)
-            return JSONResponse(answer(single, [[""] * settings.num_return_sequences] * len(texts),
-                                       settings.num_return_sequences))
+            return [blank] * len(texts), settings
         try:
             job = batcher.submit(settings, sources, len(texts))
         except QueueFull as problem:
-            return error(503, str(problem), "queue_full", started, retry=True)
-        gone = asyncio.ensure_future(client_disconnected(request))
+            raise ApiError(503, str(problem), "queue_full", retry_after=RETRY_AFTER_S) from None
+        left = asyncio.ensure_future(client_disconnected(request))
         try:
-            await asyncio.wait({job.future, gone}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({job.future, left}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            gone.cancel()
+            left.cancel()
         if not job.future.done():  # the client left: its waiting sentences leave the queue
             job.future.cancel()
             batcher.withdraw(job)
-            state.metrics.disconnects += 1
-            state.metrics.answered(499, time.perf_counter() - started, "client_disconnected")
-            return Response(status_code=499)  # nobody reads it; uvicorn drops it
+            raise ClientGone
         problem = job.future.exception()
         if isinstance(problem, state.user_error):
-            return error(400, _cut(problem), "bad_request", started)
+            raise ApiError(400, _cut(problem), "bad_request")
         if problem is not None:  # the batcher logged its traceback
-            return error(500, f"the translation failed: {type(problem).__name__}: {_cut(problem)}",
-                         "translation_failed", started)
-        blank = [""] * settings.num_return_sequences
-        candidates = [result if result is not None else blank for result in job.future.result()]
-        state.metrics.answered(200, time.perf_counter() - started)
+            raise ApiError(500, f"the translation failed: {type(problem).__name__}: {_cut(problem)}",
+                           "translation_failed")
+        return [result if result is not None else blank for result in job.future.result()], settings
+
+    def counted(handler: Callable[[Request, float, str], Any]) -> Callable[[Request], Any]:
+        async def route(request: Request) -> Response:
+            started, path = time.perf_counter(), request.url.path
+            families.in_flight.labels(path).inc()
+            try:
+                return await handler(request, started, path)
+            finally:
+                families.in_flight.labels(path).dec()
+
+        return route
+
+    async def read_body(request: Request) -> bytes:
+        try:
+            return await request.body()
+        except ClientDisconnect:  # gone before its request was read
+            raise ClientGone from None
+
+    async def predict(request: Request, started: float, route: str) -> Response:
+        """``POST /`` and ``/predict``: the Inference Endpoints payload."""
+        label = NO_MODEL
+        try:
+            body = await read_body(request)
+            try:
+                data = json.loads(body)
+            except ValueError as problem:  # JSONDecodeError, UnicodeDecodeError
+                raise ApiError(400, f"the request body is not valid JSON ({_cut(problem)}); send "
+                                    '{"inputs": "text" or ["text", ...], "parameters": {...}}.', "invalid_json") from None
+            key = data.pop("api_key", None) if isinstance(data, dict) else None
+            service.authorize(bearer(request.headers.get("authorization")) or (key if isinstance(key, str) else None))
+            first = service.states[0]
+            if first.check_request is None:
+                raise loading()
+            try:
+                inputs, parameters = first.check_request(data)  # hf_deepnmt.handler's: one ValueError sentence
+            except ValueError as problem:
+                raise ApiError(400, _cut(problem), "bad_request") from None
+            try:
+                state = service.choose(parameters)
+            except first.user_error as problem:
+                raise ApiError(400, _cut(problem), "bad_request") from None
+            label = state.label
+            if len(service.states) > 1 and state.engine == "ctranslate2":  # the pair chose it; its engine has no such
+                parameters = {k: v for k, v in parameters.items() if k not in ("src_lang", "tgt_lang")}
+            single = isinstance(inputs, str)
+            candidates, settings = await translate_texts(state, [inputs] if single else inputs, parameters, request)
+        except ApiError as refusal:
+            return refused(refusal, started, label, route)
+        except ClientGone:
+            return gone(started, label, route)
+        families.answered(label, route, 200, time.perf_counter() - started)
         return JSONResponse(answer(single, candidates, settings.num_return_sequences))
+
+    async def libre_fields(request: Request) -> dict[str, Any]:
+        fields = read_form(await read_body(request), request.headers.get("content-type", ""))
+        key = fields.get("api_key")
+        service.authorize(bearer(request.headers.get("authorization")) or (key if isinstance(key, str) else None))
+        return fields
+
+    def required(fields: dict[str, Any], name: str, example: str) -> str:
+        value = text_field(fields, name)
+        if not value:
+            raise ApiError(400, f"the request has no `{name}`; send it, e.g. {example}.", "bad_request")
+        return value
+
+    async def translate(request: Request, started: float, route: str) -> Response:
+        """``POST /translate``: LibreTranslate's translation (docs/serving.md, "LibreTranslate clients")."""
+        label = NO_MODEL
+        try:
+            fields = await libre_fields(request)
+            texts, single = texts_field(fields)
+            source = required(fields, "source", '"source": "en" (or "auto")')
+            target = required(fields, "target", '"target": "es"')
+            kind = text_field(fields, "format", "text")
+            if kind not in ("text", "html"):
+                raise ApiError(400, f"`format` = {kind!r} is not allowed; use 'text' or 'html'.", "bad_request")
+            alternatives = alternatives_field(fields)
+            targets = {into for _, into in service.pairs}
+            if target not in targets:
+                raise ApiError(400, f"`target` = {target!r} is not a language this server translates into; it "
+                                    f"translates {describe_pairs(service.pairs)}.", "unknown_pair")
+            documents = [HtmlDocument.parse(text) for text in texts] if kind == "html" else None
+            pieces = [document.texts for document in documents] if documents else [[text] for text in texts]
+            detected: list[tuple[str, float]] | None = None
+            if source == "auto":
+                if any(state.translator is None for state in service.states):
+                    raise loading()
+                detected = [await asyncio.to_thread(service.detect_for, " ".join(parts), target) for parts in pieces]
+                states = [service.pair_state(language, target) for language, _ in detected]
+            else:
+                states = [service.pair_state(source, target)] * len(texts)
+            label = states[0].label if len({id(state) for state in states}) == 1 else NO_MODEL
+            groups: dict[int, list[int]] = {}
+            for index, state in enumerate(states):
+                groups.setdefault(id(state), []).append(index)
+
+            async def run(indices: list[int]) -> list[list[list[str]]]:
+                state = states[indices[0]]
+                if state.translator is None:
+                    raise loading()
+                parameters: dict[str, Any] = {}
+                if alternatives:
+                    if state.engine == "ctranslate2":
+                        raise ApiError(400, f"`alternatives` = {alternatives} is not available with the ctranslate2 "
+                                            "engine, which returns one translation per text; use 0.", "bad_request")
+                    parameters = {"num_beams": max(default_beams(state.translator), alternatives + 1),
+                                  "num_return_sequences": alternatives + 1}
+                flat = [text for index in indices for text in pieces[index]]
+                if not flat:
+                    return [[] for _ in indices]
+                try:
+                    candidates, _ = await translate_texts(state, flat, parameters, request, too_long=400)
+                except ApiError as refusal:
+                    if refusal.reason == "too_large":
+                        refusal.sentence = refusal.sentence.replace("`inputs", "a text of `q`", 1)
+                    raise
+                grouped, at = [], 0
+                for index in indices:
+                    grouped.append(candidates[at:at + len(pieces[index])])
+                    at += len(pieces[index])
+                return grouped
+
+            results = await asyncio.gather(*(run(indices) for indices in groups.values()))
+            per_text: list[list[list[str]]] = [[] for _ in texts]
+            for indices, grouped in zip(groups.values(), results):
+                for index, candidates in zip(indices, grouped):
+                    per_text[index] = candidates
+            ranked: list[list[str]] = []  # each text's translations, best first
+            for index, candidates in enumerate(per_text):
+                if documents is not None:
+                    ranked.append([documents[index].assemble([options[rank] for options in candidates])
+                                   for rank in range(alternatives + 1)])
+                else:
+                    ranked.append(candidates[0] if candidates else [""] * (alternatives + 1))
+        except ApiError as refusal:
+            return refused(refusal, started, label, route)
+        except ClientGone:
+            return gone(started, label, route)
+        reply: dict[str, Any] = {"translatedText": ranked[0][0] if single else [texts[0] for texts in ranked]}
+        if alternatives:
+            reply["alternatives"] = ranked[0][1:] if single else [texts[1:] for texts in ranked]
+        if detected is not None:
+            languages = [{"confidence": confidence, "language": language} for language, confidence in detected]
+            reply["detectedLanguage"] = languages[0] if single else languages
+        families.answered(label, route, 200, time.perf_counter() - started)
+        return JSONResponse(reply)
+
+    async def detect(request: Request, started: float, route: str) -> Response:
+        """``POST /detect``: ``[{"confidence": 0-100, "language": code}, ...]`` over the served source languages."""
+        try:
+            fields = await libre_fields(request)
+            text = required(fields, "q", '"q": "the text"')
+            values = await asyncio.to_thread(service.confidences, text)
+        except ApiError as refusal:
+            return refused(refusal, started, NO_MODEL, route)
+        except ClientGone:
+            return gone(started, NO_MODEL, route)
+        families.answered(NO_MODEL, route, 200, time.perf_counter() - started)
+        return JSONResponse([{"confidence": confidence, "language": language} for language, confidence in values])
+
+    def languages_list() -> list[dict[str, Any]]:
+        codes = list(dict.fromkeys(code for pair in service.pairs for code in pair))
+        return [{"code": code, "name": language_name(code),
+                 "targets": [into for source, into in service.pairs if source == code]} for code in codes]
+
+    async def languages(request: Request) -> Response:
+        """``GET|POST /languages``: every served language with the languages it translates into."""
+        return JSONResponse(languages_list())
+
+    async def frontend_settings(request: Request) -> Response:
+        """``GET /frontend/settings``: LibreTranslate's web front end's settings, in its shape."""
+        pairs = service.pairs
+        source, target = pairs[0] if pairs else ("auto", "")
+        keyed = service.keys is not None
+        return JSONResponse({
+            "charLimit": -1, "frontendTimeout": 500, "apiKeys": keyed, "keyRequired": keyed, "suggestions": False,
+            "filesTranslation": False, "supportedFilesFormat": [],
+            "language": {"source": {"code": source, "name": language_name(source)},
+                         "target": {"code": target, "name": language_name(target)}}})
 
     async def client_disconnected(request: Request) -> None:
         """Return when the client has closed its connection (the ASGI server's ``http.disconnect``)."""
@@ -1269,8 +1593,8 @@ def build_app(state: ServerState) -> Any:
             allowed = " or ".join(sorted(str((problem.headers or {}).get("Allow", "")).split(", ")))
             sentence = f"{request.method} {path} is not allowed; use {allowed} {path}."
         elif problem.status_code == 404:
-            sentence = (f"{path} is not a path of this server; POST / or /predict translates, GET /health and GET "
-                        "/metrics report.")
+            sentence = (f"{path} is not a path of this server; POST / or /predict translates (POST /translate, "
+                        "/detect and GET /languages in LibreTranslate's API), GET /health and GET /metrics report.")
         else:
             sentence = _cut(problem.detail)
         return JSONResponse({"error": sentence}, status_code=problem.status_code, headers=problem.headers)
@@ -1278,18 +1602,22 @@ def build_app(state: ServerState) -> Any:
     async def crashed(request: Request, problem: Exception) -> Response:
         """A bug in a route (not in a batch, whose requests get their own 500): JSON like every other error."""
         return error(500, f"the server failed: {type(problem).__name__}: {_cut(problem)}", "server_error",
-                     time.perf_counter())
+                     time.perf_counter(), route=request.url.path if request.url.path in ROUTES else "/")
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
-        await state.start()
+        await service.start()
         try:
             yield
         finally:
-            await state.stop()
+            await service.stop()
 
     routes = [Route("/health", health, methods=["GET"]), Route("/metrics", metrics, methods=["GET"]),
-              Route("/", predict, methods=["POST"]), Route("/predict", predict, methods=["POST"])]
+              Route("/", counted(predict), methods=["POST"]), Route("/predict", counted(predict), methods=["POST"]),
+              Route("/translate", counted(translate), methods=["POST"]),
+              Route("/detect", counted(detect), methods=["POST"]),
+              Route("/languages", languages, methods=["GET", "POST"]),
+              Route("/frontend/settings", frontend_settings, methods=["GET"])]
     return Starlette(routes=routes, lifespan=lifespan,
                      exception_handlers={HTTPException: refused_route, Exception: crashed})
 
@@ -1335,40 +1663,108 @@ def exit_quietly_on_signals() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
+@dataclass(frozen=True)
+class ServedModel:
+    """One model of a server: the folder given, its engine, the folder that engine loads, its language pair."""
+
+    given: str
+    engine: str
+    folder: Path
+    pair: tuple[str, str] | None
+
+
+def plan_models(folders: Sequence[str], engine: str | None, cuda: bool) -> list[ServedModel]:
+    """Each folder's engine and recorded pair; one `CommandLineError` sentence when several models are served and one
+    records no single pair (requests are routed by pair), or when two record the same pair."""
+    from .arguments import saved_language_pairs
+
+    models = []
+    for given in folders:
+        chosen, folder = choose_engine(given, engine, cuda)
+        pairs = saved_language_pairs(given) or []
+        if len(folders) > 1 and len(pairs) != 1:
+            what = f"records {len(pairs)} language pairs ({describe_pairs(pairs)})" if pairs else \
+                "records no language pair"
+            raise CommandLineError(f"MODEL_DIR {given} {what}, and a server of several models routes each request by "
+                                   "its pair, so each model must record exactly one; record it "
+                                   "(hf_deepnmt.record_language_pair, or train with --source_lang/--target_lang) or "
+                                   "serve this model alone.")
+        models.append(ServedModel(given, chosen, folder, pairs[0] if len(pairs) == 1 else None))
+    seen: dict[tuple[str, str], str] = {}
+    for model in models:
+        if model.pair is not None and model.pair in seen:
+            raise CommandLineError(f"MODEL_DIR {seen[model.pair]} and {model.given} both translate "
+                                   f"{describe_pairs([model.pair])}; a server takes one model per language pair, so "
+                                   "serve one of them.")
+        if model.pair is not None:
+            seen[model.pair] = model.given
+    return models
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or a name) is this machine only."""
+    import ipaddress
+
+    try:
+        return all(ipaddress.ip_address(info[4][0]).is_loopback for info in socket.getaddrinfo(host, None))
+    except (OSError, ValueError):
+        return False
+
+
 def serve(options: ServeOptions, loader: Callable[[], Translator] | None = None) -> int:
     """Run the server until SIGINT/SIGTERM; 0 after a graceful shutdown. A model that cannot load stops it: its
     error is raised (one sentence for a user's mistake, through the command line)."""
     import uvicorn
+
+    from .serve_libretranslate import ApiKeys, read_api_keys
 
     cuda = False
     if options.engine in (None, "torch"):
         import torch  # the default engine depends on a GPU; torch loads with the model anyway
 
         cuda = torch.cuda.is_available()
-    engine, folder = choose_engine(options.model, options.engine, cuda)
-    needed = {"onnx": "onnxruntime", "ctranslate2": "ctranslate2"}.get(engine)
-    if needed and importlib.util.find_spec(needed) is None:
-        raise CommandLineError(f"the {engine} engine needs {needed}, which the export extra installs: "
-                               f"{EXPORT_EXTRA_HINT}.")
-    if options.workers is None:
-        options = replace(options, workers=default_workers(engine, cuda, options.threads))
+    models = plan_models([options.model, *options.more_models], options.engine, cuda)
+    for model in models:
+        needed = {"onnx": "onnxruntime", "ctranslate2": "ctranslate2"}.get(model.engine)
+        if needed and importlib.util.find_spec(needed) is None:
+            raise CommandLineError(f"the {model.engine} engine needs {needed}, which the export extra installs: "
+                                   f"{EXPORT_EXTRA_HINT}.")
+    keys = ApiKeys(read_api_keys(options.api_keys)) if options.api_keys else None
     configure_logging()
     sock = bind(options.host, options.port)
     host, port = sock.getsockname()[:2]
-    state = ServerState(options, engine, folder, loader)
-    config = uvicorn.Config(build_app(state), lifespan="on", access_log=False, log_level="info",
+    families = MetricFamilies()
+    states = []
+    for model in models:
+        own = replace(options, model=model.given, more_models=(),
+                      workers=options.workers or default_workers(model.engine, cuda, options.threads))
+        states.append(ServerState(own, model.engine, model.folder, loader, pair=model.pair, families=families))
+    service = Service(states, keys, families)
+    config = uvicorn.Config(build_app(service), lifespan="on", access_log=False, log_level="info",
                             timeout_graceful_shutdown=None)
     server = uvicorn.Server(config)
 
     def stop_on_load_error() -> None:
         server.should_exit = True
 
-    state.on_load_error = stop_on_load_error
+    for state in states:
+        state.on_load_error = stop_on_load_error
     shown = f"[{host}]" if ":" in host else host
-    logger.info("listening on http://%s:%d (POST / or /predict, GET /health, GET /metrics)", shown, port)
+    if len(states) > 1:
+        logger.info("serving %d models: %s", len(states),
+                    ", ".join(f"{describe_pairs([state.pair])} from {state.folder}" for state in states if state.pair))
+    if keys is None and not is_loopback(options.host):
+        logger.warning("no --api_keys: anyone who can reach %s:%d may translate (the server is open beyond this "
+                       "machine)", shown, port)
+    elif keys is not None:
+        logger.info("API keys: %d accepted (from --api_keys), %d with a requests-per-minute limit",
+                    len(keys.limits), sum(limit is not None for limit in keys.limits.values()))
+    logger.info("listening on http://%s:%d (POST / or /predict, POST /translate, POST /detect, GET /languages, "
+                "GET /health, GET /metrics)", shown, port)
     with exit_quietly_on_signals():
         server.run(sockets=[sock])
-    if state.load_error is not None:
-        raise state.load_error
-    logger.info("stopped: %d requests answered", sum(state.metrics.requests.values()))
+    for state in states:
+        if state.load_error is not None:
+            raise state.load_error
+    logger.info("stopped: %d requests answered", int(families.value("deepnmt_requests_total")))
     return 0
