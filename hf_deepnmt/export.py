@@ -14,6 +14,9 @@ Formats (``deepnmt export --format ...``; `export_model`):
   that points to ``--format onnx``. ``int8``, ``int8_float32``, ``bfloat16``.
 * ``marian`` — the same standard variants as a `transformers.MarianMTModel` folder without custom code
   (`hf_deepnmt.export_marian`), float32 or ``bfloat16``.
+* ``argos`` — the same standard variants as an Argos Translate package (``translate-<from>_<to>.argosmodel``: the
+  CTranslate2 model and our BPE tokenizer as a SentencePiece model; `hf_deepnmt.export_argos`), which
+  ``argostranslate`` and LibreTranslate install; the CTranslate2 weight types.
 
 The tokenizer travels with every export (``tokenizer.json`` beside the weights); ``deepnmt_export.json`` records
 the format, the special tokens and the generation defaults; an ONNX export also holds the model's ``config.json``
@@ -35,6 +38,7 @@ import torch
 from torch import nn
 
 from .errors import UserInputError
+from .export_argos import write_argos
 from .export_ctranslate2 import CTranslate2Engine, export_ctranslate2
 from .export_formats import (  # noqa: F401  (the public names of hf_deepnmt.export)
     ENGINES,
@@ -94,7 +98,7 @@ def export_model(model: nn.Module, tokenizer: Any, output_dir: str | os.PathLike
 def write_export(model: nn.Module, tokenizer: Any, output_dir: Path, export_format: str,
                  quantization: str | None) -> None:
     """The files of an export (`export_model`) written into the existing folder ``output_dir``."""
-    onnx_section = None
+    onnx_section = argos_section = None
     if export_format == "onnx":
         from .export_onnx import export_onnx
 
@@ -104,6 +108,8 @@ def write_export(model: nn.Module, tokenizer: Any, output_dir: Path, export_form
         exported.generation_config.save_pretrained(output_dir)
     elif export_format == "ctranslate2":
         export_ctranslate2(standard_model(model), tokenizer, output_dir, quantization)
+    elif export_format == "argos":
+        argos_section = write_argos(model, tokenizer, output_dir, quantization)
     else:
         write_marian(model, output_dir, quantization)
     tokenizer.save_pretrained(output_dir)  # the tokenizer travels with the export
@@ -135,6 +141,8 @@ def write_export(model: nn.Module, tokenizer: Any, output_dir: Path, export_form
     }
     if onnx_section is not None:
         manifest["onnx"] = onnx_section
+    if argos_section is not None:
+        manifest["argos"] = argos_section
     (output_dir / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
 
 

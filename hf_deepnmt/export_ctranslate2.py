@@ -178,13 +178,16 @@ def ctranslate2_loader() -> Any:
 
 
 def export_ctranslate2(model: nn.Module, tokenizer: Any, output_dir: str | os.PathLike,
-                       quantization: str | None = None) -> Path:
+                       quantization: str | None = None, add_source_eos: bool = False) -> Path:
     """Write ``model`` (a standard Transformer, `hf_deepnmt.export_formats.standard_model`) as a CTranslate2 model into
     ``output_dir``: the spec from `ctranslate2_loader`, saved by CTranslate2's own converter machinery
-    (``model.bin``, ``config.json``, ``shared_vocabulary.json``)."""
+    (``model.bin``, ``config.json``, ``shared_vocabulary.json``). ``add_source_eos``: CTranslate2 appends ``</s>``
+    to every source itself (for callers that pass the tokenizer's pieces without it, as Argos Translate does;
+    `hf_deepnmt.export_argos`); our engines pass the tokenizer's ids, ``</s>`` included."""
     import ctranslate2.converters
 
     spec = ctranslate2_loader()(model, tokenizer)
+    spec.config.add_source_eos = add_source_eos
 
     class _SpecConverter(ctranslate2.converters.Converter):
         def _load(self) -> Any:

@@ -18,13 +18,14 @@ from .modeling_common import unwrap_model
 from .papers import TRANSFORMER, Blocker, papers_of
 from .registry import MODEL_TYPES, model_type_names
 
-EXPORT_FORMATS: tuple[str, ...] = ("ctranslate2", "onnx", "marian")
+EXPORT_FORMATS: tuple[str, ...] = ("ctranslate2", "onnx", "marian", "argos")
 ENGINES: tuple[str, ...] = ("torch", "ctranslate2", "onnx")
 # Weight types each format can store (None = float32).
 QUANTIZATIONS: dict[str, tuple[str, ...]] = {
     "ctranslate2": ("int8", "int8_float32", "bfloat16"),
     "onnx": ("int8",),
     "marian": ("bfloat16",),
+    "argos": ("int8", "int8_float32", "bfloat16"),  # its model/ is a CTranslate2 model
 }
 # The Transformer model types of this package (one implementation, `modeling_deep_transformer`).
 STANDARD_MODEL_TYPES: tuple[str, ...] = model_type_names(TRANSFORMER)
@@ -34,6 +35,7 @@ REQUIRED_MODULES: dict[str, tuple[str, ...]] = {
     "export onnx": ("onnx", "onnxscript", "onnxruntime"),  # torch.onnx.export's dependencies; int8: ONNX Runtime
     "export ctranslate2": ("ctranslate2",),
     "export marian": (),
+    "export argos": ("ctranslate2", "sentencepiece", "google.protobuf"),
     "engine torch": (),
     "engine onnx": ("onnxruntime",),
     "engine ctranslate2": ("ctranslate2",),
@@ -102,6 +104,8 @@ def format_blockers(config: Any, export_format: str) -> list[Blocker]:
     ``onnx``); for a family that can, `mechanism_blockers` names the switches the format lacks."""
     if export_format not in EXPORT_FORMATS:
         raise UserInputError(f"`export_format` = {export_format!r} is not allowed; use one of {', '.join(EXPORT_FORMATS)}.")
+    if export_format == "argos":  # an Argos package's model is a CTranslate2 model (hf_deepnmt.export_argos)
+        return format_blockers(config, "ctranslate2")
     model_type = getattr(config, "model_type", None)
     entry = MODEL_TYPES.get(model_type)
     if entry is None:

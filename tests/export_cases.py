@@ -23,10 +23,11 @@ VARIANTS = {
 NEW_TOKENS = 16
 
 
-def variant_model(name: str, vocab_size: int, eos_boost: float = 1.0):
+def variant_model(name: str, vocab_size: int, eos_boost: float = 1.0, **overrides):
     """A tiny random model of a variant; ADMIN gets random ω (so folding is not the identity). ``eos_boost`` scales
-    the output row of </s>: > 1 makes hypotheses end early, where the beam stopping rule matters."""
-    model = tiny_model(seed=3, vocab_size=vocab_size, init_std=0.5, **VARIANTS[name])
+    the output row of </s>: > 1 makes hypotheses end early, where the beam stopping rule matters; ``overrides``: other
+    config fields."""
+    model = tiny_model(seed=3, vocab_size=vocab_size, init_std=0.5, **{**VARIANTS[name], **overrides})
     with torch.no_grad():
         for parameter_name, parameter in model.named_parameters():
             if parameter_name.endswith("_omega"):

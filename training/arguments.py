@@ -25,7 +25,7 @@ OPTION_ALIASES = {"--model": "--model_name_or_path", "--src_lang": "--source_lan
 TRAIN_ALIASES = {**OPTION_ALIASES, "--num_beams": "--eval_num_beams"}
 # The choices of `deepnmt export` / `deepnmt translate --engine`, spelt here so that `--help` needs no torch; they
 # are `hf_deepnmt.export`'s (tests/test_cli.py checks that they are the same).
-EXPORT_FORMATS: tuple[str, ...] = ("ctranslate2", "onnx", "marian")
+EXPORT_FORMATS: tuple[str, ...] = ("ctranslate2", "onnx", "marian", "argos")
 ENGINES: tuple[str, ...] = ("torch", "ctranslate2", "onnx")
 # `hf_deepnmt.ensemble.COMBINATIONS`, spelt here so that `--help` needs no torch (tests/test_cli.py checks they agree).
 ENSEMBLE_COMBINATIONS: tuple[str, ...] = ("mean", "log_linear")
@@ -35,6 +35,7 @@ QUANTIZATIONS: dict[str, tuple[str, ...]] = {
     "ctranslate2": ("int8", "int8_float32", "bfloat16"),
     "onnx": ("int8",),
     "marian": ("bfloat16",),
+    "argos": ("int8", "int8_float32", "bfloat16"),
 }
 
 

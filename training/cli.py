@@ -445,8 +445,9 @@ def _export(argv: Sequence[str]) -> int:
     quantizations = sorted({name for names in QUANTIZATIONS.values() for name in names})
     parser = CommandParser(prog="deepnmt export", description="Export a saved model for fast inference: "
                            "ctranslate2 (CTranslate2 model + vocabulary), onnx (encoder.onnx + "
-                           "decoder.onnx with the key/value cache, for ONNX Runtime) or marian (a stock "
-                           "transformers MarianMTModel). ADMIN models are folded first; the tokenizer is "
+                           "decoder.onnx with the key/value cache, for ONNX Runtime), marian (a stock "
+                           "transformers MarianMTModel) or argos (an Argos Translate .argosmodel package for "
+                           "argostranslate and LibreTranslate). ADMIN models are folded first; the tokenizer is "
                            "copied beside the export. Run the result with `deepnmt translate --engine`. "
                            "MODEL and OUTPUT may also be given as --model_name_or_path and --output_dir.")
     parser.add_argument("positional", nargs="*", metavar="MODEL OUTPUT", help="Saved model folder (or Hub id), then "
@@ -456,7 +457,7 @@ def _export(argv: Sequence[str]) -> int:
     parser.add_argument("--format", required=True, choices=EXPORT_FORMATS, help="Export format.")
     parser.add_argument("--quantization", choices=quantizations, default=None, help="Weight type: ctranslate2 "
                         f"{'/'.join(QUANTIZATIONS['ctranslate2'])}, onnx {'/'.join(QUANTIZATIONS['onnx'])}, marian "
-                        f"{'/'.join(QUANTIZATIONS['marian'])} (default: float32).")
+                        f"{'/'.join(QUANTIZATIONS['marian'])}, argos as ctranslate2 (default: float32).")
     parser.add_argument("--force", action="store_true", help="Replace the output folder if it holds files.")
     args = parser.parse_args(argv)
     given = list(args.positional)
@@ -475,6 +476,11 @@ def _export(argv: Sequence[str]) -> int:
 
     model, tokenizer = load_model_and_tokenizer(args.model)
     export_model(model, tokenizer, output, args.format, args.quantization)
+    if args.format == "argos":
+        package = next(output.glob("*.argosmodel"))
+        print(f"wrote an argos package ({args.quantization or 'float32'}) of {args.model} to {package}; install it "
+              f"with: python -c \"import argostranslate.package as p; p.install_from_path('{package}')\"")
+        return 0
     article = "an" if args.format == "onnx" else "a"
     print(f"wrote {article} {args.format} export ({args.quantization or 'float32'}) of {args.model} to {output}; try: "
           f"deepnmt translate --engine {'torch' if args.format == 'marian' else args.format} --model {output}")

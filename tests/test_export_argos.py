@@ -1,0 +1,157 @@
+"""Argos Translate export (hf_deepnmt.export_argos): our BPE tokenizer as a SentencePiece model that splits the
+embedded corpus into the same ids, and an ``.argosmodel`` package that ``argostranslate`` installs offline and
+translates with exactly as CTranslate2 runs our own export.
+
+ctranslate2 and sentencepiece are in the `export` extra, argostranslate in `dev`: without them these tests skip,
+unless DEEPNMT_REQUIRE_EXPORT=1 (set by `bash run.sh test`, i.e. CI), where a missing package fails.
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import zipfile
+
+import pytest
+from conftest import PARALLEL, tiny_model
+from export_cases import train_until_lengths_vary, variant_model
+
+from hf_deepnmt.errors import UserInputError
+from hf_deepnmt.export import export_model
+from hf_deepnmt.pipeline_translation import record_language_pair
+from hf_deepnmt_training.errors import CommandLineError
+from hf_deepnmt_training.serve import choose_engine
+
+REQUIRED = ("ctranslate2", "sentencepiece", "argostranslate")
+if os.environ.get("DEEPNMT_REQUIRE_EXPORT") == "1":
+    for module in REQUIRED:
+        importlib.import_module(module)  # CI: a missing extra fails
+else:
+    for module in REQUIRED:
+        pytest.importorskip(module)
+
+
+def _pieces(tokenizer):
+    import sentencepiece as spm
+
+    from hf_deepnmt.export_argos import sentencepiece_model
+
+    return spm.SentencePieceProcessor(model_proto=sentencepiece_model(tokenizer))
+
+
+def test_the_sentencepiece_model_splits_the_embedded_corpus_into_our_tokenizers_ids():
+    """The tokenizer `deepnmt train` makes for the embedded corpus (8,000 BPE pieces) and its SentencePiece form give
+    the same ids on every sentence of the corpus, both languages, all splits; the two documented departures
+    (docs/fast-inference.md, "Argos Translate packages") are where they are said to be."""
+    from hf_deepnmt_training.corpus import corpus_dir
+    from hf_deepnmt_training.tokenizer import train_joint_bpe
+
+    def pairs(split):
+        with gzip.open(corpus_dir() / f"{split}.jsonl.gz", "rt", encoding="utf-8") as handle:
+            return [(record["translation"]["en"], record["translation"]["es"]) for record in map(json.loads, handle)]
+
+    train = pairs("train")
+    tokenizer = train_joint_bpe([en for en, _ in train], [es for _, es in train], vocab_size=8000)
+    processor = _pieces(tokenizer)
+    texts = [text for split in ("train", "valid", "test") for pair in pairs(split) for text in pair]
+    assert len(texts) > 60_000
+    different = [text for text in texts if processor.encode(text) != tokenizer(text, add_special_tokens=False)[
+        "input_ids"]]
+    assert different == []
+    # NFKC (ligature, circled and full-width digits) and inner runs of spaces agree too
+    for text in ("ﬁne ① ２ café", "two  spaces inside", "tab\tand end "):
+        assert processor.encode(text) == tokenizer(text, add_special_tokens=False)["input_ids"], text
+    # the departures: a leading space, and a run of characters outside the vocabulary
+    assert processor.encode(" leading") != tokenizer(" leading", add_special_tokens=False)["input_ids"]
+    unknown = tokenizer.convert_tokens_to_ids("<unk>")
+    assert tokenizer("中文", add_special_tokens=False)["input_ids"].count(unknown) == 2
+    assert processor.encode("中文").count(unknown) == 1
+
+
+def test_only_our_bpe_tokenizer_is_carried(tiny_tokenizer, tmp_path):
+    """Argos runs one SentencePiece model for both languages: a tokenizer that is not our BPE shape is refused in one
+    sentence naming what differs, as is a model without one recorded language pair; nothing is written."""
+    from tokenizers import normalizers
+
+    model = tiny_model(vocab_size=len(tiny_tokenizer), max_position_embeddings=320)
+    with pytest.raises(UserInputError, match="translates one language pair and the model records 0"):
+        export_model(model, tiny_tokenizer, tmp_path / "none", "argos")
+    record_language_pair(model.config, "en", "es")
+    changed = tiny_tokenizer.__class__(tokenizer_object=tiny_tokenizer.backend_tokenizer.__class__.from_str(
+        tiny_tokenizer.backend_tokenizer.to_str()))
+    changed.backend_tokenizer.normalizer = normalizers.NFC()
+    with pytest.raises(UserInputError, match="normalizes with NFC, not NFKC"):
+        export_model(model, changed, tmp_path / "nfc", "argos")
+    short = tiny_model(vocab_size=len(tiny_tokenizer))
+    record_language_pair(short.config, "en", "es")
+    with pytest.raises(UserInputError, match="`max_position_embeddings` = 64 is too small for argos"):
+        export_model(short, tiny_tokenizer, tmp_path / "short", "argos")
+    assert not any((tmp_path / name).exists() for name in ("none", "nfc", "short"))
+
+
+ARGOS_RUN = textwrap.dedent("""
+    import json, sys
+    import argostranslate.package, argostranslate.translate
+
+    class OneSentence:  # Argos's own splitter downloads a MiniSBD model on first use; offline, each text is one
+        def split_sentences(self, text):
+            return [text]
+
+    argostranslate.package.install_from_path(sys.argv[1])
+    languages = {language.code: language for language in argostranslate.translate.get_installed_languages()}
+    translation = languages["en"].get_translation(languages["es"])
+    getattr(translation, "underlying", translation).sentencizer = OneSentence()  # under Argos's cache wrapper
+    texts = json.loads(sys.argv[2])
+    print(json.dumps({"languages": sorted(languages), "translations": [
+        [hypothesis.value for hypothesis in translation.hypotheses(text, num_hypotheses=2)] for text in texts]}))
+""")
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("variant", ["post_ln", "admin_folded"])
+def test_argostranslate_installs_the_package_and_translates_as_ctranslate2_runs_our_export(variant, tiny_tokenizer,
+                                                                                           tmp_path):
+    """The package installs with ``argostranslate.package.install_from_path`` into an empty packages folder, offline,
+    and Argos's translations (its search: beam 4, length penalty 0.2, 2 hypotheses) are what CTranslate2 gives for
+    our own export with our tokenizer's ids and the same search."""
+    import ctranslate2
+
+    # Argos decodes up to CTranslate2's default 256 tokens: the model's positions must reach that far
+    model = train_until_lengths_vary(lambda: variant_model(variant, len(tiny_tokenizer), max_position_embeddings=320),
+                                     tiny_tokenizer)
+    record_language_pair(model.config, "en", "es")
+    export_model(model, tiny_tokenizer, tmp_path / "argos", "argos")
+    export_model(model, tiny_tokenizer, tmp_path / "ct2", "ctranslate2")
+    package = tmp_path / "argos" / "translate-en_es.argosmodel"
+    manifest = json.loads((tmp_path / "argos" / "deepnmt_export.json").read_text())
+    assert manifest["format"] == "argos" and manifest["argos"]["package"] == package.name
+    with pytest.raises(CommandLineError, match="holds an Argos Translate package"):  # not one of our engines
+        choose_engine(tmp_path / "argos", None, command="translate")
+    names = zipfile.ZipFile(package).namelist()
+    assert {"translate-en_es/metadata.json", "translate-en_es/sentencepiece.model",
+            "translate-en_es/model/model.bin"} <= set(names)
+
+    texts = [source for source, _ in PARALLEL[:4]] + ["The light was good."]
+    environment = {**os.environ, "ARGOS_PACKAGES_DIR": str(tmp_path / "packages"), "HOME": str(tmp_path / "home"),
+                   "XDG_DATA_HOME": str(tmp_path / "data"), "XDG_CACHE_HOME": str(tmp_path / "cache"),
+                   "XDG_CONFIG_HOME": str(tmp_path / "config"), "ARGOS_DEVICE_TYPE": "cpu", "OMP_NUM_THREADS": "1",
+                   "ARGOS_COMPUTE_TYPE": "default"}  # Argos's "auto" lets CTranslate2 quantize on load
+    run = subprocess.run([sys.executable, "-c", ARGOS_RUN, str(package), json.dumps(texts)], env=environment,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    argos = json.loads(run.stdout.strip().splitlines()[-1])
+    assert argos["languages"] == ["en", "es"]
+
+    translator = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu", intra_threads=1)
+    sources = [tiny_tokenizer.convert_ids_to_tokens(tiny_tokenizer(text)["input_ids"]) for text in texts]
+    results = translator.translate_batch(sources, beam_size=4, num_hypotheses=2, length_penalty=0.2,
+                                         replace_unknowns=True)
+    expected = [[tiny_tokenizer.decode(tiny_tokenizer.convert_tokens_to_ids(tokens), skip_special_tokens=True)
+                 for tokens in result.hypotheses] for result in results]
+    assert argos["translations"] == expected
+    assert any(len(set(hypotheses)) == 2 for hypotheses in expected)  # the searches have something to agree on
