@@ -307,11 +307,22 @@ def _from_marian(marian: nn.Module, tokenizer: Any, source: str) -> Converted:
     _check_position_table(model, positions, 0, "Marian")
     converted = Converted(model, tokenizer, "marian", source, getattr(tokenizer, "source_lang", None),
                           getattr(tokenizer, "target_lang", None), _layer_drop_notes(config))
-    model.generation_config = copy.deepcopy(marian.generation_config)  # Marian's search: beams, [[<pad>]] banned, …
+    model.generation_config = _in_new_tokens(marian.generation_config)  # Marian's search: beams, [[<pad>]] banned, …
     converted.max_abs_logit_difference = _check_logits(model, marian, config.vocab_size, fields)
     converted.reference = type(marian).__name__
     _note_language_codes(converted, tokenizer)
     return converted
+
+
+def _in_new_tokens(generation_config: Any) -> Any:
+    """A copy of a source model's generation config with its length limit ``max_length`` (the decoder's whole
+    sequence, start token included) said as ``max_new_tokens = max_length - 1``: the same limit for `generate`,
+    and one that `deepnmt translate`'s own per-batch ``max_new_tokens`` replaces without transformers warning, at
+    every batch, that both are set (docs/public-checkpoints.md)."""
+    config = copy.deepcopy(generation_config)
+    if config.max_length is not None and config.max_new_tokens is None:
+        config.max_new_tokens, config.max_length = config.max_length - 1, None
+    return config
 
 
 def _note_language_codes(converted: Converted, tokenizer: Any) -> None:
@@ -343,7 +354,7 @@ def _from_fsmt(fsmt: nn.Module, tokenizer: Any, source: str) -> Converted:
     positions = {f"model.{stack}.embed_positions.weight": fsmt.state_dict()[f"model.{stack}.embed_positions.weight"]
                  for stack in ("encoder", "decoder")}
     _check_position_table(model, positions, model.config.position_offset, "FSMT")
-    model.generation_config = copy.deepcopy(fsmt.generation_config)
+    model.generation_config = _in_new_tokens(fsmt.generation_config)
     converted.max_abs_logit_difference = _check_logits(model, fsmt, model.config.vocab_size, fields)
     converted.reference = type(fsmt).__name__
     return converted

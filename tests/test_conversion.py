@@ -94,6 +94,9 @@ def test_an_opus_mt_marian_folder_converts_exactly(variant, tmp_path):
     assert config.decoder_start_token_id == config.pad_token_id == reference.config.pad_token_id
     assert config.share_encoder_decoder_embeddings == (variant not in ("separate_vocabularies", "untied"))
     assert ours.generation_config.bad_words_ids == [[config.pad_token_id]]
+    # Marian's length limit said as new tokens: the same limit, and no "both are set" warning per batch
+    limit = reference.generation_config.max_length
+    assert (ours.generation_config.max_new_tokens, ours.generation_config.max_length) == (limit - 1, None)
     saved = json.loads((folder / "config.json").read_text())["converted_from"]
     assert saved["format"] == "marian" and saved["max_abs_logit_difference"] <= TOLERANCE
     # tying survives save and load (transformers #26216): tied stays one tensor, untied two
@@ -109,6 +112,8 @@ def test_an_opus_mt_marian_folder_converts_exactly(variant, tmp_path):
     targets = target_ids(tokenizer, TARGET_SAMPLE, config.pad_token_id)
     assert teacher_forced_difference(ours, reference, batch, targets) <= TOLERANCE
     assert_same_search(ours, reference, batch)
+    with torch.no_grad():  # each model's own search settings and length limit, nothing given
+        assert torch.equal(ours.generate(**batch), reference.generate(**batch))
     if variant == "multi_target":
         assert config.target_language_codes == [">>de<<", ">>es<<", ">>fr<<"]
 
