@@ -487,6 +487,23 @@ def _export(argv: Sequence[str]) -> int:
     return 0
 
 
+def _folders_first(parser: CommandParser, argv: Sequence[str]) -> list[str]:
+    """``argv`` with its positional arguments first: several MODEL_DIRs may stand anywhere among the options (argparse
+    takes one run of positionals only)."""
+    positional, options, values = [], [], 0
+    for token in canonical_options(argv):
+        if values:
+            options.append(token)
+            values -= 1
+        elif token.startswith("-") and token != "-":
+            options.append(token)
+            action = parser._option_string_actions.get(token)  # `--name=value` carries its value
+            values = 1 if action is not None and action.nargs != 0 else 0
+        else:
+            positional.append(token)
+    return positional + options
+
+
 def _serve(argv: Sequence[str]) -> int:
     parser = CommandParser(prog="deepnmt serve", description="Serve a model over HTTP with dynamic batching: POST / "
                            "or /predict with {\"inputs\": \"text\" or [\"text\", ...], \"parameters\": {...}} "
@@ -535,7 +552,7 @@ def _serve(argv: Sequence[str]) -> int:
                         "one per line, each optionally followed by a requests-per-minute limit (# comments and blank "
                         "lines allowed); requests without a valid key get 403, over the limit 429. Without it the "
                         "server is open (docs/serving.md, \"API keys\").")
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_folders_first(parser, argv))
     if bool(args.folder) == bool(args.model):
         parser.error("give the model folder once, as MODEL_DIR or --model_name_or_path")
     folders = args.folder or [args.model]

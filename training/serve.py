@@ -46,6 +46,7 @@ import json
 import logging
 import math
 import os
+import re
 import signal
 import socket
 import sys
@@ -1103,6 +1104,8 @@ class ServerState:
         self.batcher: Batcher | None = None
         self.load_error: BaseException | None = None
         self.on_load_error: Callable[[], None] = lambda: None
+        self.load_after: asyncio.Future | None = None  # this model loads once that one has (several models)
+        self.loading: asyncio.Future | None = None  # the loading, once `start` began it
         self.check_request: Callable[[Any], tuple[Any, dict]] | None = None
         self.user_error: type[Exception] = ValueError
 
@@ -1119,7 +1122,14 @@ class ServerState:
                     f", {workers} instances (--workers)" if workers > 1 else "")
         # one instance per worker: a search holds its model's state (and the tokenizer's) for its whole length; the
         # first in this process (it also tokenizes the requests), the others in their own processes (`spawner`)
-        future = loop.run_in_executor(self.batcher.executor, self._load_workers, workers)
+        previous = self.load_after
+
+        async def load() -> list[Translator]:
+            if previous is not None:  # another model of this server loads first (`Service.start`)
+                await asyncio.wait([previous])
+            return await loop.run_in_executor(self.batcher.executor, self._load_workers, workers)
+
+        future = self.loading = asyncio.ensure_future(load())
 
         def loaded(done: asyncio.Future) -> None:
             if done.cancelled():
@@ -1237,8 +1247,14 @@ class Service:
         return list(dict.fromkeys(source for source, _ in self.pairs))
 
     async def start(self) -> None:
+        """Start every model's batcher and loading; the models load one after the other (two loads at once in one
+        process raced in transformers' lazy imports and model registration: a model could load with a freshly
+        initialised output layer), while the server answers 503 for those not loaded yet."""
+        previous = None
         for state in self.states:
+            state.load_after = previous
             await state.start()
+            previous = state.loading
 
     async def stop(self) -> None:
         await asyncio.gather(*(state.stop() for state in self.states))
@@ -1517,8 +1533,12 @@ def build_app(service: Service | ServerState) -> Any:
                 try:
                     candidates, _ = await translate_texts(state, flat, parameters, request, too_long=400)
                 except ApiError as refusal:
-                    if refusal.reason == "too_large":
-                        refusal.sentence = refusal.sentence.replace("`inputs", "a text of `q`", 1)
+                    if refusal.reason == "too_large":  # name the text as the request does: `q[i]`
+                        origin = [index for index in indices for _ in pieces[index]]
+                        node = "a text node of " if documents else ""
+                        refusal.sentence = re.sub(r"`inputs\[(\d+)\]`",
+                                                  lambda m: f"{node}`q[{origin[int(m.group(1))]}]`",
+                                                  refusal.sentence, count=1)
                     raise
                 grouped, at = [], 0
                 for index in indices:
