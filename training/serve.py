@@ -6,7 +6,14 @@
 
 Routes: ``POST /`` and ``POST /predict`` take the Inference Endpoints payload ``{"inputs": str | list[str],
 "parameters": {...}}`` and answer what the folder's translation pipeline (and ``handler.py``) answer;
-``GET /health`` is 200 once the model is loaded and 503 before; ``GET /metrics`` is Prometheus' text format.
+``GET /health`` is 200 once the model is loaded and 503 before; ``GET /metrics`` is Prometheus' text format
+(prometheus_client, labelled by model and route); ``POST /translate``, ``POST /detect``, ``GET|POST /languages`` and
+``GET /frontend/settings`` are LibreTranslate's API (`serve_libretranslate`).
+
+Several model folders make one server of several language pairs (`Service`): each model keeps its own `ServerState`
+(batcher, workers, metrics label) and a request goes to the model of the pair it names (``parameters.src_lang`` /
+``tgt_lang``, or LibreTranslate's ``source`` / ``target``). ``--api_keys`` closes the translation routes to requests
+without one of the file's keys (403) and limits each key's requests per minute (429).
 
 How a request is served:
 
@@ -32,8 +39,8 @@ How a request is served:
   queue; an exception fails the requests of that batch only (500; 400 for a user's mistake) and the server goes on.
 
 SIGTERM or SIGINT: uvicorn stops accepting connections, every request in flight is answered, then the process exits
-with status 0. Only the standard library is imported at module level: starlette and uvicorn (the ``serve`` extra),
-torch and the model load when the server starts.
+with status 0. Only the standard library is imported at module level: starlette, uvicorn, prometheus_client and
+lingua (the ``serve`` extra), torch and the model load when the server starts.
 """
 
 from __future__ import annotations
