@@ -41,7 +41,7 @@ else:
     pytest.importorskip("lingua")
 libretranslatepy = pytest.importorskip("libretranslatepy")
 
-from test_serve import Server, concurrently, parse_prometheus  # noqa: E402
+from test_serve import Server, parse_prometheus  # noqa: E402
 
 from hf_deepnmt_training.errors import CommandLineError  # noqa: E402
 from hf_deepnmt_training.serve import plan_models  # noqa: E402
@@ -426,3 +426,20 @@ def test_two_models_of_one_pair_or_a_model_without_a_pair_are_refused_at_start(t
     with pytest.raises(CommandLineError, match=f"MODEL_DIR {re.escape(none)} records no language pair, and a server "
                                                "of several models routes each request by its pair"):
         plan_models([first, none], None, False)
+
+
+def test_html_text_nodes_are_translated_alone_and_the_markup_is_kept_byte_for_byte():
+    from hf_deepnmt_training.serve_libretranslate import HtmlDocument
+
+    source = ('<!DOCTYPE html>\n<p class="a&amp;b" data-x=\'1 < 2\'>Tom &amp; Jerry <b>run</b>\n</p>'
+              '<script>if (a < b) { x = "<b>no</b>"; }</script><STYLE>p { color: red }</STYLE>'
+              '<!-- a comment --> &nbsp; <br/>caf&#233; 1 < 2')
+    document = HtmlDocument.parse(source)
+    assert document.texts == ["Tom & Jerry", "run", "café 1 < 2"]  # entities decoded for the model
+    assert document.assemble(["T & J", "<corre>", "CAFÉ"]) == (
+        '<!DOCTYPE html>\n<p class="a&amp;b" data-x=\'1 < 2\'>T &amp; J <b>&lt;corre&gt;</b>\n</p>'
+        '<script>if (a < b) { x = "<b>no</b>"; }</script><STYLE>p { color: red }</STYLE>'
+        '<!-- a comment --> &nbsp; <br/>CAFÉ')
+    assert document.assemble(document.texts) != source  # entities come back escaped, not as they were written
+    plain = HtmlDocument.parse("no markup at all")
+    assert plain.texts == ["no markup at all"] and plain.assemble(["sin marcas"]) == "sin marcas"

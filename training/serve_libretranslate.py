@@ -289,7 +289,7 @@ def html_pieces(text: str) -> list[tuple[str, bool]]:
     parser = _Segmenter(text)
     parser.feed(text)
     parser.close()
-    events = [event for event in parser.events]
+    events = parser.events
     pieces: list[tuple[str, bool]] = []
     bounds = [offset for offset, _ in events] + [len(text)]
     if not events or events[0][0] > 0:  # leading text the parser held back (it never does; kept exact anyway)
