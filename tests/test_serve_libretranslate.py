@@ -443,3 +443,24 @@ def test_html_text_nodes_are_translated_alone_and_the_markup_is_kept_byte_for_by
     assert document.assemble(document.texts) != source  # entities come back escaped, not as they were written
     plain = HtmlDocument.parse("no markup at all")
     assert plain.texts == ["no markup at all"] and plain.assemble(["sin marcas"]) == "sin marcas"
+
+
+def test_the_command_line_refuses_two_models_of_one_pair_and_a_bad_key_file_in_one_sentence(folders, tmp_path,
+                                                                                              capsys):
+    import shutil
+
+    from hf_deepnmt_training.cli import main
+
+    paths = [str(folders["en-es"]), str(shutil.copytree(folders["en-es"], tmp_path / "en-es-again"))]
+    keys = tmp_path / "keys.txt"
+    keys.write_text("good-key\nbad-key 1 2\n", encoding="utf-8")
+    for argv, sentence in (
+            (["serve", *paths], f"MODEL_DIR {paths[0]} and {paths[1]} both translate en → es; a server takes "
+                                  "one model per language pair, so serve one of them."),
+            (["serve", paths[0], "--port", "0", paths[0]], f"MODEL_DIR {paths[0]} is given twice"),
+            (["serve", paths[0], "--api_keys", str(keys)], f"--api_keys {keys} line 2 has 3 fields, which is not "
+                                                          "allowed")):
+        assert main(argv) == 2, argv
+        error = capsys.readouterr().err.strip().splitlines()
+        assert len(error) == 1 and error[0].startswith(f"deepnmt serve: {sentence}"), (argv, error)
+        assert "bad-key" not in error[0]
