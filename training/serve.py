@@ -1175,15 +1175,20 @@ class ServerState:
                                  self.options.search)
 
     def _load_workers(self, workers: int) -> list[Translator]:
-        """The first worker's translator, then the others, each loading while the first does (processes)."""
+        """The first worker's translator, then the others: worker processes load while the first does; instances in
+        this process one after the other (two loads at once in one process race in transformers' lazy imports and
+        model registration, and one of them could get a freshly initialised output layer)."""
         import torch
 
         # each worker's threads, read before the first worker's loader sets this process' count to its own share
         self.worker_threads = self.options.threads or max(1, torch.get_num_threads() // workers)
+        in_process = self.spawner != self._spawn_process
 
-        with ThreadPoolExecutor(max(1, workers - 1), thread_name_prefix="deepnmt-spawn") as pool:
+        with ThreadPoolExecutor(1 if in_process else max(1, workers - 1), thread_name_prefix="deepnmt-spawn") as pool:
+            first = self.loader() if in_process else None
             others = [pool.submit(self.spawner) for _ in range(workers - 1)]
-            first = self.loader()
+            if first is None:
+                first = self.loader()
             spawned = []
             try:
                 for future in others:
