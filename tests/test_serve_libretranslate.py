@@ -372,6 +372,44 @@ def test_one_open_model_keeps_the_old_payload_and_says_it_is_open_beyond_loopbac
     assert call(opened, "GET", "/frontend/settings")[2]["keyRequired"] is False
 
 
+@pytest.mark.integration
+def test_an_export_folder_is_routed_by_the_pair_its_manifest_records(folders, handlers, tmp_path):
+    """A CTranslate2 export of the en → es model beside the es → en model folder: the export's manifest records the
+    pair; the payload's src_lang/tgt_lang choose it (and are not passed to CTranslate2, which takes no languages)."""
+    if os.environ.get("DEEPNMT_REQUIRE_EXPORT") == "1":
+        import ctranslate2  # noqa: F401
+    else:
+        pytest.importorskip("ctranslate2")
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    from hf_deepnmt.export import export_model, load_engine
+
+    export = tmp_path / "en-es-ct2"
+    tokenizer = AutoTokenizer.from_pretrained(folders["en-es"])
+    export_model(AutoModelForSeq2SeqLM.from_pretrained(folders["en-es"]), tokenizer, export, "ctranslate2")
+    mixed = Server(export, str(folders["es-en"]), "--workers", "1")
+    try:
+        mixed.wait_ready()
+        health = json.loads(mixed.request("GET", "/health")[2])
+        assert sorted((model["pair"], model["engine"]) for model in health["models"]) == [
+            (["en", "es"], "ctranslate2"), (["es", "en"], "torch")]
+        engine = load_engine(export, "ctranslate2", intra_threads=1)
+        expected = tokenizer.decode(engine.generate([tokenizer(ENGLISH[0])["input_ids"]], num_beams=4,
+                                                    max_new_tokens=12)[0], skip_special_tokens=True)
+        status, answer = mixed.post({"inputs": ENGLISH[0], "parameters": {"src_lang": "en", "tgt_lang": "es",
+                                                                          "num_beams": 4, "max_new_tokens": 12}})
+        assert (status, answer) == (200, [{"translation_text": expected}])
+        status, _, answer = call(mixed, "POST", "/translate", {"q": SPANISH[0], "source": "es", "target": "en"})
+        assert (status, answer) == (200, {"translatedText": pipeline_text(handlers["es-en"], SPANISH[0])[0]})
+        status, _, answer = call(mixed, "POST", "/translate", {"q": "x", "source": "en", "target": "es",
+                                                               "alternatives": 1})
+        assert (status, answer) == (400, {"error": "`alternatives` = 1 is not available with the ctranslate2 engine, "
+                                                   "which returns one translation per text; use 0."})
+    finally:
+        code = mixed.stop()
+    assert code == 0, mixed.log()
+
+
 # ------------------------------------------------------------------------------------------------ no server
 def test_the_key_file_takes_keys_limits_comments_and_names_a_bad_line(tmp_path):
     path = tmp_path / "keys"
