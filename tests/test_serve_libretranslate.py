@@ -11,7 +11,12 @@ tests/serve_fault_worker.py so that requests are in flight when SIGTERM comes) d
   wrong one, on both APIs), 429 with Retry-After (a key over its limit); keys never in the log;
 * metrics per model and route; SIGTERM answers the requests in flight of both models, then exits 0;
 * a one-model server without keys keeps the old payload and, bound beyond loopback, says that it is open;
-* the key file's parser and the refusal of two models of one pair (no server).
+* a CTranslate2 export folder beside a model folder, routed by the pair its manifest records;
+* the key file's parser, the sliding window, the HTML text nodes, and the refusal of two models of one pair (no
+  server; and through the command line).
+
+The serve extra (starlette, uvicorn, prometheus-client, lingua) and libretranslatepy (the dev extra) are needed: these
+tests skip without them, unless DEEPNMT_REQUIRE_SERVE=1 (CI), where a missing one fails.
 """
 
 from __future__ import annotations
@@ -31,7 +36,8 @@ from pathlib import Path
 import pytest
 from conftest import PARALLEL
 
-if os.environ.get("DEEPNMT_REQUIRE_SERVE") == "1":
+if os.environ.get("DEEPNMT_REQUIRE_SERVE") == "1":  # CI (`bash run.sh test`): the serve and dev extras are installed
+    import libretranslatepy
     import lingua  # noqa: F401
     import prometheus_client  # noqa: F401
     import starlette  # noqa: F401
@@ -39,7 +45,7 @@ else:
     pytest.importorskip("starlette")
     pytest.importorskip("prometheus_client")
     pytest.importorskip("lingua")
-libretranslatepy = pytest.importorskip("libretranslatepy")
+    libretranslatepy = pytest.importorskip("libretranslatepy")
 
 from test_serve import Server, parse_prometheus  # noqa: E402
 
