@@ -158,10 +158,10 @@ def write_argos(model: nn.Module, tokenizer: Any, output_dir: Path, quantization
                              "fine-tune it with --source_lang and --target_lang.")
     (source, target), = pairs
     positions = model.config.max_position_embeddings
-    if positions < ARGOS_DECODING_LENGTH + 1:
+    if positions < ARGOS_DECODING_LENGTH:  # decoding step t reads position t: 0 … 255
         raise UserInputError(f"`max_position_embeddings` = {positions} is too small for argos: Argos Translate decodes "
                              f"up to {ARGOS_DECODING_LENGTH} tokens (CTranslate2's default max_decoding_length), which "
-                             f"needs at least {ARGOS_DECODING_LENGTH + 1} positions.")
+                             f"needs at least {ARGOS_DECODING_LENGTH} positions.")
     pieces = sentencepiece_model(tokenizer)  # refused before anything is written
     name = package_name(source, target)
     with tempfile.TemporaryDirectory(dir=output_dir) as scratch:

@@ -113,17 +113,18 @@ ARGOS_RUN = textwrap.dedent("""
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("variant", ["post_ln", "admin_folded"])
-def test_argostranslate_installs_the_package_and_translates_as_ctranslate2_runs_our_export(variant, tiny_tokenizer,
-                                                                                           tmp_path):
+@pytest.mark.parametrize("variant, trained", [("post_ln", True), ("admin_folded", True), ("post_ln", False)])
+def test_argostranslate_installs_the_package_and_translates_as_ctranslate2_runs_our_export(variant, trained,
+                                                                                           tiny_tokenizer, tmp_path):
     """The package installs with ``argostranslate.package.install_from_path`` into an empty packages folder, offline,
     and Argos's translations (its search: beam 4, length penalty 0.2, 2 hypotheses) are what CTranslate2 gives for
-    our own export with our tokenizer's ids and the same search."""
+    our own export with our tokenizer's ids and the same search — trained models (hypotheses end at varied lengths)
+    and a random one (every hypothesis runs to the 256-token limit, which 256 positions reach)."""
     import ctranslate2
 
-    # Argos decodes up to CTranslate2's default 256 tokens: the model's positions must reach that far
-    model = train_until_lengths_vary(lambda: variant_model(variant, len(tiny_tokenizer), max_position_embeddings=320),
-                                     tiny_tokenizer)
+    # Argos decodes up to CTranslate2's default 256 tokens: 256 positions (the quickstart model's) reach that far
+    make = lambda: variant_model(variant, len(tiny_tokenizer), max_position_embeddings=256)  # noqa: E731
+    model = train_until_lengths_vary(make, tiny_tokenizer) if trained else make()
     record_language_pair(model.config, "en", "es")
     export_model(model, tiny_tokenizer, tmp_path / "argos", "argos")
     export_model(model, tiny_tokenizer, tmp_path / "ct2", "ctranslate2")
@@ -155,3 +156,5 @@ def test_argostranslate_installs_the_package_and_translates_as_ctranslate2_runs_
                  for tokens in result.hypotheses] for result in results]
     assert argos["translations"] == expected
     assert any(len(set(hypotheses)) == 2 for hypotheses in expected)  # the searches have something to agree on
+    if not trained:  # random weights run to Argos's 256-token limit: the model's 256 positions are all read
+        assert max(len(hypothesis) for result in results for hypothesis in result.hypotheses) == 256

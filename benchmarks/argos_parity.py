@@ -1,0 +1,93 @@
+"""A trained model through Argos Translate: ``deepnmt export --format argos`` installed into an empty Argos folder,
+the embedded test set translated by ``argostranslate``, against CTranslate2 running our ``--format ctranslate2``
+export of the same model, fed our tokenizer's ids, with Argos's search (beam 4, length penalty 0.2,
+``replace_unknowns``, one hypothesis): how many outputs are identical, and both BLEU scores.
+
+    python -m benchmarks.argos_parity --model runs/quickstart [--sentences 998]
+
+Argos's sentence splitter (a MiniSBD model it downloads on first use) is replaced by one sentence per verse, which
+the test set is; ``ARGOS_COMPUTE_TYPE=default`` runs the weights as exported (docs/fast-inference.md, "Argos
+Translate packages"). Needs the `export` extra and ``argostranslate`` (the `dev` extra). One thread throughout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+ARGOS_RUN = """
+import json, sys
+import argostranslate.package, argostranslate.translate
+
+class OneSentence:
+    def split_sentences(self, text):
+        return [text]
+
+argostranslate.package.install_from_path(sys.argv[1])
+languages = {language.code: language for language in argostranslate.translate.get_installed_languages()}
+translation = languages[sys.argv[3]].get_translation(languages[sys.argv[4]])
+getattr(translation, "underlying", translation).sentencizer = OneSentence()
+print(json.dumps([translation.translate(text) for text in json.load(open(sys.argv[2], encoding="utf-8"))]))
+"""
+
+
+def deepnmt(*arguments: str) -> None:
+    subprocess.run([sys.executable, "-m", "hf_deepnmt_training.cli", *arguments], check=True, cwd=REPO)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, help="A saved model folder of ours with one recorded pair.")
+    parser.add_argument("--sentences", type=int, default=998, help="Test verses to translate (default: all 998).")
+    args = parser.parse_args(argv)
+
+    import ctranslate2
+    import sacrebleu
+    from transformers import AutoTokenizer
+
+    from hf_deepnmt_training.corpus import corpus_dir
+
+    config = json.loads((Path(args.model) / "config.json").read_text(encoding="utf-8"))
+    (task,) = [name for name in config.get("task_specific_params") or {} if name.startswith("translation_")]
+    source, target = task.removeprefix("translation_").split("_to_")
+    with gzip.open(corpus_dir() / "test.jsonl.gz", "rt", encoding="utf-8") as handle:
+        pairs = [json.loads(line)["translation"] for line in handle][: args.sentences]
+    texts, references = [pair[source] for pair in pairs], [pair[target] for pair in pairs]
+    with tempfile.TemporaryDirectory() as scratch:
+        work = Path(scratch)
+        deepnmt("export", args.model, str(work / "argos"), "--format", "argos")
+        deepnmt("export", args.model, str(work / "ct2"), "--format", "ctranslate2")
+        (work / "texts.json").write_text(json.dumps(texts), encoding="utf-8")
+        environment = {**os.environ, "ARGOS_PACKAGES_DIR": str(work / "packages"), "ARGOS_COMPUTE_TYPE": "default",
+                       "ARGOS_INTRA_THREADS": "1", "OMP_NUM_THREADS": "1"}
+        package = next((work / "argos").glob("*.argosmodel"))
+        run = subprocess.run([sys.executable, "-c", ARGOS_RUN, str(package), str(work / "texts.json"), source, target],
+                             env=environment, capture_output=True, text=True, check=True)
+        argos = json.loads(run.stdout.strip().splitlines()[-1])
+        tokenizer = AutoTokenizer.from_pretrained(work / "ct2")
+        translator = ctranslate2.Translator(str(work / "ct2"), device="cpu", intra_threads=1)
+        results = translator.translate_batch(
+            [tokenizer.convert_ids_to_tokens(tokenizer(text)["input_ids"]) for text in texts], beam_size=4,
+            length_penalty=0.2, replace_unknowns=True, max_batch_size=32, batch_type="tokens")
+    # Argos's decoder also turns "_" into a space
+    ours = [tokenizer.decode(tokenizer.convert_tokens_to_ids(result.hypotheses[0]), skip_special_tokens=True)
+            .replace("_", " ") for result in results]
+    same = sum(a == b for a, b in zip(argos, ours))
+    print(f"{args.model} ({source}→{target}), {len(texts)} test verses: Argos's output identical to CTranslate2 on "
+          f"our export with the same search for {same}/{len(texts)}; BLEU through Argos "
+          f"{sacrebleu.corpus_bleu(argos, [references]).score:.2f}, through CTranslate2 "
+          f"{sacrebleu.corpus_bleu(ours, [references]).score:.2f}")
+    for got, expected in [(a, b) for a, b in zip(argos, ours) if a != b][:3]:
+        print(f"  argos: {got}\n  ct2:   {expected}")
+    return 0 if same == len(texts) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
