@@ -822,6 +822,40 @@ def _serve(results: dict) -> list[str]:
     return lines
 
 
+def _serve_mixed(results: dict) -> list[str]:
+    """Section ``serve_mixed``: several models behind one `deepnmt serve` (issue 62), against each alone
+    (benchmarks/serve_load.py, `mixed_section`)."""
+    mixed = results.get("serve_mixed")
+    if not mixed:
+        return []
+    run = results.get("merged", {}).get("serve_mixed", results)
+    models = ", ".join(f"`{folder}` ({name})" for name, folder in mixed["models"].items())
+    lines = ["## Several models behind one `deepnmt serve`: mixed traffic (section `serve_mixed`)", "",
+             f"{models}; every server `--threads {mixed['threads']} --workers {mixed['workers']} --max_batch_size "
+             f"{mixed['max_batch_size']}` on 127.0.0.1, {mixed['clients']} clients. **alone**: the model in a server of "
+             f"its own, {mixed['requests_per_model']} requests of 1–3 test verses in its source language; **mixed**: "
+             "all models in one server (each request routed by the `src_lang` / `tgt_lang` it names), the same "
+             "requests of every model shuffled together. Each model has its own batcher and worker; with "
+             "`--threads` per worker, the mixed server runs one worker per model. "
+             f"Command: `{run.get('command', '')}`.", ""]
+    rows = []
+    for name in mixed["models"]:
+        alone, shared = mixed["alone"][name], mixed["mixed"]["per_route"].get(name, {})
+        rows.append([name, _num(alone["sentences_per_s"], 2), _num(shared.get("sentences_per_s"), 2),
+                     _ratio(shared.get("sentences_per_s"), alone["sentences_per_s"]), _num(alone["p99_s"], 2),
+                     _num(shared.get("p99_s"), 2), f"{alone['errors']} / {shared.get('errors', 0)}"])
+    whole = mixed["mixed"]
+    alone_sum = sum(cell["sentences_per_s"] for cell in mixed["alone"].values())
+    rows.append(["all (sum alone / one server)", _num(alone_sum, 2), _num(whole["sentences_per_s"], 2),
+                 _ratio(whole["sentences_per_s"], alone_sum), "", _num(whole["p99_s"], 2), f"– / {whole['errors']}"])
+    lines += _table(["model", "alone sentences/s", "mixed sentences/s", "mixed / alone", "alone p99 s",
+                     "mixed p99 s", "errors alone / mixed"], rows)
+    exits = {name: cell["exit_status"] for name, cell in mixed["alone"].items()} | {"mixed": whole["exit_status"]}
+    lines += ["", "Every server stopped by SIGTERM exited with status "
+              + ("0." if set(exits.values()) == {0} else f"{exits}.")]
+    return lines
+
+
 def _run(results: dict) -> list[str]:
     """The command, the merged sections and the machine of a run."""
     m = results["machine"]
@@ -894,6 +928,7 @@ BLOCKS: tuple[tuple[str, object], ...] = (
     ("dtmt_recurrence", lambda results: dtmt_recurrence_block(results, "dtmt_recurrence")),
     ("gpu_dtmt", lambda results: dtmt_recurrence_block(results, "gpu_dtmt")),
     ("step_limit", _step_limit),
+    ("serve_mixed", _serve_mixed),
 )
 TITLE = "# Benchmarks: hf_deepnmt DeepTransformer vs transformers.MarianMTModel"
 

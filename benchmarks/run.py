@@ -47,7 +47,7 @@ from .probe_runner import run_probe  # noqa: E402
 
 SECTIONS = ("equivalence", "train", "decode", "flat", "memory", "scaling", "profile", "flops", "compile", "deep_memory",
             "crt_cost", "dou2018", "dou2018_flops", "dtmt", "engines", "engines_deep", "engine_quality", "bf16_train",
-            "decode_limit", "ct2_stock", "gpu", "dtmt_recurrence", "gpu_dtmt", "serve", "step_limit")
+            "decode_limit", "ct2_stock", "gpu", "dtmt_recurrence", "gpu_dtmt", "serve", "step_limit", "serve_mixed")
 # The compile section's rows beyond the baseline: each paper's switches on the d256 6-6 model (issue 36 item 5).
 COMPILE_ROWS: dict[str, dict[str, object]] = {
     "liu2020 ADMIN": {"residual_scaling": "admin", "admin_init": "closed_form"},
@@ -319,6 +319,17 @@ def run(args: argparse.Namespace) -> dict[str, object]:
             cfg["serve_clients"], cfg["serve_time_limit_s"], args.quick, log,
             engines=args.serve_engines.split(",") if args.serve_engines else None, previous=previous)
 
+    if "serve_mixed" in args.sections:
+        from . import serve_load
+
+        # several models behind one `deepnmt serve`, mixed traffic, against each alone (benchmarks/serve_load.py)
+        if not args.model_dir or len(args.model_dir) < 2:
+            raise SystemExit("--sections serve_mixed needs two or more --model-dir folders, each recording its own "
+                             "language pair (e.g. an en→es and an es→en `deepnmt quickstart` model).")
+        results["serve_mixed"] = serve_load.mixed_section(
+            args.model_dir, args.engine_threads, cfg["serve_requests"], max(cfg["serve_clients"]),
+            cfg["serve_time_limit_s"], log)
+
     results["duration_s"] = time.perf_counter() - started
     return results
 
@@ -390,7 +401,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smoke mode: small batches, few repeats (~2 min)")
     parser.add_argument("--sections", default=None,
-                        help=f"comma-separated subset of {','.join(SECTIONS)} (default: all but serve; quick: "
+                        help=f"comma-separated subset of {','.join(SECTIONS)} (default: all but serve and serve_mixed; quick: "
                              "all but compile)")
     parser.add_argument("--sizes", default=None, help=f"comma-separated subset of {','.join(SIZES)}")
     parser.add_argument("--threads", type=int, default=1,
@@ -402,7 +413,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model-dir", default=None, nargs="+",
                         help="trained model folders for the engine_quality section (BLEU through every engine that "
                              "can run the model), one entry each, keyed by folder name; the serve section serves the "
-                             "first")
+                             "first, serve_mixed all of them in one server")
     parser.add_argument("--serve-requests", type=int, default=None,
                         help="serve section: requests per run (default 2000; quick: 40)")
     parser.add_argument("--serve-time-limit-s", type=float, default=None,
@@ -428,7 +439,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     args.command_line = "python -m benchmarks.run" + "".join(f" {shlex.quote(a)}" for a in (argv or sys.argv[1:]))
     # `serve` (tens of minutes, a trained model) runs only when named
-    default = QUICK_SECTIONS if args.quick else [s for s in SECTIONS if s != "serve" and
+    default = QUICK_SECTIONS if args.quick else [s for s in SECTIONS if s not in ("serve", "serve_mixed") and
                                                  (s not in ("gpu", "gpu_dtmt") or torch.cuda.is_available())]
     args.sections = args.sections.split(",") if args.sections else list(default)
     unknown = set(args.sections) - set(SECTIONS)

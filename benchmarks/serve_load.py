@@ -83,9 +83,10 @@ def test_set_requests(count: int, seed: int = 0) -> list[list[str]]:
 class ServerProcess:
     """`python -m hf_deepnmt_training.cli serve FOLDER --port 0 ...` with its port read from its log."""
 
-    def __init__(self, folder: Path, max_batch_size: int, threads: int, timeout_s: float = 300,
+    def __init__(self, folder: Path | Sequence[Path], max_batch_size: int, threads: int, timeout_s: float = 300,
                  search: str = "retiring", workers: int = 1) -> None:
-        command = [sys.executable, "-m", "hf_deepnmt_training.cli", "serve", str(folder), "--host", "127.0.0.1", "--port", "0",
+        folders = [str(folder)] if isinstance(folder, (str, Path)) else [str(each) for each in folder]
+        command = [sys.executable, "-m", "hf_deepnmt_training.cli", "serve", *folders, "--host", "127.0.0.1", "--port", "0",
                    "--threads", str(threads), "--max_batch_size", str(max_batch_size), "--workers", str(workers),
                    *(["--search", "retiring", "--continuous_batching"] if search == "continuous"
                      else ["--search", search])]
@@ -176,11 +177,14 @@ async def get(port: int, path: str) -> tuple[int, bytes]:
 
 
 async def load(port: int, requests: Sequence[list[str]], clients: int, time_limit_s: float,
-               parameters: dict[str, object]) -> dict[str, object]:
+               parameters: dict[str, object], routes: Sequence[str] | None = None,
+               route_parameters: dict[str, dict[str, object]] | None = None) -> dict[str, object]:
     """``clients`` connections send ``requests`` (each the next one not yet taken) until none is left or
-    ``time_limit_s`` has passed; what they measured."""
+    ``time_limit_s`` has passed; what they measured. ``routes``: a name per request (a language pair) whose
+    ``route_parameters`` join ``parameters``; the result then has a ``per_route`` entry of each one's figures."""
     latencies: list[float] = []
     sentences, errors, broken = 0, 0, 0
+    by_route: dict[str, dict[str, list]] = {}
     next_index = 0
     started = time.perf_counter()
 
@@ -188,9 +192,10 @@ async def load(port: int, requests: Sequence[list[str]], clients: int, time_limi
         nonlocal next_index, sentences, errors, broken
         connection = None
         while next_index < len(requests) and time.perf_counter() - started < time_limit_s:
-            texts = requests[next_index]
+            texts, route = requests[next_index], routes[next_index] if routes else None
             next_index += 1
-            body = json.dumps({"inputs": texts, **({"parameters": parameters} if parameters else {})}).encode()
+            sent_parameters = {**parameters, **((route_parameters or {}).get(route) or {})}
+            body = json.dumps({"inputs": texts, **({"parameters": sent_parameters} if sent_parameters else {})}).encode()
             sent = time.perf_counter()
             try:
                 if connection is None:
@@ -202,10 +207,17 @@ async def load(port: int, requests: Sequence[list[str]], clients: int, time_limi
                 continue
             latencies.append(time.perf_counter() - sent)
             answer = json.loads(payload) if status == 200 else None
+            mine = by_route.setdefault(route, {"latencies": [], "sentences": [0], "errors": [0]}) if routes else None
+            if mine is not None:
+                mine["latencies"].append(latencies[-1])
             if status == 200 and isinstance(answer, list) and len(answer) == len(texts):
                 sentences += len(texts)
+                if mine is not None:
+                    mine["sentences"][0] += len(texts)
             else:
                 errors += 1
+                if mine is not None:
+                    mine["errors"][0] += 1
             if not keep:
                 connection[1].close()
                 connection = None
@@ -219,10 +231,21 @@ async def load(port: int, requests: Sequence[list[str]], clients: int, time_limi
     def quantile(q: float) -> float | None:
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else None
 
-    return {"clients": clients, "requests": len(latencies) + broken, "sentences": sentences, "wall_s": wall,
-            "sentences_per_s": sentences / wall if wall else 0.0, "p50_s": quantile(0.5), "p99_s": quantile(0.99),
-            "mean_s": statistics.fmean(latencies) if latencies else None, "errors": errors + broken,
-            "time_limited": len(latencies) + broken < len(requests)}
+    result = {"clients": clients, "requests": len(latencies) + broken, "sentences": sentences, "wall_s": wall,
+              "sentences_per_s": sentences / wall if wall else 0.0, "p50_s": quantile(0.5), "p99_s": quantile(0.99),
+              "mean_s": statistics.fmean(latencies) if latencies else None, "errors": errors + broken,
+              "time_limited": len(latencies) + broken < len(requests)}
+    if routes:
+        result["per_route"] = {}
+        for route, mine in by_route.items():
+            ordered_route = sorted(mine["latencies"])
+            result["per_route"][route] = {
+                "requests": len(ordered_route), "sentences": mine["sentences"][0], "errors": mine["errors"][0],
+                "sentences_per_s": mine["sentences"][0] / wall if wall else 0.0,
+                "p50_s": ordered_route[len(ordered_route) // 2] if ordered_route else None,
+                "p99_s": ordered_route[min(len(ordered_route) - 1, int(0.99 * len(ordered_route)))]
+                if ordered_route else None}
+    return result
 
 
 # ------------------------------------------------------------------------------------------------ the section
@@ -401,3 +424,76 @@ def goal(result: dict[str, object]) -> dict[str, dict[str, object]]:
                               "met": bool(speedup and speedup >= GOAL_SPEEDUP and dynamic["p99_s"] is not None
                                           and dynamic["p99_s"] < GOAL_P99_S and errors == 0)}
     return verdicts
+
+
+# ------------------------------------------------------------------------------------------------ several models
+def recorded_pair(folder: str | Path) -> tuple[str, str]:
+    """The one ``(source, target)`` a saved model folder records (`record_language_pair`)."""
+    config = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
+    pairs = [name.removeprefix("translation_").split("_to_") for name in config.get("task_specific_params") or {}
+             if name.startswith("translation_") and "_to_" in name]
+    if len(pairs) != 1:
+        raise SystemExit(f"--model-dir {folder} records {len(pairs)} language pairs; serve_mixed needs one each.")
+    return pairs[0][0], pairs[0][1]
+
+
+def language_requests(count: int, language: str, seed: int = 0) -> list[list[str]]:
+    """`test_set_requests` in ``language`` (a side of the embedded test set)."""
+    from hf_deepnmt_training.corpus import corpus_dir
+
+    with gzip.open(corpus_dir() / "test.jsonl.gz", "rt", encoding="utf-8") as handle:
+        verses = [json.loads(line)["translation"][language] for line in handle]
+    rng = random.Random(seed)
+    requests, position = [], 0
+    for _ in range(count):
+        size = rng.randint(1, 3)
+        requests.append([verses[(position + i) % len(verses)] for i in range(size)])
+        position += size
+    return requests
+
+
+def mixed_section(model_dirs: Sequence[str], threads: int, requests: int, clients: int, time_limit_s: float,
+                  log: Callable[[str], None], workers: int = 1) -> dict[str, object]:
+    """Section ``serve_mixed`` (issue 62): several models behind one `deepnmt serve`, each request routed by the
+    language pair its parameters name (``src_lang`` / ``tgt_lang``), against each model alone in a server of the same
+    flags (``--threads``, ``--workers``, ``--max_batch_size 32``). Alone: ``requests`` requests of 1–3 test verses
+    in the model's source language; mixed: all of them, shuffled (seeded), so each model gets the same requests as
+    alone. ``clients`` connections; per model sentences/s, p50 and p99 in both, and the whole."""
+    pairs = {str(folder): recorded_pair(folder) for folder in model_dirs}
+    names = {folder: f"{source}-{target}" for folder, (source, target) in pairs.items()}
+    workloads = {folder: language_requests(requests, pairs[folder][0], seed=index)
+                 for index, folder in enumerate(pairs)}
+    route_parameters = {names[folder]: {"src_lang": source, "tgt_lang": target}
+                        for folder, (source, target) in pairs.items()}
+    result: dict[str, object] = {"models": {names[folder]: folder for folder in pairs}, "threads": threads,
+                                 "workers": workers, "max_batch_size": 32, "requests_per_model": requests,
+                                 "clients": clients, "time_limit_s": time_limit_s, "alone": {}, "mixed": None}
+
+    def serve(folders: Sequence[str], requests_: list[list[str]], routes: list[str]) -> dict[str, object]:
+        server = ServerProcess([Path(folder) for folder in folders], 32, threads, workers=workers)
+        try:
+            warm = [(text, route) for text, route in zip(requests_, routes)][:4 * len(folders)]
+            asyncio.run(load(server.port, [text for text, _ in warm], 1, 60, {}, [route for _, route in warm],
+                             route_parameters))
+            cell = asyncio.run(load(server.port, requests_, clients, time_limit_s, {}, routes, route_parameters))
+        finally:
+            cell_status = server.stop()
+        cell["exit_status"] = cell_status
+        return cell
+
+    for folder in pairs:
+        log(f"serve_mixed: {names[folder]} alone, {clients} clients, {requests} requests")
+        cell = serve([folder], workloads[folder], [names[folder]] * requests)
+        result["alone"][names[folder]] = cell
+        log(f"serve_mixed: {names[folder]} alone: {cell['sentences_per_s']:.2f} sentences/s, p99 {cell['p99_s']:.2f} s, "
+            f"{cell['errors']} errors")
+    tagged = [(request, names[folder]) for folder in pairs for request in workloads[folder]]
+    random.Random(0).shuffle(tagged)
+    log(f"serve_mixed: {', '.join(names.values())} in one server, {clients} clients, {len(tagged)} requests")
+    cell = serve(list(pairs), [request for request, _ in tagged], [route for _, route in tagged])
+    result["mixed"] = cell
+    for route, figures in cell["per_route"].items():
+        log(f"serve_mixed: {route} mixed: {figures['sentences_per_s']:.2f} sentences/s, p99 {figures['p99_s']:.2f} s, "
+            f"{figures['errors']} errors")
+    return result
+
