@@ -66,17 +66,7 @@ QUICKSTART_COMMAND = "deepnmt quickstart --output_dir runs/quickstart"
 
 def test_set_requests(count: int, seed: int = 0) -> list[list[str]]:
     """``count`` requests of 1–3 consecutive English verses of the embedded test set (seeded, cycling)."""
-    from hf_deepnmt_training.corpus import corpus_dir
-
-    with gzip.open(corpus_dir() / "test.jsonl.gz", "rt", encoding="utf-8") as handle:
-        verses = [json.loads(line)["translation"]["en"] for line in handle]
-    rng = random.Random(seed)
-    requests, position = [], 0
-    for _ in range(count):
-        size = rng.randint(1, 3)
-        requests.append([verses[(position + i) % len(verses)] for i in range(size)])
-        position += size
-    return requests
+    return language_requests(count, "en", seed)
 
 
 # ------------------------------------------------------------------------------------------------ the server
@@ -438,7 +428,7 @@ def recorded_pair(folder: str | Path) -> tuple[str, str]:
 
 
 def language_requests(count: int, language: str, seed: int = 0) -> list[list[str]]:
-    """`test_set_requests` in ``language`` (a side of the embedded test set)."""
+    """``count`` requests of 1–3 consecutive verses of the embedded test set in ``language`` (seeded, cycling)."""
     from hf_deepnmt_training.corpus import corpus_dir
 
     with gzip.open(corpus_dir() / "test.jsonl.gz", "rt", encoding="utf-8") as handle:
