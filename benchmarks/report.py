@@ -846,12 +846,16 @@ def _serve_mixed(results: dict) -> list[str]:
                      _num(shared.get("p99_s"), 2), f"{alone['errors']} / {shared.get('errors', 0)}"])
     whole = mixed["mixed"]
     alone_sum = sum(cell["sentences_per_s"] for cell in mixed["alone"].values())
-    rows.append(["all (sum alone / one server)", _num(alone_sum, 2), _num(whole["sentences_per_s"], 2),
+    rows.append(["all: the alone runs added / the one server", _num(alone_sum, 2), _num(whole["sentences_per_s"], 2),
                  _ratio(whole["sentences_per_s"], alone_sum), "", _num(whole["p99_s"], 2), f"– / {whole['errors']}"])
     lines += _table(["model", "alone sentences/s", "mixed sentences/s", "mixed / alone", "alone p99 s",
                      "mixed p99 s", "errors alone / mixed"], rows)
     exits = {name: cell["exit_status"] for name, cell in mixed["alone"].items()} | {"mixed": whole["exit_status"]}
-    lines += ["", "Every server stopped by SIGTERM exited with status "
+    lines += ["", "The alone runs ran one after the other, each with the whole machine: their sum is what the models "
+              "give on machines of their own, not what one machine can give. In the one server every worker, the "
+              "event loop and this harness' clients share the machine's "
+              f"{run.get('machine', {}).get('logical_cpus', 'few')} cores.",
+              "", "Every server stopped by SIGTERM exited with status "
               + ("0." if set(exits.values()) == {0} else f"{exits}.")]
     return lines
 

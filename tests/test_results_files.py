@@ -120,6 +120,8 @@ RENDERED: dict[str, Renderer] = {
     "li2022_cad_crt_cost.md": Renderer("li2022_regime", "write_markdown", "li2022_cad_crt_cost.json", "markdown"),
     "li2022_miniature.md": Renderer("li2022_miniature", "write_markdown", "li2022_miniature.json", "markdown"),
     "li2022_regime_step1.md": Renderer("li2022_regime", "write_markdown", "li2022_regime_step1.json", "markdown"),
+    "public_checkpoint_study.md": Renderer("public_checkpoint_study", "render", "public_checkpoint_study.json",
+                                           "folder"),
     "quickstart_probes.md": Renderer("quickstart_probes", "render", "quickstart_probes.json", "folder"),
     "retiring_search.md": Renderer("retiring_search", "render", "retiring_search.json", "folder"),
     "train_defaults.md": Renderer("train_defaults", "render", "train_defaults.json", "folder"),
