@@ -19,23 +19,64 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+# Installs a package into an empty Argos folder and prints each text's hypotheses as JSON: argv = package, a JSON
+# file of texts, source code, target code, number of hypotheses.
 ARGOS_RUN = """
 import json, sys
 import argostranslate.package, argostranslate.translate
 
-class OneSentence:
+class OneSentence:  # Argos's own splitter downloads a MiniSBD model on first use; offline, each text is one sentence
     def split_sentences(self, text):
         return [text]
 
 argostranslate.package.install_from_path(sys.argv[1])
 languages = {language.code: language for language in argostranslate.translate.get_installed_languages()}
 translation = languages[sys.argv[3]].get_translation(languages[sys.argv[4]])
-getattr(translation, "underlying", translation).sentencizer = OneSentence()
-print(json.dumps([translation.translate(text) for text in json.load(open(sys.argv[2], encoding="utf-8"))]))
+getattr(translation, "underlying", translation).sentencizer = OneSentence()  # under Argos's cache wrapper
+texts, count = json.load(open(sys.argv[2], encoding="utf-8")), int(sys.argv[5])
+print(json.dumps({"languages": sorted(languages), "translations": [
+    [hypothesis.value for hypothesis in translation.hypotheses(text, num_hypotheses=count)] for text in texts]}))
 """
+
+
+def argos_translations(package: Path, texts: Sequence[str], source: str, target: str, hypotheses: int,
+                       work: Path) -> tuple[list[str], list[list[str]]]:
+    """The languages Argos lists and each text's ``hypotheses`` translations, from ``package`` installed by
+    ``argostranslate`` into an empty folder under ``work`` (``ARGOS_COMPUTE_TYPE=default``: the weights as
+    exported), in a process of its own (Argos reads its settings from the environment at import)."""
+    (work / "texts.json").write_text(json.dumps(list(texts)), encoding="utf-8")
+    environment = {**os.environ, "ARGOS_PACKAGES_DIR": str(work / "packages"), "HOME": str(work / "home"),
+                   "XDG_DATA_HOME": str(work / "data"), "XDG_CACHE_HOME": str(work / "cache"),
+                   "XDG_CONFIG_HOME": str(work / "config"), "ARGOS_DEVICE_TYPE": "cpu", "ARGOS_INTRA_THREADS": "1",
+                   "OMP_NUM_THREADS": "1", "ARGOS_COMPUTE_TYPE": "default"}  # "auto" lets CTranslate2 quantize
+    run = subprocess.run([sys.executable, "-c", ARGOS_RUN, str(package), str(work / "texts.json"), source, target,
+                          str(hypotheses)], env=environment, capture_output=True, text=True)
+    if run.returncode != 0:
+        raise RuntimeError(f"argostranslate failed:\n{run.stderr[-3000:]}")
+    answer = json.loads(run.stdout.strip().splitlines()[-1])
+    return answer["languages"], answer["translations"]
+
+
+def ctranslate2_translations(folder: Path, tokenizer: Any, texts: Sequence[str], hypotheses: int) -> tuple[
+        list[list[str]], list[list[str]]]:
+    """What CTranslate2 gives for our ``--format ctranslate2`` export in ``folder``, fed our tokenizer's ids, with
+    Argos's search (beam max(4, hypotheses), length penalty 0.2, ``replace_unknowns``): each text's token lists and
+    their texts (decoded as Argos decodes: ``_`` also becomes a space)."""
+    import ctranslate2
+
+    translator = ctranslate2.Translator(str(folder), device="cpu", intra_threads=1)
+    results = translator.translate_batch(
+        [tokenizer.convert_ids_to_tokens(tokenizer(text)["input_ids"]) for text in texts],
+        beam_size=max(4, hypotheses), num_hypotheses=hypotheses, length_penalty=0.2, replace_unknowns=True,
+        max_batch_size=32, batch_type="tokens")
+    tokens = [list(result.hypotheses) for result in results]
+    return tokens, [[tokenizer.decode(tokenizer.convert_tokens_to_ids(each), skip_special_tokens=True)
+                     .replace("_", " ") for each in hypotheses_] for hypotheses_ in tokens]
 
 
 def deepnmt(*arguments: str) -> None:
@@ -48,7 +89,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sentences", type=int, default=998, help="Test verses to translate (default: all 998).")
     args = parser.parse_args(argv)
 
-    import ctranslate2
     import sacrebleu
     from transformers import AutoTokenizer
 
@@ -64,21 +104,11 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(scratch)
         deepnmt("export", args.model, str(work / "argos"), "--format", "argos")
         deepnmt("export", args.model, str(work / "ct2"), "--format", "ctranslate2")
-        (work / "texts.json").write_text(json.dumps(texts), encoding="utf-8")
-        environment = {**os.environ, "ARGOS_PACKAGES_DIR": str(work / "packages"), "ARGOS_COMPUTE_TYPE": "default",
-                       "ARGOS_INTRA_THREADS": "1", "OMP_NUM_THREADS": "1"}
         package = next((work / "argos").glob("*.argosmodel"))
-        run = subprocess.run([sys.executable, "-c", ARGOS_RUN, str(package), str(work / "texts.json"), source, target],
-                             env=environment, capture_output=True, text=True, check=True)
-        argos = json.loads(run.stdout.strip().splitlines()[-1])
-        tokenizer = AutoTokenizer.from_pretrained(work / "ct2")
-        translator = ctranslate2.Translator(str(work / "ct2"), device="cpu", intra_threads=1)
-        results = translator.translate_batch(
-            [tokenizer.convert_ids_to_tokens(tokenizer(text)["input_ids"]) for text in texts], beam_size=4,
-            length_penalty=0.2, replace_unknowns=True, max_batch_size=32, batch_type="tokens")
-    # Argos's decoder also turns "_" into a space
-    ours = [tokenizer.decode(tokenizer.convert_tokens_to_ids(result.hypotheses[0]), skip_special_tokens=True)
-            .replace("_", " ") for result in results]
+        _, translations = argos_translations(package, texts, source, target, 1, work)
+        argos = [hypotheses[0] for hypotheses in translations]
+        _, decoded = ctranslate2_translations(work / "ct2", AutoTokenizer.from_pretrained(work / "ct2"), texts, 1)
+    ours = [hypotheses[0] for hypotheses in decoded]
     same = sum(a == b for a, b in zip(argos, ours))
     print(f"{args.model} ({source}→{target}), {len(texts)} test verses: Argos's output identical to CTranslate2 on "
           f"our export with the same search for {same}/{len(texts)}; BLEU through Argos "

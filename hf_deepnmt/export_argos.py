@@ -119,6 +119,8 @@ def sentencepiece_model(tokenizer: Any) -> bytes:
 
     data = _tokenizer_json(tokenizer)
     vocab: dict[str, int] = data["model"]["vocab"]
+    if sorted(vocab.values()) != list(range(len(vocab))):  # a SentencePiece model's ids are its pieces' positions
+        raise _tokenizer_refusal("has gaps in its ids")
     merges = [tuple(merge.split(" ")) if isinstance(merge, str) else tuple(merge) for merge in data["model"]["merges"]]
     rank = {left + right: index for index, (left, right) in enumerate(merges)}
     proto = model_pb2.ModelProto()
@@ -142,9 +144,6 @@ def sentencepiece_model(tokenizer: Any) -> bytes:
         else:
             piece.type = piece_type.NORMAL
             piece.score = -float(rank[token]) if token in rank else lowest
-    if [piece.piece for piece in proto.pieces] != sorted(vocab, key=vocab.__getitem__) or len(proto.pieces) != len(
-            set(vocab.values())) or max(vocab.values()) != len(vocab) - 1:
-        raise _tokenizer_refusal("has gaps in its ids")
     return proto.SerializeToString()
 
 

@@ -12,14 +12,13 @@ import gzip
 import importlib
 import json
 import os
-import subprocess
-import sys
-import textwrap
 import zipfile
 
 import pytest
 from conftest import PARALLEL, tiny_model
 from export_cases import train_until_lengths_vary, variant_model
+
+from benchmarks.argos_parity import argos_translations, ctranslate2_translations
 
 from hf_deepnmt.errors import UserInputError
 from hf_deepnmt.export import export_model
@@ -94,24 +93,6 @@ def test_only_our_bpe_tokenizer_is_carried(tiny_tokenizer, tmp_path):
     assert not any((tmp_path / name).exists() for name in ("none", "nfc", "short"))
 
 
-ARGOS_RUN = textwrap.dedent("""
-    import json, sys
-    import argostranslate.package, argostranslate.translate
-
-    class OneSentence:  # Argos's own splitter downloads a MiniSBD model on first use; offline, each text is one
-        def split_sentences(self, text):
-            return [text]
-
-    argostranslate.package.install_from_path(sys.argv[1])
-    languages = {language.code: language for language in argostranslate.translate.get_installed_languages()}
-    translation = languages["en"].get_translation(languages["es"])
-    getattr(translation, "underlying", translation).sentencizer = OneSentence()  # under Argos's cache wrapper
-    texts = json.loads(sys.argv[2])
-    print(json.dumps({"languages": sorted(languages), "translations": [
-        [hypothesis.value for hypothesis in translation.hypotheses(text, num_hypotheses=2)] for text in texts]}))
-""")
-
-
 @pytest.mark.integration
 @pytest.mark.parametrize("variant, trained", [("post_ln", True), ("admin_folded", True), ("post_ln", False)])
 def test_argostranslate_installs_the_package_and_translates_as_ctranslate2_runs_our_export(variant, trained,
@@ -120,8 +101,6 @@ def test_argostranslate_installs_the_package_and_translates_as_ctranslate2_runs_
     and Argos's translations (its search: beam 4, length penalty 0.2, 2 hypotheses) are what CTranslate2 gives for
     our own export with our tokenizer's ids and the same search — trained models (hypotheses end at varied lengths)
     and a random one (every hypothesis runs to the 256-token limit, which 256 positions reach)."""
-    import ctranslate2
-
     # Argos decodes up to CTranslate2's default 256 tokens: 256 positions (the quickstart model's) reach that far
     make = lambda: variant_model(variant, len(tiny_tokenizer), max_position_embeddings=256)  # noqa: E731
     model = train_until_lengths_vary(make, tiny_tokenizer) if trained else make()
@@ -138,23 +117,10 @@ def test_argostranslate_installs_the_package_and_translates_as_ctranslate2_runs_
             "translate-en_es/model/model.bin"} <= set(names)
 
     texts = [source for source, _ in PARALLEL[:4]] + ["The light was good."]
-    environment = {**os.environ, "ARGOS_PACKAGES_DIR": str(tmp_path / "packages"), "HOME": str(tmp_path / "home"),
-                   "XDG_DATA_HOME": str(tmp_path / "data"), "XDG_CACHE_HOME": str(tmp_path / "cache"),
-                   "XDG_CONFIG_HOME": str(tmp_path / "config"), "ARGOS_DEVICE_TYPE": "cpu", "OMP_NUM_THREADS": "1",
-                   "ARGOS_COMPUTE_TYPE": "default"}  # Argos's "auto" lets CTranslate2 quantize on load
-    run = subprocess.run([sys.executable, "-c", ARGOS_RUN, str(package), json.dumps(texts)], env=environment,
-                         capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-3000:]
-    argos = json.loads(run.stdout.strip().splitlines()[-1])
-    assert argos["languages"] == ["en", "es"]
-
-    translator = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu", intra_threads=1)
-    sources = [tiny_tokenizer.convert_ids_to_tokens(tiny_tokenizer(text)["input_ids"]) for text in texts]
-    results = translator.translate_batch(sources, beam_size=4, num_hypotheses=2, length_penalty=0.2,
-                                         replace_unknowns=True)
-    expected = [[tiny_tokenizer.decode(tiny_tokenizer.convert_tokens_to_ids(tokens), skip_special_tokens=True)
-                 for tokens in result.hypotheses] for result in results]
-    assert argos["translations"] == expected
+    languages, argos = argos_translations(package, texts, "en", "es", 2, tmp_path)
+    assert languages == ["en", "es"]
+    tokens, expected = ctranslate2_translations(tmp_path / "ct2", tiny_tokenizer, texts, 2)
+    assert argos == expected
     assert any(len(set(hypotheses)) == 2 for hypotheses in expected)  # the searches have something to agree on
     if not trained:  # random weights run to Argos's 256-token limit: the model's 256 positions are all read
-        assert max(len(hypothesis) for result in results for hypothesis in result.hypotheses) == 256
+        assert max(len(hypothesis) for hypotheses in tokens for hypothesis in hypotheses) == 256

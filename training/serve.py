@@ -148,7 +148,7 @@ def choose_engine(folder: str | os.PathLike, requested: str | None, cuda: bool =
             raise CommandLineError(f"MODEL_DIR {folder}: {manifest.name} is not a `deepnmt export` manifest "
                                    f"({error}); export the model again.") from None
         if export_format == "argos":
-            raise CommandLineError(f"MODEL_DIR {folder} holds an Argos Translate package, which argostranslate (or "
+            raise CommandLineError(f"{folder} holds an Argos Translate package, which argostranslate (or "
                                    f"LibreTranslate) runs; {command} the model folder it was exported from, or its "
                                    "`deepnmt export --format ctranslate2` export.")
         own = "torch" if export_format == "marian" else export_format
