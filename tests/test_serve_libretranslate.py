@@ -51,7 +51,7 @@ from test_serve import Server, parse_prometheus  # noqa: E402
 
 from hf_deepnmt_training.errors import CommandLineError  # noqa: E402
 from hf_deepnmt_training.serve import plan_models  # noqa: E402
-from hf_deepnmt_training.serve_libretranslate import ApiError, ApiKeys, read_api_keys  # noqa: E402
+from hf_deepnmt_training.serve_libretranslate import ApiError, ApiKeys, read_api_keys, read_form  # noqa: E402
 
 KEY, TIGHT_KEY = "k3y-open-0123456789", "k3y-tight-abcdef"  # TIGHT_KEY: 3 requests a minute
 ENGLISH = ["The earth was without form and void.", "And God saw the light, that it was good."]
@@ -508,3 +508,17 @@ def test_the_command_line_refuses_two_models_of_one_pair_and_a_bad_key_file_in_o
         error = capsys.readouterr().err.strip().splitlines()
         assert len(error) == 1 and error[0].startswith(f"deepnmt serve: {sentence}"), (argv, error)
         assert "bad-key" not in error[0]
+
+
+def test_a_request_body_is_json_or_a_form_and_curls_unlabelled_json_is_json():
+    """LibreTranslate's clients send JSON or a form; `curl -d '{...}'` (the README's call without a Content-Type)
+    labels a JSON object as a form, and it is read as the JSON it is; anything else is one 400 sentence."""
+    request = {"q": "Hola", "source": "es", "target": "en", "api_key": "KEY"}
+    body = json.dumps(request).encode()
+    assert read_form(body, "application/json; charset=utf-8") == request
+    assert read_form(body, "application/x-www-form-urlencoded") == request
+    assert read_form(b"q=a&q=b&source=es", "application/x-www-form-urlencoded") == {"q": ["a", "b"], "source": "es"}
+    with pytest.raises(ApiError, match="not valid JSON"):
+        read_form(b"{not json", "application/x-www-form-urlencoded")
+    with pytest.raises(ApiError, match="Content-Type 'text/plain' is not allowed"):
+        read_form(body, "text/plain")

@@ -119,8 +119,11 @@ def bearer(authorization: str | None) -> str | None:
 # ------------------------------------------------------------------------------------------------ request bodies
 def read_form(body: bytes, content_type: str) -> dict[str, Any]:
     """A LibreTranslate request's fields: a JSON object, or a form-encoded body (a field given several times, such
-    as ``q``, becomes a list). Raises `ApiError` 400 for anything else."""
+    as ``q``, becomes a list); a JSON object sent as a form (curl's ``-d`` without a Content-Type) is read as JSON.
+    Raises `ApiError` 400 for anything else."""
     kind = content_type.split(";")[0].strip().lower()
+    if kind in ("application/x-www-form-urlencoded", "") and body.lstrip()[:1] == b"{":
+        kind = "application/json"  # `curl -d '{...}'` labels JSON as a form; no form field starts with "{"
     if kind == "application/json":
         try:
             data = json.loads(body)
