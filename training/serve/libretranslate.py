@@ -20,7 +20,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
-from .errors import CommandLineError
+from ..errors import CommandLineError
 
 RATE_WINDOW_S = 60.0  # the sliding window of a key's requests-per-minute limit
 SPACES = " \t\r\n\f"  # HTML's whitespace: what stays around a translated text piece as it was

@@ -66,7 +66,7 @@ from pathlib import Path
 from queue import SimpleQueue
 from typing import Any, Protocol
 
-from .errors import CommandLineError
+from ..errors import CommandLineError
 
 logger = logging.getLogger("deepnmt.serve")
 
@@ -1097,9 +1097,10 @@ class ServerState:
         self.label = f"{pair[0]}-{pair[1]}" if pair else "model"
         self.engine = engine
         self.folder = folder
-        self.loader = loader or (lambda: load_translator(engine, folder, options.threads, options.max_input_tokens,
-                                                         options.search, options.continuous_batching,
-                                                         options.workers or 1))
+        # `load_translator` as the package holds it when the model loads: tests/serve_fault_worker.py replaces it
+        self.loader = loader or (lambda: sys.modules[__package__].load_translator(
+            engine, folder, options.threads, options.max_input_tokens, options.search, options.continuous_batching,
+            options.workers or 1))
         if spawner is None and loader is None and not options.continuous_batching:
             spawner = self._spawn_process
         self.spawner = spawner or self.loader
@@ -1279,7 +1280,7 @@ class Service:
     def choose(self, parameters: dict[str, Any]) -> ServerState:
         """The model of a payload request: the only one, or the one whose pair ``parameters.src_lang`` /
         ``tgt_lang`` name (`ApiError` 400 otherwise)."""
-        from .serve_libretranslate import ApiError
+        from .libretranslate import ApiError
 
         if len(self.states) == 1:
             return self.states[0]
@@ -1299,7 +1300,7 @@ class Service:
                             "and `parameters.tgt_lang`.", "no_pair")
 
     def pair_state(self, source: str, target: str) -> ServerState:
-        from .serve_libretranslate import ApiError
+        from .libretranslate import ApiError
 
         state = self.by_pair.get((source, target))
         if state is None:
@@ -1309,7 +1310,7 @@ class Service:
 
     def confidences(self, text: str) -> list[tuple[str, float]]:
         """The served source languages with the detector's confidence (0-100) that ``text`` is in each, best first."""
-        from .serve_libretranslate import ApiError, LanguageDetector
+        from .libretranslate import ApiError, LanguageDetector
 
         if not self.sources:
             raise ApiError(400, "this server's model records no language pair, so it cannot detect a language; "
@@ -1320,7 +1321,7 @@ class Service:
 
     def detect_for(self, text: str, target: str) -> tuple[str, float]:
         """``text``'s detected source language (and confidence) for a translation into ``target``."""
-        from .serve_libretranslate import ApiError
+        from .libretranslate import ApiError
 
         if not text.strip():  # nothing to detect: the first language translated into `target`
             return next(source for source, into in self.pairs if into == target), 0.0
@@ -1341,7 +1342,7 @@ def build_app(service: Service | ServerState) -> Any:
     from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
 
-    from .serve_libretranslate import (ApiError, HtmlDocument, alternatives_field, bearer, language_name, read_form,
+    from .libretranslate import (ApiError, HtmlDocument, alternatives_field, bearer, language_name, read_form,
                                        text_field, texts_field)
 
     if isinstance(service, ServerState):
@@ -1712,7 +1713,7 @@ class ServedModel:
 def plan_models(folders: Sequence[str], engine: str | None, cuda: bool) -> list[ServedModel]:
     """Each folder's engine and recorded pair; one `CommandLineError` sentence when several models are served and one
     records no single pair (requests are routed by pair), or when two record the same pair."""
-    from .arguments import saved_language_pairs
+    from ..arguments import saved_language_pairs
 
     models = []
     for given in folders:
@@ -1752,7 +1753,7 @@ def serve(options: ServeOptions, loader: Callable[[], Translator] | None = None)
     error is raised (one sentence for a user's mistake, through the command line)."""
     import uvicorn
 
-    from .serve_libretranslate import ApiKeys, read_api_keys
+    from .libretranslate import ApiKeys, read_api_keys
 
     cuda = False
     if options.engine in (None, "torch"):
