@@ -39,7 +39,7 @@ from torch import nn
 from torch.nn import init
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.activations import ACT2FN
-from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+from transformers.cache_utils import EncoderDecoderCache
 from transformers.utils import logging
 from transformers.modeling_outputs import (
     BaseModelOutput,
@@ -51,14 +51,13 @@ from .attention import (
     DeepTransformerAttention,
     RealPositions,
     additive_mask,
-    beam_search_cache,
     decoder_self_attention_mask,
-    ensure_cache_slots,
     multi_layer_cache_slot,
     padding_mask,
     real_positions,
 )
 from .aggregation import AggregationFunction, AggregationRun, LayerAggregation, LinearCombination
+from .cache_deep_transformer import DecoderCacheMixin, GenerationCacheMixin
 from .configuration_deep_transformer import (
     AdminTransformerConfig,
     DeepRepresentationTransformerConfig,
@@ -81,7 +80,6 @@ from .losses import (
     translation_nll_objective,
 )
 from .modeling_common import (
-    CACHE_NAME,
     DeepTransformerSeq2SeqLMOutput,
     HubReadyMixin,
     ScaledEmbedding,
@@ -540,8 +538,8 @@ class DeepTransformerEncoder(_DeepTransformerStack):
         return output if return_dict is not False else output.to_tuple()
 
 
-class DeepTransformerDecoder(_DeepTransformerStack):
-    """``decoder_layers`` decoder layers; incremental decoding through `EncoderDecoderCache`."""
+class DeepTransformerDecoder(DecoderCacheMixin, _DeepTransformerStack):
+    """``decoder_layers`` decoder layers; incremental decoding through `EncoderDecoderCache` (`DecoderCacheMixin`)."""
 
     main_input_name = "input_ids"
 
@@ -603,37 +601,6 @@ class DeepTransformerDecoder(_DeepTransformerStack):
             return draws.view(1, 1, 1)  # one group: broadcasts over every row
         rows = torch.cat([draws[group].expand(size) for group, size in enumerate(sizes)])  # (R,)
         return rows[:, None, None]  # (R, 1, 1)
-
-    def project_memory(self, encoder_hidden_states: torch.Tensor, cache: EncoderDecoderCache) -> None:
-        """Project the encoder states into the keys and values of every cross-attention and keep them in ``cache``,
-        as the first decoding step does lazily; the ONNX export's encoder graph does it up front
-        (docs/fast-inference.md)."""
-        for layer in self.layers:
-            if layer.encoder_attn is not None:
-                layer.encoder_attn.memory(encoder_hidden_states, cache)
-
-    def holds_memory(self, cache: EncoderDecoderCache | None) -> bool:
-        """Whether ``cache`` already holds the keys and values of every cross-attention (no encoder states needed)."""
-        return cache is not None and all(cache.is_updated.get(layer.layer_idx, False) for layer in self.layers
-                                         if layer.encoder_attn is not None)
-
-    def _decoding_cache(self, past_key_values: EncoderDecoderCache | None,
-                        use_cache: bool | None) -> tuple[EncoderDecoderCache | None, bool]:
-        """The cache this pass reads and extends (None: no incremental decoding) and whether it is returned."""
-        use_cache = use_cache if use_cache is not None else self.config.use_cache
-        if self.gradient_checkpointing and self.training:
-            use_cache = False  # a cache written during the forward would be written again by the recomputation
-        cache = past_key_values if use_cache else None
-        if use_cache and cache is None:
-            cache = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
-        if cache is not None and not isinstance(cache, EncoderDecoderCache):
-            raise TypeError(
-                f"{type(self).__name__}: `past_key_values` must be an EncoderDecoderCache, got {type(cache).__name__}."
-            )
-        if cache is not None and self.config.multi_layer_attention_k > 1:
-            # Eq. (8) dou2018: one self-attention key/value slot per layer and attended source layer
-            ensure_cache_slots(cache.self_attention_cache, self.config.multi_layer_attention_k * len(self.layers))
-        return cache, use_cache
 
     def _attention_masks(self, attention_mask: torch.Tensor | None, encoder_attention_mask: torch.Tensor | None,
                          hidden_states: torch.Tensor, past_length: int) -> tuple[torch.Tensor | None, bool,
@@ -914,7 +881,8 @@ class DeepTransformerModel(DeepTransformerPreTrainedModel):
 
 
 
-class DeepTransformerForConditionalGeneration(TranslationGenerationMixin, DeepTransformerPreTrainedModel, GenerationMixin):
+class DeepTransformerForConditionalGeneration(GenerationCacheMixin, TranslationGenerationMixin,
+                                              DeepTransformerPreTrainedModel, GenerationMixin):
     """`DeepTransformerModel` + output projection (tied to the shared embedding by default); generates with
     greedy search, beam search and sampling through `GenerationMixin` and `EncoderDecoderCache`.
 
@@ -946,37 +914,6 @@ class DeepTransformerForConditionalGeneration(TranslationGenerationMixin, DeepTr
 
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.model.set_input_embeddings(value)
-
-    def _add_generation_cache(self, kwargs: dict[str, Any]) -> None:
-        """transformers' beam search (`TranslationGenerationMixin.generate`) starts from `beam_search_cache` (the
-        same beams and scores, one copy of the self-attention cache per step instead of two) unless the call brings
-        its own cache, a ``cache_implementation`` or ``use_cache=False``."""
-        settings = kwargs.get("generation_config") or self.generation_config
-        beams = kwargs.get("num_beams", settings.num_beams) or 1
-        own = any(kwargs.get(name) is not None for name in ("cache", "past_key_values", "cache_implementation"))
-        if (beams > 1 and not own and kwargs.get("use_cache", settings.use_cache) is not False
-                and settings.cache_implementation is None and not torch.compiler.is_compiling()):
-            kwargs[CACHE_NAME] = self.beam_search_cache()
-
-    def beam_search_cache(self) -> EncoderDecoderCache:
-        """An empty decoding cache for beam search whose self-attention layers gather each step's reordered rows
-        straight into the grown cache (`hf_deepnmt.attention.DeferredReorderLayer`; the retiring search uses it)."""
-        return beam_search_cache(self.config.decoder_layers)
-
-    def _reorder_cache(self, past_key_values: EncoderDecoderCache, beam_idx: torch.LongTensor) -> EncoderDecoderCache:
-        """Beam search (called by `GenerationMixin` after every step): make the self-attention keys/values follow
-        the surviving hypotheses.
-
-        The cross-attention keys/values are not reordered, unlike `EncoderDecoderCache.reorder_cache`: beam search
-        only moves hypotheses within a sentence's beam group, and every row of a group holds the projection of the
-        same (expanded) encoder states, so that reorder would copy ``(B·beams, H, S, d_h)`` per layer and step and
-        change nothing. (The uncached path never reorders the encoder states either.)
-        """
-        if isinstance(past_key_values, EncoderDecoderCache):
-            past_key_values.self_attention_cache.reorder_cache(beam_idx)
-        else:
-            past_key_values.reorder_cache(beam_idx)
-        return past_key_values
 
     def forward(
         self,
