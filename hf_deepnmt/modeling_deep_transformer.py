@@ -40,7 +40,6 @@ from torch.nn import init
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.activations import ACT2FN
 from transformers.cache_utils import EncoderDecoderCache
-from transformers.utils import logging
 from transformers.modeling_outputs import (
     BaseModelOutput,
     BaseModelOutputWithPastAndCrossAttentions,
@@ -70,13 +69,10 @@ from .losses import (
     LossNormalizers,
     LossTerm,
     ald_term,
-    combine_terms,
     ddr_term,
     diversity_term,
     nll_terms,
-    resolve_normalizers,
     target_mask,
-    training_views,
     translation_nll_objective,
 )
 from .modeling_common import (
@@ -93,9 +89,8 @@ from .modeling_common import (
     output_cache,
 )
 from .errors import UserInputError
+from .objective_deep_transformer import TrainingObjectiveMixin
 from .handler import EndpointHandler  # noqa: F401  (so that save_pretrained copies handler.py)
-
-logger = logging.get_logger(__name__)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -881,7 +876,7 @@ class DeepTransformerModel(DeepTransformerPreTrainedModel):
 
 
 
-class DeepTransformerForConditionalGeneration(GenerationCacheMixin, TranslationGenerationMixin,
+class DeepTransformerForConditionalGeneration(GenerationCacheMixin, TrainingObjectiveMixin, TranslationGenerationMixin,
                                               DeepTransformerPreTrainedModel, GenerationMixin):
     """`DeepTransformerModel` + output projection (tied to the shared embedding by default); generates with
     greedy search, beam search and sampling through `GenerationMixin` and `EncoderDecoderCache`.
@@ -992,120 +987,18 @@ class DeepTransformerForConditionalGeneration(GenerationCacheMixin, TranslationG
                 source_tokens=torch.tensor(0), num_items_in_batch=num_items_in_batch)
         return self._lm_output(outputs, logits, loss, components, counts, return_dict)
 
-    def _warn_if_auxiliary_losses_go_untrained(self) -> None:
-        """A training-mode forward without labels computes no loss: li2022's DDR/ALD terms are not trained. (Not under
-        `torch.compile`, where a logging call would break the graph: the eager forward warns.)"""
-        if (self.config.ddr_weight > 0 or self.config.ald_weight > 0) and not torch.compiler.is_compiling():
-            logger.warning_once(
-                f"{type(self).__name__}: a training-mode forward without `labels` computes no loss, so the ddr/ald "
-                "terms of the config are not trained. A stock Trainer with label_smoothing_factor > 0 does this (it "
-                "removes the labels): use label_smoothing_factor=0 and config.label_smoothing instead, or "
-                "DeepNMTTrainer.")
-
-    @staticmethod
-    def _lm_output(outputs: Seq2SeqModelOutput, logits: torch.Tensor, loss: torch.Tensor | None,
-                   components: dict[str, torch.Tensor] | None, counts: dict[str, torch.Tensor] | None,
-                   return_dict: bool | None) -> DeepTransformerSeq2SeqLMOutput | tuple:
-        """The model's states and the logits projected from them, as transformers' seq2seq LM output."""
-        output = DeepTransformerSeq2SeqLMOutput(
-            loss=loss,
-            logits=logits,
-            **cache_field(output_cache(outputs)),
-            decoder_hidden_states=outputs.decoder_hidden_states,
-            decoder_attentions=outputs.decoder_attentions,
-            cross_attentions=outputs.cross_attentions,
-            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
-            encoder_hidden_states=outputs.encoder_hidden_states,
-            encoder_attentions=outputs.encoder_attentions,
-            loss_components=components,
-            loss_component_counts=counts,
-        )
-        return output if return_dict is not False else output.to_tuple()
-
-    def _training_objective(
-        self,
-        input_ids: torch.LongTensor | None,
-        attention_mask: torch.Tensor | None,
-        decoder_input_ids: torch.LongTensor | None,
-        decoder_attention_mask: torch.Tensor | None,
-        encoder_outputs: BaseModelOutput | tuple | None,
-        inputs_embeds: torch.Tensor | None,
-        decoder_inputs_embeds: torch.Tensor | None,
-        labels: torch.LongTensor,
-        output_attentions: bool | None,
-        output_hidden_states: bool | None,
-        num_items_in_batch: torch.Tensor | int | None,
-        loss_normalizers: LossNormalizers | None,
-        smoothing_epsilon: float | None,
-    ) -> DeepTransformerSeq2SeqLMOutput:
-        """The training objective in one model call (docs/training.md): every view of the batch li2022's
-        collapse-reducing training needs (`hf_deepnmt.losses.training_views`: X; DDR's second pass; ALD's X⁺, X⁻) goes
-        through **one** call of the base model, so DDP and gradient checkpointing see one ordinary forward; only X's
-        passes are projected to the vocabulary; each term (`hf_deepnmt.losses`: `nll_terms`, `ddr_term`, `ald_term`,
-        `diversity_term`) is a sum over its units divided by the step's count of them (`resolve_normalizers`).
-        """
-        config = self.config
-        crt = config.ddr_weight > 0.0 or config.ald_weight > 0.0
-        given = sorted(name for name, value in (("encoder_outputs", encoder_outputs), ("inputs_embeds", inputs_embeds),
-                                                 ("decoder_inputs_embeds", decoder_inputs_embeds)) if value is not None)
-        if crt and given:
-            raise UserInputError(f"{type(self).__name__}: li2022's DDR/ALD training objective needs input_ids and "
-                                 f"decoder ids (it builds several views of them); got {given} instead.")
-        self._warn_if_trainer_counts_pad_labels(labels, num_items_in_batch, loss_normalizers)
-        views = training_views(input_ids, attention_mask, config, labels.size(0))
-        diversity = config.diversity_stacks() if config.diversity_weight > 0.0 else ()
-        # each row's positions up to its last real label; later ones (label padding) are not computed (docs/transformer.md)
-        real = target_mask(labels, config.pad_token_id)  # (B, T)
-        steps = torch.arange(1, labels.size(1) + 1, device=labels.device)  # (T,) 1-based positions
-        lengths = views.per_pass(torch.where(real, steps, 0).amax(dim=-1, keepdim=True))  # (passes·B, 1)
-        outputs = self.model(
-            input_ids=views.encoder_input_ids(),
-            attention_mask=views.per_source(attention_mask),
-            decoder_input_ids=views.per_pass(decoder_input_ids),
-            decoder_attention_mask=views.per_pass(decoder_attention_mask),
-            encoder_outputs=encoder_outputs,
-            inputs_embeds=inputs_embeds,
-            decoder_inputs_embeds=decoder_inputs_embeds,
-            use_cache=False,
-            output_attentions=output_attentions,
-            output_hidden_states=bool(output_hidden_states) or bool(diversity),
-            encoder_row_index=views.encoder_row_index(labels.device),
-            drop_net_group_sizes=views.group_sizes(),
-            target_lengths=lengths[:, 0],
-        )
+    def _x_pass_logits(self, views: BatchViews, outputs: Seq2SeqModelOutput, steps: torch.Tensor,
+                       lengths: torch.Tensor) -> torch.Tensor:
+        """The output projection of X's passes (X, and DDR's second pass) ``(passes·B, T, V)``, at each row's
+        positions up to its last label ``lengths`` ``(passes·B, 1)``; ``steps``: the 1-based positions ``(T,)``."""
         x_passes = [p.name for p in views.passes if p.source == "x"]  # X, and DDR's second pass
         states = views.take(outputs.last_hidden_state, *x_passes)  # (passes·B, T, d)
         needed = steps[None, :] <= views.take(lengths, *x_passes)  # (passes·B, T)
         positions = real_positions(needed, self.training)
         if positions is None:
-            logits = self.lm_head(states)  # (passes·B, T, V)
-        else:  # the output projection of the needed positions only; zeros after each row's last label
-            logits = positions.unpack(self.lm_head(positions.pack(states)))  # (N, V) -> (passes·B, T, V)
-        terms = self._objective_terms(views, outputs, logits, labels, input_ids, attention_mask, diversity,
-                                      smoothing_epsilon)
-        source_mask = self._source_mask(input_ids, attention_mask, outputs.encoder_last_hidden_state, views)
-        b = views.size
-        local = {"target_tokens": terms[0].count, "source_tokens": source_mask.sum(),
-                 "sentences": torch.tensor(b, device=labels.device)}
-        loss, components, counts = combine_terms(terms, resolve_normalizers(local, loss_normalizers,
-                                                                            num_items_in_batch))
-
-        def first(states: tuple[torch.Tensor, ...] | None, encoder: bool = False) -> tuple | None:
-            return None if states is None else tuple(
-                views.take(h, "x", sources=encoder) for h in states)  # X's rows only
-
-        return DeepTransformerSeq2SeqLMOutput(
-            loss=loss,
-            logits=logits[:b],
-            encoder_last_hidden_state=views.take(outputs.encoder_last_hidden_state, "x", sources=True),
-            decoder_hidden_states=first(outputs.decoder_hidden_states) if output_hidden_states else None,
-            encoder_hidden_states=first(outputs.encoder_hidden_states, True) if output_hidden_states else None,
-            decoder_attentions=first(outputs.decoder_attentions),
-            cross_attentions=first(outputs.cross_attentions),
-            encoder_attentions=first(outputs.encoder_attentions, True),
-            loss_components=components,
-            loss_component_counts=counts,
-        )
+            return self.lm_head(states)  # (passes·B, T, V)
+        # the output projection of the needed positions only; zeros after each row's last label
+        return positions.unpack(self.lm_head(positions.pack(states)))  # (N, V) -> (passes·B, T, V)
 
     def _objective_terms(self, views: BatchViews, outputs: Seq2SeqModelOutput, logits: torch.Tensor,
                          labels: torch.Tensor, input_ids: torch.Tensor | None, attention_mask: torch.Tensor | None,
@@ -1118,17 +1011,35 @@ class DeepTransformerForConditionalGeneration(GenerationCacheMixin, TranslationG
         log_probs = F.log_softmax(logits.float(), dim=-1)  # (passes·B, T, V), shared by the NLL and DDR
         terms = nll_terms(log_probs, labels, epsilon, config.pad_token_id, passes)
         if config.ddr_weight > 0.0:
-            # unbind (not slicing): its backward stacks the two gradients instead of zero-filling two full buffers
-            lp1, lp2 = log_probs.view(2, views.size, *log_probs.shape[1:]).unbind(0)  # 2 × (B, T, V)
-            terms.append(ddr_term(lp1, lp2, mask, config.ddr_weight))  # §3.4 li2022 J_DDR
+            terms.append(self._ddr_term(log_probs, mask, views.size))
         if config.ald_weight > 0.0:
-            states = outputs.last_hidden_state  # (views·B, T, d): the states fed to the output projection
-            terms.append(ald_term(views.take(states, "x"), views.take(states, "x_plus"),
-                                  views.take(states, "x_minus"), mask, config.ald_temperature, config.ald_weight))
+            terms.append(self._ald_term(views, outputs.last_hidden_state, mask))
+        terms += self._diversity_terms(views, outputs, mask, input_ids, attention_mask, diversity, passes)
+        return terms
+
+    def _ddr_term(self, log_probs: torch.Tensor, mask: torch.Tensor, batch: int) -> LossTerm:
+        """li2022 §3.4 J_DDR between the two decoder passes over X (independent drop-net draws), per target token;
+        ``log_probs`` ``(2·B, T, V)``."""
+        # unbind (not slicing): its backward stacks the two gradients instead of zero-filling two full buffers
+        lp1, lp2 = log_probs.view(2, batch, *log_probs.shape[1:]).unbind(0)  # 2 × (B, T, V)
+        return ddr_term(lp1, lp2, mask, self.config.ddr_weight)  # §3.4 li2022 J_DDR
+
+    def _ald_term(self, views: BatchViews, states: torch.Tensor, mask: torch.Tensor) -> LossTerm:
+        """li2022 Eq. (6) ALD per sentence, from the top decoder states of X, X⁺ and X⁻ (``states``
+        ``(views·B, T, d)``: the states fed to the output projection)."""
+        config = self.config
+        return ald_term(views.take(states, "x"), views.take(states, "x_plus"), views.take(states, "x_minus"), mask,
+                        config.ald_temperature, config.ald_weight)
+
+    def _diversity_terms(self, views: BatchViews, outputs: Seq2SeqModelOutput, mask: torch.Tensor,
+                         input_ids: torch.Tensor | None, attention_mask: torch.Tensor | None,
+                         diversity: tuple[str, ...], passes: int) -> list[LossTerm]:
+        """dou2018's layer diversity L_div (Eq. (9)-(10)) of each stack in ``diversity``, over X's layers H^1 … H^L."""
+        terms: list[LossTerm] = []
         # Eq. (9) dou2018 maximises layer diversity: the trained objective is NLL − λ·L_div, so its weight is −λ,
         # shared by the stacks it applies to (the mean of their L_div; docs/dou2018.md). A sign error here would be
         # silent: tests/test_dou2018.py checks the direction of the gradient.
-        weight = -config.diversity_weight / max(len(diversity), 1)
+        weight = -self.config.diversity_weight / max(len(diversity), 1)
         if "encoder" in diversity:
             source_mask = self._source_mask(input_ids, attention_mask, outputs.encoder_last_hidden_state, views)
             layers = [views.take(h, "x", sources=True) for h in outputs.encoder_hidden_states[1:]]  # H^1 … H^L of X
@@ -1138,29 +1049,6 @@ class DeepTransformerForConditionalGeneration(GenerationCacheMixin, TranslationG
             layers = [views.take(h, *x_passes) for h in outputs.decoder_hidden_states[1:]]  # X's passes
             terms.append(diversity_term("decoder", layers, mask, weight, "target_tokens", passes))
         return terms
-
-    def _source_mask(self, input_ids: torch.Tensor | None, attention_mask: torch.Tensor | None,
-                     encoder_states: torch.Tensor, views: BatchViews) -> torch.Tensor:
-        """True at X's real source positions ``(B, S)``."""
-        if attention_mask is not None:
-            return attention_mask.bool()
-        if input_ids is not None:
-            return input_ids != self.config.pad_token_id
-        return torch.ones(views.size, encoder_states.size(1), dtype=torch.bool, device=encoder_states.device)
-
-    def _warn_if_trainer_counts_pad_labels(self, labels: torch.Tensor, num_items_in_batch: Any,
-                                           loss_normalizers: LossNormalizers | None) -> None:
-        """Warn when transformers' Trainer counted pad labels. Not under `torch.compile`: the test reads the labels'
-        values, a data-dependent branch that would break the graph (the eager forward warns)."""
-        pad = self.config.pad_token_id
-        if torch.compiler.is_compiling():
-            return
-        if num_items_in_batch is not None and loss_normalizers is None and pad is not None and bool(
-                (labels == pad).any()):
-            logger.warning_once(
-                f"{type(self).__name__}: `labels` contain pad_token_id={pad}; the loss ignores them, but transformers' "
-                "Trainer counts them in `num_items_in_batch`, which shrinks every update — pad labels with -100 "
-                "(DataCollatorForSeq2Seq does by default) or train with DeepNMTTrainer, which counts exactly.")
 
 
 # ----------------------------------------------------------------------------------------------------------------
