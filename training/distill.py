@@ -188,28 +188,17 @@ def plan_distillation(options: DistillOptions) -> Plan:
     cannot be read, a student recipe or option that `deepnmt train` would refuse or that does not fit the data,
     an export format the student cannot have, a ``--device`` this machine lacks or one given to an exported
     engine."""
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    import hf_deepnmt
-    from hf_deepnmt.ensemble import check_compatible, check_same_tokens
-    from hf_deepnmt.export import export_blockers
+    from hf_deepnmt.ensemble import check_same_tokens
 
-    from .arguments import saved_language_pairs
-    from .build import new_model_config
     from .data import DataError, iter_local_pairs
     from .errors import hub_lookup
     from .recipes import load_recipe, resolve_path
-    from .serve import choose_engine
-    from .train_arguments import parse_train_args
     from .translate import translation_device
 
     device = translation_device(options.device)  # a device this machine lacks: refused before anything is written
-    for token in options.train_argv:
-        flag = token.partition("=")[0]
-        if flag in OWN_TRAIN_OPTIONS:
-            raise CommandLineError(f"`{flag}` is not allowed among the student's training options: deepnmt distill "
-                                   "sets it itself (the distilled data, the teachers' tokenizer, "
-                                   "OUTPUT_DIR/student); give distill's own options (deepnmt distill --help).")
+    _refuse_own_train_options(options.train_argv)
     recipe = load_recipe(options.recipe)
     data = recipe["data"]
     train_file = options.train_file or data.get("train_file")
@@ -220,36 +209,14 @@ def plan_distillation(options: DistillOptions) -> Plan:
     test_file = options.test_file or data.get("test_file")
 
     # the teachers: translate this pair, share one vocabulary
-    configs, names = [], []
-    for teacher in options.teachers:
-        if (Path(teacher) / "config.json").is_file() or not Path(teacher).exists():
-            with hub_lookup(teacher):
-                configs.append(AutoConfig.from_pretrained(teacher))
-            names.append(teacher)
-    if len(configs) > 1:
-        check_compatible(configs, names)
-    recorded = {name: hf_deepnmt.recorded_language_pairs(config) for config, name in zip(configs, names)}
-    for teacher in options.teachers:
-        if teacher not in recorded:  # an export folder: the pair its manifest records
-            recorded[teacher] = saved_language_pairs(teacher) or []
+    recorded = _teacher_language_pairs(options.teachers)
     source_lang, target_lang = distillation_pair(options, recorded, data, train_file if options.train_file is None
                                                  else None)
     with hub_lookup(options.teachers[0]):
         tokenizers = [AutoTokenizer.from_pretrained(teacher) for teacher in options.teachers]
     if len(tokenizers) > 1:
         check_same_tokens(tokenizers, list(options.teachers))
-    if len(options.teachers) > 1:
-        if options.engine not in (None, "torch"):
-            raise CommandLineError(f"`--engine` = {options.engine!r} is not allowed for {len(options.teachers)} "
-                                   "teachers: an ensemble runs on torch (its members are combined at every step).")
-        engine = "torch"
-    else:
-        engine = choose_engine(options.teachers[0], options.engine, cuda=device.type == "cuda",
-                               command="distill")[0]
-        if engine != "torch" and device.type != "cpu" and options.device not in (None, "auto"):
-            raise CommandLineError(f"`--device` = {options.device!r} runs the torch engine only, and the teacher "
-                                   f"{options.teachers[0]} is run by the {engine} engine, on the CPU here; use "
-                                   "--engine torch with the model folder, or --device cpu.")
+    engine = _teacher_engine(options, device)
 
     # the training file: readable, with both languages, not empty
     try:
@@ -266,19 +233,7 @@ def plan_distillation(options: DistillOptions) -> Plan:
     for flag, value in (("--validation_file", validation_file), ("--test_file", test_file)):
         if value:
             student_argv += [flag, str(resolve_path(value))]
-    model_args, data_args, training_args, student_recipe = parse_train_args(student_argv)
-    if model_args.model_name_or_path is None:
-        config = new_model_config(model_args, data_args, student_recipe["model"], tokenizers[0],
-                                  training_args.label_smoothing_factor)
-    else:
-        config = AutoConfig.from_pretrained(model_args.model_name_or_path)
-    blocked = export_blockers(config, "ctranslate2")
-    formats = options.export_formats
-    if formats is None:
-        formats = ["onnx"] + ([] if blocked else ["ctranslate2"])
-    elif "ctranslate2" in formats and blocked:
-        raise CommandLineError(f"`--export ctranslate2` is not allowed for the student of recipe {options.recipe!r}: "
-                               f"CTranslate2 cannot express {blocked[0]}; use --export onnx.")
+    formats = _student_export_formats(options, student_argv, tokenizers[0])
 
     settings = {
         "teachers": [str(Path(teacher).resolve()) if Path(teacher).exists() else teacher
@@ -290,6 +245,86 @@ def plan_distillation(options: DistillOptions) -> Plan:
         "student_options": list(options.train_argv), "export": formats, "quantization": EXPORT_QUANTIZATION,
     }
     return Plan(options, paths, train_file, source_lang, target_lang, engine, formats, student_argv, settings)
+
+
+def _refuse_own_train_options(train_argv: Sequence[str]) -> None:
+    """One sentence for a student training option that distill sets itself (`OWN_TRAIN_OPTIONS`)."""
+    for token in train_argv:
+        flag = token.partition("=")[0]
+        if flag in OWN_TRAIN_OPTIONS:
+            raise CommandLineError(f"`{flag}` is not allowed among the student's training options: deepnmt distill "
+                                   "sets it itself (the distilled data, the teachers' tokenizer, "
+                                   "OUTPUT_DIR/student); give distill's own options (deepnmt distill --help).")
+
+
+def _teacher_language_pairs(teachers: Sequence[str]) -> dict[str, list[tuple[str, str]]]:
+    """The language pairs each teacher records (a model folder or Hub id: its config; an export folder: its
+    manifest); model teachers that cannot form one ensemble are refused (`check_compatible`)."""
+    from transformers import AutoConfig
+
+    import hf_deepnmt
+    from hf_deepnmt.ensemble import check_compatible
+
+    from .arguments import saved_language_pairs
+    from .errors import hub_lookup
+
+    configs, names = [], []
+    for teacher in teachers:
+        if (Path(teacher) / "config.json").is_file() or not Path(teacher).exists():
+            with hub_lookup(teacher):
+                configs.append(AutoConfig.from_pretrained(teacher))
+            names.append(teacher)
+    if len(configs) > 1:
+        check_compatible(configs, names)
+    recorded = {name: hf_deepnmt.recorded_language_pairs(config) for config, name in zip(configs, names)}
+    for teacher in teachers:
+        if teacher not in recorded:  # an export folder: the pair its manifest records
+            recorded[teacher] = saved_language_pairs(teacher) or []
+    return recorded
+
+
+def _teacher_engine(options: DistillOptions, device: Any) -> str:
+    """The engine the teachers translate with: torch for an ensemble, else `choose_engine`'s; a --device an
+    exported engine cannot use is refused."""
+    from .serve import choose_engine
+
+    if len(options.teachers) > 1:
+        if options.engine not in (None, "torch"):
+            raise CommandLineError(f"`--engine` = {options.engine!r} is not allowed for {len(options.teachers)} "
+                                   "teachers: an ensemble runs on torch (its members are combined at every step).")
+        return "torch"
+    engine = choose_engine(options.teachers[0], options.engine, cuda=device.type == "cuda", command="distill")[0]
+    if engine != "torch" and device.type != "cpu" and options.device not in (None, "auto"):
+        raise CommandLineError(f"`--device` = {options.device!r} runs the torch engine only, and the teacher "
+                               f"{options.teachers[0]} is run by the {engine} engine, on the CPU here; use "
+                               "--engine torch with the model folder, or --device cpu.")
+    return engine
+
+
+def _student_export_formats(options: DistillOptions, student_argv: list[str], tokenizer: Any) -> list[str]:
+    """The student's export formats (--export, or onnx and ctranslate2 when CTranslate2 can express the student
+    `deepnmt train` would build from ``student_argv``); --export ctranslate2 for a student it cannot is refused."""
+    from transformers import AutoConfig
+
+    from hf_deepnmt.export import export_blockers
+
+    from .build import new_model_config
+    from .train_arguments import parse_train_args
+
+    model_args, data_args, training_args, student_recipe = parse_train_args(student_argv)
+    if model_args.model_name_or_path is None:
+        config = new_model_config(model_args, data_args, student_recipe["model"], tokenizer,
+                                  training_args.label_smoothing_factor)
+    else:
+        config = AutoConfig.from_pretrained(model_args.model_name_or_path)
+    blocked = export_blockers(config, "ctranslate2")
+    formats = options.export_formats
+    if formats is None:
+        formats = ["onnx"] + ([] if blocked else ["ctranslate2"])
+    elif "ctranslate2" in formats and blocked:
+        raise CommandLineError(f"`--export ctranslate2` is not allowed for the student of recipe {options.recipe!r}: "
+                               f"CTranslate2 cannot express {blocked[0]}; use --export onnx.")
+    return formats
 
 
 def distillation_label(options: DistillOptions, train_file: str) -> str:
