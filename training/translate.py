@@ -127,14 +127,31 @@ def translate_sentences(
     ``model`` is a PyTorch model (run with `generate`, under bf16 autocast with ``bf16``) or an engine of
     `hf_deepnmt.export.load_engine` (CTranslate2, ONNX Runtime): the batching and the output are the same.
     """
-    from tqdm.auto import tqdm
-
     from hf_deepnmt.export import TorchEngine
 
     engine = TorchEngine(model, bf16=bf16) if isinstance(model, torch.nn.Module) else model
     limit = min(tokenizer.model_max_length, engine.max_positions)
     if search not in ("retiring", "generate"):
         raise ValueError(f"search = {search!r} is not allowed; use 'retiring' or 'generate'.")
+    owner, encoded = _encode_units(tokenizer, sentences, limit, numbers, what)
+    budget = {u: max_new_tokens or new_token_budget(len(ids), limit) for u, ids in encoded.items()}
+    mixed = (search == "retiring" and max_new_tokens is None and callable(getattr(engine, "takes_budgets", None))
+             and engine.takes_budgets(num_beams))
+    batches = _batches_by_budget(encoded, budget, batch_size, mixed)
+    translated = _translate_batches(engine, tokenizer, batches, encoded, budget, num_beams, mixed, search,
+                                    progress, desc)
+    results = [""] * len(sentences)
+    for i, group in itertools.groupby(range(len(owner)), key=owner.__getitem__):  # a sentence's units are adjacent
+        results[i] = " ".join(text for text in (translated[u] for u in group) if text)
+    return results
+
+
+def _encode_units(tokenizer: Any, sentences: Sequence[str], limit: int, numbers: Sequence[int] | None,
+                  what: str) -> tuple[list[int], dict[int, list[int]]]:
+    """The token ids of each unit to translate — a non-empty sentence, or a piece of one longer than ``limit``
+    (`split_long_input`, said on stderr) — and the sentence each unit belongs to."""
+    from tqdm.auto import tqdm
+
     kept = [i for i, sentence in enumerate(sentences) if sentence.strip()]
     whole = tokenizer([sentences[i] for i in kept], verbose=False)["input_ids"] if kept else []
     owner: list[int] = []  # the sentence of each unit translated: the sentence itself, or one piece of it
@@ -159,9 +176,12 @@ def translate_sentences(
                    f"translated whole in {len(split.pieces)} pieces, cut at sentence ends{windows}, their "
                    "translations joined (docs/training.md, \"An input longer than the model accepts\")",
                    file=sys.stderr)
-    budget = {u: max_new_tokens or new_token_budget(len(ids), limit) for u, ids in encoded.items()}
-    mixed = (search == "retiring" and max_new_tokens is None and callable(getattr(engine, "takes_budgets", None))
-             and engine.takes_budgets(num_beams))
+    return owner, encoded
+
+
+def _batches_by_budget(encoded: dict[int, list[int]], budget: dict[int, int], batch_size: int,
+                       mixed: bool) -> list[list[int]]:
+    """The units in batches of at most ``batch_size``, longest first, each of one new-token budget unless ``mixed``."""
     order = sorted(encoded, key=lambda u: (budget[u], len(encoded[u])), reverse=True)
     batches: list[list[int]] = []
     for u in order:  # consecutive runs of one budget (of any, when mixed), cut every batch_size units
@@ -169,7 +189,16 @@ def translate_sentences(
             batches[-1].append(u)
         else:
             batches.append([u])
-    translated = [""] * len(owner)
+    return batches
+
+
+def _translate_batches(engine: Any, tokenizer: Any, batches: list[list[int]], encoded: dict[int, list[int]],
+                       budget: dict[int, int], num_beams: int, mixed: bool, search: str, progress: bool,
+                       desc: str) -> list[str]:
+    """The translation of every unit, batch by batch: one search over mixed budgets, or a `generate` call each."""
+    from tqdm.auto import tqdm
+
+    translated = [""] * len(encoded)
     model = getattr(engine, "model", None)
     loop = search == "generate" and getattr(model, "generate_by_retiring_search", False)
     if loop:  # transformers' own loop per budget (a model's `generate` would otherwise run the retiring search)
@@ -186,10 +215,7 @@ def translate_sentences(
     finally:
         if loop:
             del model.generate_by_retiring_search  # the class's value again
-    results = [""] * len(sentences)
-    for i, group in itertools.groupby(range(len(owner)), key=owner.__getitem__):  # a sentence's units are adjacent
-        results[i] = " ".join(text for text in (translated[u] for u in group) if text)
-    return results
+    return translated
 
 
 def translate_windows(model, tokenizer, lines: Iterable[str], window: int = 10_000, batch_size: int = 32,
@@ -376,19 +402,9 @@ def translate_corpus(model: Any, tokenizer: Any, lines: Iterable[str], output: s
     shard = shard or Shard()
     output = Path(output)
     lines = iter(lines)
+    options = dict(options, window=window, batch_size=batch_size, progress=progress)
     if shard.world == 1:
-        done = completed_lines(output) if resume else 0
-        if done:
-            print(f"[deepnmt] resuming: {done} lines of {output} are complete; translating from line {done + 1}",
-                  file=sys.stderr)
-        count = 0
-        with open(output, "a" if resume else "w", encoding="utf-8") as handle:
-            for translation in translate_windows(model, tokenizer, itertools.islice(lines, done, None), window=window,
-                                                 batch_size=batch_size, progress=progress, first_line=done + 1,
-                                                 **options):
-                handle.write(translation + "\n")
-                count += 1
-        return CorpusTranslation(done, count, merged=True)
+        return _translate_alone(model, tokenizer, lines, output, resume, **options)
 
     base = complete_lines(output)[0] if resume and output.exists() else 0
     part = shard.part(output, base)
@@ -410,22 +426,52 @@ def translate_corpus(model: Any, tokenizer: Any, lines: Iterable[str], output: s
         done = json.loads(marker.read_text(encoding="utf-8"))["lines"]
         print(f"[deepnmt] rank {shard.rank}/{shard.world}: its {done} lines are translated already", file=sys.stderr)
     else:
-        if done:
-            print(f"[deepnmt] rank {shard.rank}/{shard.world}: resuming after the {done} complete lines of {part}",
-                  file=sys.stderr)
-        share = itertools.islice(itertools.islice(lines, base, None), shard.rank, None, shard.world)
-        with open(part, "a" if resume else "w", encoding="utf-8") as handle:
-            for translation in translate_windows(model, tokenizer, itertools.islice(share, done, None),
-                                                 window=window, batch_size=batch_size, progress=progress,
-                                                 first_line=base + shard.rank + done * shard.world + 1,
-                                                 line_step=shard.world, **options):
-                handle.write(translation + "\n")
-                count += 1
-            handle.flush()
-            os.fsync(handle.fileno())
-        write_atomically(marker, json.dumps({"lines": done + count}) + "\n")
+        count = _translate_share(model, tokenizer, lines, part, base, done, resume, shard, **options)
     if shard.rank != 0:
         return CorpusTranslation(done, count)
+    _merge_when_every_share_is_done(output, base, shard, poll_seconds)
+    return CorpusTranslation(done, count, merged=True)
+
+
+def _translate_alone(model: Any, tokenizer: Any, lines: Iterator[str], output: Path, resume: bool,
+                     **options: Any) -> CorpusTranslation:
+    """`translate_corpus` by one process: append to ``output`` itself, after its complete lines with ``resume``."""
+    done = completed_lines(output) if resume else 0
+    if done:
+        print(f"[deepnmt] resuming: {done} lines of {output} are complete; translating from line {done + 1}",
+              file=sys.stderr)
+    count = 0
+    with open(output, "a" if resume else "w", encoding="utf-8") as handle:
+        for translation in translate_windows(model, tokenizer, itertools.islice(lines, done, None),
+                                             first_line=done + 1, **options):
+            handle.write(translation + "\n")
+            count += 1
+    return CorpusTranslation(done, count, merged=True)
+
+
+def _translate_share(model: Any, tokenizer: Any, lines: Iterator[str], part: Path, base: int, done: int,
+                     resume: bool, shard: Shard, **options: Any) -> int:
+    """Translate this process's strided share of the lines after ``base`` into its part file, after the part's
+    ``done`` complete lines, then write its ``.done`` marker; the lines translated now."""
+    if done:
+        print(f"[deepnmt] rank {shard.rank}/{shard.world}: resuming after the {done} complete lines of {part}",
+              file=sys.stderr)
+    count = 0
+    share = itertools.islice(itertools.islice(lines, base, None), shard.rank, None, shard.world)
+    with open(part, "a" if resume else "w", encoding="utf-8") as handle:
+        for translation in translate_windows(model, tokenizer, itertools.islice(share, done, None),
+                                             first_line=base + shard.rank + done * shard.world + 1,
+                                             line_step=shard.world, **options):
+            handle.write(translation + "\n")
+            count += 1
+        handle.flush()
+        os.fsync(handle.fileno())
+    write_atomically(_done_marker(part), json.dumps({"lines": done + count}) + "\n")
+    return count
+
+
+def _merge_when_every_share_is_done(output: Path, base: int, shard: Shard, poll_seconds: float) -> None:
+    """Rank 0: wait for every process's ``.done`` marker, then write ``output`` (`merge_parts`)."""
     parts = [Shard(rank, shard.world).part(output, base) for rank in range(shard.world)]
     waited = False
     while not all(_done_marker(path).exists() for path in parts):
@@ -435,7 +481,6 @@ def translate_corpus(model: Any, tokenizer: Any, lines: Iterable[str], output: s
             waited = True
         time.sleep(poll_seconds)
     merge_parts(output, base, parts)
-    return CorpusTranslation(done, count, merged=True)
 
 
 def merge_parts(output: Path, base: int, parts: Sequence[Path]) -> None:
