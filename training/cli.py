@@ -23,7 +23,7 @@ import itertools
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from typing import Any
@@ -63,7 +63,8 @@ def _top_level_help() -> str:
     return __doc__.split("\n\n", 1)[1]
 
 
-def _evaluate(argv: Sequence[str]) -> int:
+def _evaluate_parser() -> CommandParser:
+    """The options of `deepnmt evaluate`."""
     parser = CommandParser(prog="deepnmt evaluate", description="Score a saved model on a test file "
                            "(BLEU, chrF, TER with sacreBLEU signatures) using beam search.")
     add_model_argument(parser, "Saved model folder (or Hub id), or a folder written by `deepnmt export` (scored "
@@ -88,6 +89,11 @@ def _evaluate(argv: Sequence[str]) -> int:
     parser.add_argument("--reliance_pairs", type=int, default=64, help="Pairs on which to measure source reliance, "
                         "the mean per-token KL between predictions with the real and an all-<unk> source (li2022 "
                         "collapse monitor; default: 64).")
+    return parser
+
+
+def _evaluate(argv: Sequence[str]) -> int:
+    parser = _evaluate_parser()
     args = parser.parse_args(argv)
     model_of(parser, args, needs_tokenizer=True)
     if args.num_beams < 1 or args.batch_size < 1 or args.reliance_pairs < 1:
@@ -124,6 +130,13 @@ def _evaluate(argv: Sequence[str]) -> int:
                                         corpus=corpus)
     reliance = (corpus_source_reliance(model, tokenizer, corpus.sources, corpus.targets, args.reliance_pairs)
                 if model is not None else None)
+    _report_evaluation(args, scores, hypotheses, reliance, model, described, len(corpus.sources))
+    return 0
+
+
+def _report_evaluation(args: Any, scores: Any, hypotheses: list[str], reliance: float | None, model: Any,
+                       described: str, test_pairs: int) -> None:
+    """Print `deepnmt evaluate`'s scores, source reliance and signatures; write --output_json and --hypotheses."""
     report = {**scores.as_dict(), "sentences": scores.num_sentences, "num_beams": args.num_beams,
               "engine": described, "source_reliance": None if reliance is None else round(reliance, 4),
               "signatures": scores.signatures}
@@ -138,7 +151,7 @@ def _evaluate(argv: Sequence[str]) -> int:
         print("source reliance: not measured (it needs the torch model; score the model folder with --engine torch "
               "for it)")
     else:
-        print(f"source reliance {reliance:.4f} nats/token on {min(args.reliance_pairs, len(corpus.sources))} pairs "
+        print(f"source reliance {reliance:.4f} nats/token on {min(args.reliance_pairs, test_pairs)} pairs "
               "(li2022 collapse monitor: ≈ 0 means the decoder ignores the source)")
     for name, signature in scores.signatures.items():
         print(f"  {name}: {signature}")
@@ -146,7 +159,6 @@ def _evaluate(argv: Sequence[str]) -> int:
         Path(args.output_json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     if args.hypotheses:
         Path(args.hypotheses).write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
-    return 0
 
 
 def _diagnose(argv: Sequence[str]) -> int:
@@ -189,7 +201,8 @@ def _diagnose(argv: Sequence[str]) -> int:
     return 0
 
 
-def _translate(argv: Sequence[str]) -> int:
+def _translate_parser() -> CommandParser:
+    """The options of `deepnmt translate`."""
     parser = CommandParser(prog="deepnmt translate", description="Translate one sentence per line from a file or "
                            "stdin to stdout (batched, beam search), or the source side of a training file "
                            "(--input_format); several --model folders translate as one ensemble. Under "
@@ -237,7 +250,12 @@ def _translate(argv: Sequence[str]) -> int:
     parser.add_argument("--threads", type=int, default=None, help="Intra-op threads of the engine, per process "
                         "(default: torch's default thread count).")
     add_device_option(parser)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _check_translate_args(parser: CommandParser, args: Any) -> tuple[bool, Any]:
+    """Refuse `deepnmt translate` options that do not fit together; whether --input is a training file, and this
+    process's share (`shard_from_environment`)."""
     model_of(parser, args, needs_tokenizer=True)
     for name in ("num_beams", "batch_size", "window", "threads", "max_new_tokens", "max_samples"):
         value = getattr(args, name)
@@ -259,11 +277,16 @@ def _translate(argv: Sequence[str]) -> int:
     if shard.world > 1 and (args.output == "-" or args.input == "-" or args.stream):
         parser.error(f"{shard.world} processes translate shares of one --input FILE into one --output FILE (no "
                      "stdin, stdout or --stream)")
-    import torch
-    from tqdm.auto import tqdm
+    return training_file, shard
 
-    from .recipes import resolve_path
-    from .translate import load_translation_engine, training_file_sources, translate_corpus, translate_windows
+
+def _translate(argv: Sequence[str]) -> int:
+    parser = _translate_parser()
+    args = parser.parse_args(argv)
+    training_file, shard = _check_translate_args(parser, args)
+    import torch
+
+    from .translate import load_translation_engine
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -274,20 +297,49 @@ def _translate(argv: Sequence[str]) -> int:
         print(f"[deepnmt] translating with {described}", file=sys.stderr)
     if hasattr(engine, "model"):  # torch: a Hub id's pair is known once its config is loaded
         languages_of(args, required=False, model=engine.model)
+    resumed, translated = _write_translations(args, engine, tokenizer, training_file, shard)
+    if not translated and shard.world == 1:
+        source = "stdin" if args.input == "-" else args.input
+        print(f"[deepnmt] translate: {source} has no {'more ' if resumed else ''}lines to translate; nothing was "
+              "written.", file=sys.stderr)
+    return 0
+
+
+def _open_translation_input(args: Any, training_file: bool, files: contextlib.ExitStack) -> Iterable[str]:
+    """The lines `deepnmt translate` reads: a training file's sources, stdin or --input, cut at --max_samples."""
+    from .recipes import resolve_path
+    from .translate import training_file_sources
+
+    if training_file:
+        lines = training_file_sources(resolve_path(args.input), args.source_lang, args.target_lang)
+    else:
+        lines = sys.stdin if args.input == "-" else files.enter_context(open(args.input, encoding="utf-8"))
+    if args.max_samples is not None:
+        lines = itertools.islice(lines, args.max_samples)
+    return lines
+
+
+def _count_input_lines(args: Any, training_file: bool, shard: Any) -> int | None:
+    """How many lines the progress bar of `deepnmt translate` counts to (None: unknown)."""
+    total = None
+    if args.input != "-" and not training_file and shard.world == 1:
+        with open(args.input, "rb") as handle:
+            total = sum(1 for _ in handle)  # for the progress bar; a cheap pass over the bytes
+        total = min(total, args.max_samples or total)
+    return total
+
+
+def _write_translations(args: Any, engine: Any, tokenizer: Any, training_file: bool, shard: Any) -> tuple[int, int]:
+    """Translate the input into --output (`translate_corpus`) or to stdout; the lines resumed from and translated."""
+    from tqdm.auto import tqdm
+
+    from .translate import translate_corpus, translate_windows
+
     window = args.batch_size if args.stream else args.window
     options = dict(num_beams=args.num_beams, max_new_tokens=args.max_new_tokens)
     with contextlib.ExitStack() as files:
-        if training_file:
-            lines = training_file_sources(resolve_path(args.input), args.source_lang, args.target_lang)
-        else:
-            lines = sys.stdin if args.input == "-" else files.enter_context(open(args.input, encoding="utf-8"))
-        if args.max_samples is not None:
-            lines = itertools.islice(lines, args.max_samples)
-        total = None
-        if args.input != "-" and not training_file and shard.world == 1:
-            with open(args.input, "rb") as handle:
-                total = sum(1 for _ in handle)  # for the progress bar; a cheap pass over the bytes
-            total = min(total, args.max_samples or total)
+        lines = _open_translation_input(args, training_file, files)
+        total = _count_input_lines(args, training_file, shard)
         bar = files.enter_context(tqdm(total=total, unit="line", desc="translating", file=sys.stderr,
                                        disable=args.input == "-" or args.stream or shard.rank != 0))
         if args.output != "-":
@@ -305,11 +357,7 @@ def _translate(argv: Sequence[str]) -> int:
                 translated += 1
                 if args.stream:
                     sys.stdout.flush()
-    if not translated and shard.world == 1:
-        source = "stdin" if args.input == "-" else args.input
-        print(f"[deepnmt] translate: {source} has no {'more ' if resumed else ''}lines to translate; nothing was "
-              "written.", file=sys.stderr)
-    return 0
+    return resumed, translated
 
 
 INPUT_FORMATS: tuple[str, ...] = ("auto", "text", "parallel")
@@ -359,7 +407,8 @@ def shard_from_environment() -> Any:
     return Shard(rank, world)
 
 
-def _distill(argv: Sequence[str]) -> int:
+def _distill_parser() -> CommandParser:
+    """The options of `deepnmt distill` (any other option is the student's `deepnmt train`'s)."""
     parser = CommandParser(prog="deepnmt distill", description="Sequence-level knowledge distillation in one "
                            "command: the teacher(s) translate the training file's sources with beam search "
                            "(several teachers as one ensemble), the sources and translations become the distilled "
@@ -402,19 +451,12 @@ def _distill(argv: Sequence[str]) -> int:
                         metavar="FORMAT", help="The student's int8 exports: onnx (into STUDENT/onnx, where `deepnmt "
                         "serve` and handler.py look) and/or ctranslate2 (OUTPUT_DIR/student-ctranslate2), or none "
                         "(default: onnx, and ctranslate2 when the student is a standard Transformer).")
-    args, rest = parser.parse_known_args(list(argv))
-    for name in ("num_beams", "batch_size", "window", "threads"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            parser.error(f"--{name} {value} is not allowed; use 1 or more")
-    check_ensemble_options(args, parser)
-    if args.export and "none" in args.export and len(args.export) > 1:
-        parser.error("--export none excludes the other formats")
-    export_formats = [] if args.export == ["none"] else args.export
-    from datetime import datetime
+    return parser
 
-    from .distill import DistillOptions, distill, summary
-    from .translate import Shard
+
+def _distill_output_dir(args: Any) -> str:
+    """--output_dir, or a new runs/distill-<date>-<time> for a single process (said on stderr)."""
+    from datetime import datetime
 
     output_dir = args.output_dir
     if output_dir is None:
@@ -424,6 +466,24 @@ def _distill(argv: Sequence[str]) -> int:
         output_dir = f"runs/distill-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
         print(f"[deepnmt] no --output_dir given: distilling into {output_dir} (rerun with --output_dir {output_dir} "
               "to resume it)", file=sys.stderr)
+    return output_dir
+
+
+def _distill(argv: Sequence[str]) -> int:
+    parser = _distill_parser()
+    args, rest = parser.parse_known_args(list(argv))
+    for name in ("num_beams", "batch_size", "window", "threads"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name} {value} is not allowed; use 1 or more")
+    check_ensemble_options(args, parser)
+    if args.export and "none" in args.export and len(args.export) > 1:
+        parser.error("--export none excludes the other formats")
+    export_formats = [] if args.export == ["none"] else args.export
+    from .distill import DistillOptions, distill, summary
+    from .translate import Shard
+
+    output_dir = _distill_output_dir(args)
     if args.threads is not None:
         import torch
 
@@ -504,7 +564,8 @@ def _folders_first(parser: CommandParser, argv: Sequence[str]) -> list[str]:
     return positional + options
 
 
-def _serve(argv: Sequence[str]) -> int:
+def _serve_parser() -> CommandParser:
+    """The options of `deepnmt serve`."""
     parser = CommandParser(prog="deepnmt serve", description="Serve a model over HTTP with dynamic batching: POST / "
                            "or /predict with {\"inputs\": \"text\" or [\"text\", ...], \"parameters\": {...}} "
                            "(the Inference Endpoints payload) answers [{\"translation_text\": ...}, ...] as the "
@@ -552,7 +613,11 @@ def _serve(argv: Sequence[str]) -> int:
                         "one per line, each optionally followed by a requests-per-minute limit (# comments and blank "
                         "lines allowed); requests without a valid key get 403, over the limit 429. Without it the "
                         "server is open (docs/serving.md, \"API keys\").")
-    args = parser.parse_args(_folders_first(parser, argv))
+    return parser
+
+
+def _check_serve_args(parser: CommandParser, args: Any) -> list[str]:
+    """Refuse `deepnmt serve` options that do not fit; the model folders to serve, the first one the default."""
     if bool(args.folder) == bool(args.model):
         parser.error("give the model folder once, as MODEL_DIR or --model_name_or_path")
     folders = args.folder or [args.model]
@@ -575,6 +640,13 @@ def _serve(argv: Sequence[str]) -> int:
             parser.error(f"--{name} {value} is not allowed; use 1 or more")
     if not (args.max_wait_ms >= 0 and args.max_wait_ms < float("inf")):
         parser.error(f"--max_wait_ms {args.max_wait_ms} is not allowed; use 0 or more milliseconds")
+    return folders
+
+
+def _serve(argv: Sequence[str]) -> int:
+    parser = _serve_parser()
+    args = parser.parse_args(_folders_first(parser, argv))
+    folders = _check_serve_args(parser, args)
     require_modules("serve", ("starlette", "uvicorn", "prometheus_client", "lingua"), "the server")
     quiet_libraries()
     from .serve import ServeOptions, serve
