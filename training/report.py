@@ -152,12 +152,37 @@ def objective_description(config: Any, auxiliary: Sequence[Any] = ()) -> str:
 def finish_run(outcome: TrainOutcome, metrics: TranslationMetrics | None) -> None:
     """Write metrics.json, the plots and the model card of a finished training run."""
     output_dir, trainer = outcome.output_dir, outcome.trainer
-    data_args, model_args, args = outcome.data_args, outcome.model_args, outcome.training_args
-    history = trainer.state.log_history
-    plots = plot_history(history, output_dir)
+    data_args, model_args = outcome.data_args, outcome.model_args
+    plots = plot_history(trainer.state.log_history, output_dir)
     outcome.timings["total_seconds"] = outcome.clock.stop()  # the run time the card states and the command prints
+    report = _metrics_report(outcome, metrics, plots)
+    (output_dir / "metrics.json").write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+    dataset = _card_dataset(outcome)
+    rows, evaluated = _card_results(outcome, dataset)
+    card = {
+        "source_lang": data_args.source_lang,
+        "target_lang": data_args.target_lang,
+        "results": [asdict(row) for row in rows],
+        "training": _card_training(outcome, report),
+        "license": model_args.license,  # the user's --license (checked), or None: no license field
+        "plots": [path.name for path in plots],
+        "example_source": "In the beginning God created the heavens and the earth." if dataset is EMBEDDED_DATASET
+        else "Hello, world!",
+        **dataset,
+        **evaluated,
+    }
+    (output_dir / "deepnmt_card.json").write_text(json.dumps(card, indent=2, ensure_ascii=False) + "\n",
+                                                 encoding="utf-8")
+    write_model_card(output_dir, trainer=trainer)
+
+
+def _metrics_report(outcome: TrainOutcome, metrics: TranslationMetrics | None, plots: Sequence[Path]) -> dict:
+    """The content of metrics.json: steps, timings, environment, the last validation and the test scores."""
+    trainer, data_args, model_args = outcome.trainer, outcome.data_args, outcome.model_args
+    history = trainer.state.log_history
     last_eval = next((entry for entry in reversed(history) if "eval_bleu" in entry), {})
-    report = {
+    return {
         "source_lang": data_args.source_lang,
         "target_lang": data_args.target_lang,
         "global_step": trainer.state.global_step,
@@ -171,15 +196,21 @@ def finish_run(outcome: TrainOutcome, metrics: TranslationMetrics | None) -> Non
             "num_beams": model_args.eval_num_beams, "signatures": outcome.test_scores.signatures},
         "plots": [path.name for path in plots],
     }
-    (output_dir / "metrics.json").write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
-    dataset = EMBEDDED_DATASET if str(data_args.train_file or "").startswith(str(resolve_path("corpus:"))) else {
+
+def _card_dataset(outcome: TrainOutcome) -> dict:
+    """The card's training data: the embedded corpus, or the named dataset or file."""
+    data_args, model_args = outcome.data_args, outcome.model_args
+    return EMBEDDED_DATASET if str(data_args.train_file or "").startswith(str(resolve_path("corpus:"))) else {
         "dataset_name": model_args.dataset_label or data_args.dataset_name or Path(data_args.train_file or "data").name,
         "dataset_id": hub_dataset_id(data_args.dataset_name),  # a Hub id, never a local path or file name
         "dataset_description": model_args.dataset_label or data_args.dataset_name or str(data_args.train_file),
     }
-    unwrapped = trainer.accelerator.unwrap_model(trainer.model)
-    parameters = sum(p.numel() for p in unwrapped.parameters())
+
+
+def _card_results(outcome: TrainOutcome, dataset: dict) -> tuple[list[EvalRow], dict[str, str | None]]:
+    """The card's results table (the test scores, if any) and the data they were scored on."""
+    data_args, model_args = outcome.data_args, outcome.model_args
     rows = []
     evaluated: dict[str, str | None] = {}
     if outcome.test_scores is not None:
@@ -195,7 +226,16 @@ def finish_run(outcome: TrainOutcome, metrics: TranslationMetrics | None) -> Non
                                               f"({test_file.parent.name}/{test_file.name})", "eval_dataset_id": None}
         else:  # the file actually scored, whatever the training data was
             evaluated = {"eval_dataset_name": test_file.name, "eval_dataset_id": None}
-    training = {
+    return rows, evaluated
+
+
+def _card_training(outcome: TrainOutcome, report: dict) -> dict:
+    """The card's training section: steps, batching, optimizer, schedule, objective, size, time and hardware."""
+    trainer, data_args, model_args, args = (outcome.trainer, outcome.data_args, outcome.model_args,
+                                            outcome.training_args)
+    unwrapped = trainer.accelerator.unwrap_model(trainer.model)
+    parameters = sum(p.numel() for p in unwrapped.parameters())
+    return {
         "optimizer steps": trainer.state.global_step,
         "epochs": report["epochs"],
         "batching": f"{data_args.max_tokens} tokens per batch and device" if data_args.max_tokens
@@ -209,21 +249,6 @@ def finish_run(outcome: TrainOutcome, metrics: TranslationMetrics | None) -> Non
         "hardware": report["environment"]["device"],
         "libraries": f"torch {report['environment']['torch']}, transformers {report['environment']['transformers']}",
     }
-    card = {
-        "source_lang": data_args.source_lang,
-        "target_lang": data_args.target_lang,
-        "results": [asdict(row) for row in rows],
-        "training": training,
-        "license": model_args.license,  # the user's --license (checked), or None: no license field
-        "plots": [path.name for path in plots],
-        "example_source": "In the beginning God created the heavens and the earth." if dataset is EMBEDDED_DATASET
-        else "Hello, world!",
-        **dataset,
-        **evaluated,
-    }
-    (output_dir / "deepnmt_card.json").write_text(json.dumps(card, indent=2, ensure_ascii=False) + "\n",
-                                                 encoding="utf-8")
-    write_model_card(output_dir, trainer=trainer)
 
 
 def wall_time(outcome: TrainOutcome) -> str:
