@@ -181,25 +181,11 @@ def train(argv: Sequence[str], clock: RunClock | None = None) -> TrainOutcome:
                                           recipe["model"])
         AutoConfig.for_model(model_type, **fields)
     check_torch_compile_options(training_args, model_type)  # before anything is written
-    push_repo = training_args.hub_model_id if training_args.push_to_hub else None
-    if training_args.push_to_hub:
-        training_args.push_to_hub = False  # we push once, at the end, with our card (hf_deepnmt_training.hub)
-        if not push_repo:
-            raise UserInputError("--push_to_hub needs --hub_model_id USER/NAME.")
+    push_repo = _repo_to_push(training_args)
     set_seed(training_args.seed)
     resume = resume_target(training_args)
     output_dir = Path(training_args.output_dir)
-    created = [folder for folder in (output_dir, *output_dir.parents) if not folder.exists()]  # leaf first
-    output_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        corpora, defaults = read_corpora(argv, model_args, data_args, training_args, recipe)
-        tokenizer = load_or_train_tokenizer(model_args, data_args, training_args, corpora["train"])
-        prepared = tokenize_corpora(corpora, tokenizer, model_args, data_args, training_args)
-    except BaseException:
-        for folder in created:  # data that cannot be read leaves no empty run folder behind
-            if folder.is_dir() and not any(folder.iterdir()):
-                folder.rmdir()
-        raise
+    prepared, defaults, tokenizer = _prepare_data(argv, model_args, data_args, training_args, recipe, output_dir)
     datasets = {split: entry.dataset for split, entry in prepared.items()}
     run_until_budget(model_args, training_args)
     if defaults is not None and defaults.dropout_by_length:  # needs the tokenized data and the run's length
@@ -234,15 +220,50 @@ def train(argv: Sequence[str], clock: RunClock | None = None) -> TrainOutcome:
                            timings={**data_timings(prepared, trainer), "train_seconds": round(trained, 1)},
                            clock=clock)
     if trainer.is_world_process_zero():
-        if data_args.test_file:
-            score_test_set(outcome)
-        finish_run(outcome, trainer.compute_metrics)  # stops the clock: its figure is the card's and the command's
-        if push_repo:
-            files = push_folder(output_dir, push_repo, private=bool(training_args.hub_private_repo),
-                                token=training_args.hub_token)
-            print(f"[deepnmt] pushed {len(files)} files to https://huggingface.co/{push_repo}", file=sys.stderr)
+        _score_report_and_push(outcome, push_repo)
     trainer.accelerator.wait_for_everyone()
     return outcome
+
+
+def _repo_to_push(training_args: Seq2SeqTrainingArguments) -> str | None:
+    """The Hub repository `deepnmt train` pushes to once, at the end; the Trainer's own pushing is turned off."""
+    push_repo = training_args.hub_model_id if training_args.push_to_hub else None
+    if training_args.push_to_hub:
+        training_args.push_to_hub = False  # we push once, at the end, with our card (hf_deepnmt_training.hub)
+        if not push_repo:
+            raise UserInputError("--push_to_hub needs --hub_model_id USER/NAME.")
+    return push_repo
+
+
+def _prepare_data(argv: Sequence[str], model_args: ModelArguments, data_args: DataArguments,
+                  training_args: Seq2SeqTrainingArguments, recipe: dict, output_dir: Path
+                  ) -> tuple[dict[str, TokenizedSplit], Resolution | None, Any]:
+    """Create the run folder, read the corpora, load or train the tokenizer and tokenize every split; the tokenized
+    splits, the resolved defaults and the tokenizer."""
+    created = [folder for folder in (output_dir, *output_dir.parents) if not folder.exists()]  # leaf first
+    output_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        corpora, defaults = read_corpora(argv, model_args, data_args, training_args, recipe)
+        tokenizer = load_or_train_tokenizer(model_args, data_args, training_args, corpora["train"])
+        prepared = tokenize_corpora(corpora, tokenizer, model_args, data_args, training_args)
+    except BaseException:
+        for folder in created:  # data that cannot be read leaves no empty run folder behind
+            if folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
+        raise
+    return prepared, defaults, tokenizer
+
+
+def _score_report_and_push(outcome: TrainOutcome, push_repo: str | None) -> None:
+    """The main process's end of a run: score the test set, write metrics, plots and card, push to the Hub."""
+    trainer, training_args = outcome.trainer, outcome.training_args
+    if outcome.data_args.test_file:
+        score_test_set(outcome)
+    finish_run(outcome, trainer.compute_metrics)  # stops the clock: its figure is the card's and the command's
+    if push_repo:
+        files = push_folder(outcome.output_dir, push_repo, private=bool(training_args.hub_private_repo),
+                            token=training_args.hub_token)
+        print(f"[deepnmt] pushed {len(files)} files to https://huggingface.co/{push_repo}", file=sys.stderr)
 
 
 def read_corpora(argv: Sequence[str], model_args: ModelArguments, data_args: DataArguments,
