@@ -160,3 +160,117 @@ def test_the_two_setup_commands_are_what_run_sh_and_ci_run():
     assert usage.returncode == 2 and "usage: bash run.sh {quickstart|test}" in usage.stderr
     test_branch = (ROOT / "run.sh").read_text().split("  test)", 1)[1].split(";;", 1)[0]
     assert 'python" -m pytest "$@"' in test_branch and "integration" not in test_branch  # the whole suite
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# README.md is for a user (issue 64): short, no wall of prose, every link lands, every figure names its source.
+# Measurement histories and the reasoning behind defaults live in docs/ and benchmarks/, linked from here.
+# ----------------------------------------------------------------------------------------------------------------
+README_MAX_LINES = 250
+PARAGRAPH_MAX_LINES = 8
+FIGURE = re.compile(r"\d(?:[\d.,]*\d)?\s*(?:×|%|min\b|GiB\b|BLEU\b|chrF\b)|\bBLEU\s+\*{0,2}\d")
+
+
+def prose_paragraphs(text: str = README) -> list[list[str]]:
+    """Runs of non-blank lines outside code fences, tables, headings and lists (a list item and its indented
+    continuation lines are a list, not prose)."""
+    paragraphs: list[list[str]] = []
+    current: list[str] = []
+    fenced = in_list = False
+
+    def end() -> None:
+        if current:
+            paragraphs.append(current.copy())
+            current.clear()
+
+    for line in text.splitlines():
+        if line.startswith("```"):
+            end()
+            fenced = not fenced
+            continue
+        if fenced:
+            continue
+        if not line.strip():
+            end()
+            in_list = False
+        elif re.match(r"(?:[-*+]|\d+\.) ", line):
+            end()
+            in_list = True
+        elif in_list and line.startswith(" "):
+            continue
+        elif line.startswith(("|", "#")):
+            end()
+        else:
+            current.append(line)
+    end()
+    return paragraphs
+
+
+def relative_links(text: str = README) -> list[str]:
+    """The targets of README's Markdown links that are not URLs or in-page anchors."""
+    outside_code = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+    return [target for target in re.findall(r"\]\(([^)\s]+)\)", outside_code)
+            if not re.match(r"[a-z][a-z0-9+.-]*:", target) and not target.startswith("#")]
+
+
+def github_anchor(heading: str) -> str:
+    """The anchor GitHub gives a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_the_readme_is_short():
+    lines = README.splitlines()
+    assert len(lines) < README_MAX_LINES, (
+        f"README.md has {len(lines)} lines; keep it under {README_MAX_LINES}: move histories and details to docs/ "
+        f"or benchmarks/ and link them")
+
+
+def test_no_readme_paragraph_is_a_wall_of_text():
+    long = [paragraph for paragraph in prose_paragraphs() if len(paragraph) > PARAGRAPH_MAX_LINES]
+    assert not long, "README paragraphs over {} lines (use a list or a table, or move it to docs/):\n{}".format(
+        PARAGRAPH_MAX_LINES, "\n\n".join("\n".join(paragraph) for paragraph in long))
+
+
+def test_the_paragraph_reader_sees_prose_only():
+    text = "a\nb\n\n- item\n  continued\n- item\n\n| a | b |\n|---|---|\n\n```bash\nx\ny\n```\n\nc\n"
+    assert prose_paragraphs(text) == [["a", "b"], ["c"]]
+    assert relative_links("[a](docs/a.md) [b](https://x.org) [c](#here) [d](b.md#part)\n```\n[e](no.md)\n```\n") \
+        == ["docs/a.md", "b.md#part"]
+
+
+def test_every_relative_link_of_the_readme_lands():
+    links = relative_links()
+    assert links, "README.md links to no page of docs/ or benchmarks/"
+    for target in links:
+        path, _, anchor = target.partition("#")
+        file = ROOT / path
+        assert file.exists(), f"README.md links to {target}, which does not exist"
+        if anchor and file.suffix == ".md":
+            anchors = {github_anchor(heading) for heading in
+                       re.findall(r"^#{1,6} (.+)$", file.read_text(encoding="utf-8"), re.M)}
+            assert anchor in anchors, f"README.md links to {target}: {path} has no heading with that anchor"
+
+
+def measured_rows(text: str = README) -> list[list[str]]:
+    """The rows of the table under "## What is measured", as lists of cells."""
+    section = text.split("## What is measured", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("|")][2:]  # past the header and the rule
+    return [[cell.strip() for cell in row.strip().strip("|").split("|")] for row in rows]
+
+
+def test_every_measured_figure_has_a_date_and_a_link():
+    rows = measured_rows()
+    assert len(rows) >= 5, rows
+    for row in rows:
+        assert re.search(r"\d", " ".join(row)), row
+        assert any(re.fullmatch(r"20\d\d-\d\d-\d\d", cell) for cell in row), f"no date in the row {row}"
+        assert re.search(r"\]\((?!https?:)[^)]+\)", row[-1]), f"no link to the page with the command in {row}"
+
+
+def test_every_figure_in_the_readme_prose_links_to_its_source():
+    """A figure in the README's prose (a time, a ratio, a BLEU score) sits in a paragraph that links to the page
+    holding its command."""
+    for paragraph in prose_paragraphs():
+        text = "\n".join(paragraph)
+        if FIGURE.search(text):
+            assert re.search(r"\]\((?!https?:)[^)]+\)", text), f"a figure without a link to its source:\n{text}"
