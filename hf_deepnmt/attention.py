@@ -110,6 +110,22 @@ def decoder_self_attention_mask(
     return mask | ~mask.any(dim=-1, keepdim=True), False
 
 
+def decoder_attention_masks(attention_mask: torch.Tensor | None, encoder_attention_mask: torch.Tensor | None,
+                            hidden_states: torch.Tensor, past_length: int
+                            ) -> tuple[torch.Tensor | None, bool, torch.Tensor | None]:
+    """A decoder pass's masks: the causal self-attention mask over the target so far, whether it is plain causal
+    (SDPA's fast path), and the source padding mask of the cross-attention; additive, in the states' dtype."""
+    batch, length = hidden_states.shape[:2]
+    if attention_mask is not None and attention_mask.dim() == 2 and attention_mask.shape != (
+            batch, past_length + length):
+        raise UserInputError(f"`decoder_attention_mask` has shape {tuple(attention_mask.shape)}; it needs one 1/0 "
+                             f"entry per target token so far, {(batch, past_length + length)}.")
+    self_mask, is_causal = decoder_self_attention_mask(attention_mask, length, past_length, hidden_states.device)
+    self_mask = additive_mask(self_mask, hidden_states.dtype)  # (B or 1, 1, T, past+T)
+    cross_mask = additive_mask(padding_mask(encoder_attention_mask), hidden_states.dtype)  # (B, 1, 1, S)
+    return self_mask, is_causal, cross_mask
+
+
 def multi_layer_cache_slot(layer_idx: int, source: int, num_layers: int) -> int:
     """Self-attention cache slot of dou2018 multi-layer attention to H^{l−source} in decoder layer ``layer_idx``:
     slots 0 … L−1 are the layers' own self-attention, then one block of L slots per extra source (j = 2 … k)."""

@@ -66,6 +66,12 @@ class GenerationCacheMixin:
 
     config: Any
     generation_config: Any
+    # The cross-attention takes one encoder row per sentence for g consecutive decoder rows (its beams): the retiring
+    # search passes the source once per sentence (`hf_deepnmt.attention.memory_groups`, docs/transformer.md "Caches").
+    beams_share_memory = True
+    # Sentences may join a running retiring search: every row takes its own positions (`decoder_position_ids`) and
+    # masks the cache columns before its first one (`hf_deepnmt.retiring_search.ContinuousSearch`, docs/serving.md).
+    admits_mid_search = True
 
     def _add_generation_cache(self, kwargs: dict[str, Any]) -> None:
         """transformers' beam search (`TranslationGenerationMixin.generate`) starts from `beam_search_cache` (the

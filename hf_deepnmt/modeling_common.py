@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 from transformers.cache_utils import Cache
-from transformers.modeling_outputs import Seq2SeqLMOutput
+from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 
 from .pipeline_translation import TRANSLATION_PIPELINE_SPEC
 from .errors import UserInputError
@@ -169,6 +169,57 @@ def check_attention_mask(name: str, mask: torch.Tensor | None, ids_name: str, sh
     if tuple(mask.shape) != tuple(shape):
         raise UserInputError(f"`{name}` has shape {tuple(mask.shape)} but `{ids_name}` has shape {tuple(shape)}; the mask "
                          "needs one 1/0 entry per token.")
+
+
+def check_one_input(owner: str, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None) -> None:
+    """A stack embeds either token ids or given embeddings, never both, never neither."""
+    if (input_ids is None) == (inputs_embeds is None):
+        raise UserInputError(f"{owner}: pass exactly one of `input_ids` and `inputs_embeds`.")
+
+
+def check_sequence_fits(owner: str, longest: int, max_positions: int) -> None:
+    """A sequence of ``longest`` tokens must fit in the model's positions."""
+    if longest > max_positions:
+        raise UserInputError(
+            f"{owner}: a sequence of {longest} tokens is longer than "
+            f"max_position_embeddings={max_positions}; truncate the input (the tokenizer "
+            "and the translation pipeline do this with truncation=True)."
+        )
+
+
+def check_positions_fit(owner: str, position_ids: torch.Tensor | None, shape: tuple[int, ...], past_length: int,
+                        max_positions: int) -> None:
+    """The positions of a pass's ``shape`` ``(B, T)`` tokens must fit in the model's: ``past_length`` … for every
+    row, or ``position_ids`` ``(B, T)``, one per token."""
+    if position_ids is not None:
+        if tuple(position_ids.shape) != shape:
+            raise UserInputError(f"`decoder_position_ids` has shape {tuple(position_ids.shape)}; it needs one "
+                                 f"position per input token, {shape}.")
+        longest = int(position_ids.max()) + 1 if position_ids.numel() else 0
+    else:
+        longest = past_length + shape[1]
+    check_sequence_fits(owner, longest, max_positions)
+
+
+def output_flags(config: Any, output_attentions: bool | None, output_hidden_states: bool | None) -> tuple[bool, bool]:
+    """Whether a forward returns attentions and hidden states: as asked, else as the config says."""
+    output_attentions = bool(output_attentions if output_attentions is not None else config.output_attentions)
+    output_hidden_states = bool(
+        output_hidden_states if output_hidden_states is not None else config.output_hidden_states
+    )
+    return output_attentions, output_hidden_states
+
+
+def as_encoder_output(encoder_outputs: Any) -> BaseModelOutput:
+    """Encoder outputs given as a tuple ``(last_hidden_state[, hidden_states[, attentions]])`` as a
+    `BaseModelOutput` (one already is one)."""
+    if isinstance(encoder_outputs, BaseModelOutput):
+        return encoder_outputs
+    return BaseModelOutput(
+        last_hidden_state=encoder_outputs[0],
+        hidden_states=encoder_outputs[1] if len(encoder_outputs) > 1 else None,
+        attentions=encoder_outputs[2] if len(encoder_outputs) > 2 else None,
+    )
 
 
 def check_generation_arguments(kwargs: dict[str, Any]) -> None:

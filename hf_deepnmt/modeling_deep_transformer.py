@@ -20,10 +20,13 @@ Where the deep-NMT methods live (each validated in the config, each decision exp
 * dou2018 layer aggregation: `_DeepTransformerStack._run_layers` with the modules of `hf_deepnmt.aggregation`;
   multi-layer attention: `DeepTransformerSublayerMixin._self_attention_sublayer` (docs/dou2018.md);
 * the training objective (NLL + li2022 DDR / ALD + dou2018 diversity, as the config switches them on) in
-  `DeepTransformerForConditionalGeneration.forward` in training mode, built from `hf_deepnmt.losses`
-  (docs/training.md).
+  `DeepTransformerForConditionalGeneration.forward` in training mode: its terms in `_objective_terms`, built from
+  `hf_deepnmt.losses` (docs/training.md).
 
-Positions, input checks and the Hub/generation plumbing shared with DTMT are in `modeling_common.py`.
+Plumbing lives in modules of its own: positions, input checks and the Hub/generation plumbing shared with DTMT in
+`modeling_common.py`; the decoding caches in `cache_deep_transformer.py`; the one model call for every view of a
+training batch and its outputs in `objective_deep_transformer.py`; weight init, capabilities and accessors in
+`pretrained_deep_transformer.py`.
 This file is copied next to the weights by ``save_pretrained`` (trust_remote_code): it imports only torch,
 transformers and same-folder modules with ``from .module import Name``.
 """
@@ -50,12 +53,12 @@ from .attention import (
     DeepTransformerAttention,
     RealPositions,
     additive_mask,
-    decoder_self_attention_mask,
+    decoder_attention_masks,
     multi_layer_cache_slot,
     padding_mask,
     real_positions,
 )
-from .aggregation import AggregationFunction, AggregationRun, LayerAggregation, LinearCombination
+from .aggregation import AggregationFunction, AggregationRun, LayerAggregation
 from .cache_deep_transformer import DecoderCacheMixin, GenerationCacheMixin
 from .configuration_deep_transformer import (
     AdminTransformerConfig,
@@ -73,23 +76,32 @@ from .losses import (
     diversity_term,
     nll_terms,
     target_mask,
-    translation_nll_objective,
 )
 from .modeling_common import (
     DeepTransformerSeq2SeqLMOutput,
     HubReadyMixin,
     ScaledEmbedding,
     TranslationGenerationMixin,
+    as_encoder_output,
     bind_shared_embedding,
     cache_field,
     check_attention_mask,
+    check_one_input,
+    check_positions_fit,
     check_token_ids,
     PositionEncoding,
     merge_cache_arguments,
-    output_cache,
+    output_flags,
 )
 from .errors import UserInputError
 from .objective_deep_transformer import TrainingObjectiveMixin
+from .pretrained_deep_transformer import (
+    DeepTransformerCapabilities,
+    LMEmbeddingAccessors,
+    SharedEmbeddingAccessors,
+    init_standard_weights,
+    seq2seq_model_output,
+)
 from .handler import EndpointHandler  # noqa: F401  (so that save_pretrained copies handler.py)
 
 
@@ -450,26 +462,14 @@ class _DeepTransformerStack(nn.Module):
                name: str = "input_ids", position_ids: torch.Tensor | None = None):
         """Token embeddings plus sinusoidal positions: ``past_length`` … for every row, or ``position_ids`` ``(B, T)``
         when the rows stand at different positions (a decoder over a left-padded cache, docs/serving.md)."""
-        if (input_ids is None) == (inputs_embeds is None):
-            raise UserInputError(f"{type(self).__name__}: pass exactly one of `input_ids` and `inputs_embeds`.")
+        check_one_input(type(self).__name__, input_ids, inputs_embeds)
         # the value scan runs on every full pass; incremental steps feed back ids generate itself chose
         check_token_ids(name, input_ids, self.embed_tokens.num_embeddings, check_values=past_length == 0)
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)  # (B, T, d), scaled by `ScaledEmbedding`
         length = inputs_embeds.size(1)
-        if position_ids is not None:
-            if tuple(position_ids.shape) != tuple(inputs_embeds.shape[:2]):
-                raise UserInputError(f"`decoder_position_ids` has shape {tuple(position_ids.shape)}; it needs one "
-                                     f"position per input token, {tuple(inputs_embeds.shape[:2])}.")
-            longest = int(position_ids.max()) + 1 if position_ids.numel() else 0
-        else:
-            longest = past_length + length
-        if longest > self.config.max_position_embeddings:
-            raise UserInputError(
-                f"{type(self).__name__}: a sequence of {longest} tokens is longer than "
-                f"max_position_embeddings={self.config.max_position_embeddings}; truncate the input (the tokenizer "
-                "and the translation pipeline do this with truncation=True)."
-            )
+        check_positions_fit(type(self).__name__, position_ids, tuple(inputs_embeds.shape[:2]), past_length,
+                            self.config.max_position_embeddings)
         positions = self.embed_positions(past_length, length, inputs_embeds.device, inputs_embeds.dtype,
                                          position_ids)  # (1 or B, T, d)
         hidden_states = inputs_embeds + positions  # (B, T, d)
@@ -507,10 +507,7 @@ class DeepTransformerEncoder(_DeepTransformerStack):
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
     ) -> BaseModelOutput | tuple:
-        output_attentions = bool(output_attentions if output_attentions is not None else self.config.output_attentions)
-        output_hidden_states = bool(
-            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
-        )
+        output_attentions, output_hidden_states = output_flags(self.config, output_attentions, output_hidden_states)
         hidden_states = self._embed(input_ids, inputs_embeds, past_length=0)
         check_attention_mask("attention_mask", attention_mask, "input_ids", tuple(hidden_states.shape[:2]))
         mask = additive_mask(padding_mask(attention_mask), hidden_states.dtype)  # (B, 1, 1, S)
@@ -597,21 +594,6 @@ class DeepTransformerDecoder(DecoderCacheMixin, _DeepTransformerStack):
         rows = torch.cat([draws[group].expand(size) for group, size in enumerate(sizes)])  # (R,)
         return rows[:, None, None]  # (R, 1, 1)
 
-    def _attention_masks(self, attention_mask: torch.Tensor | None, encoder_attention_mask: torch.Tensor | None,
-                         hidden_states: torch.Tensor, past_length: int) -> tuple[torch.Tensor | None, bool,
-                                                                                 torch.Tensor | None]:
-        """The causal self-attention mask over the target so far, whether it is plain causal (SDPA's fast path), and
-        the source padding mask of the cross-attention; additive, in the states' dtype."""
-        batch, length = hidden_states.shape[:2]
-        if attention_mask is not None and attention_mask.dim() == 2 and attention_mask.shape != (
-                batch, past_length + length):
-            raise UserInputError(f"`decoder_attention_mask` has shape {tuple(attention_mask.shape)}; it needs one 1/0 "
-                                 f"entry per target token so far, {(batch, past_length + length)}.")
-        self_mask, is_causal = decoder_self_attention_mask(attention_mask, length, past_length, hidden_states.device)
-        self_mask = additive_mask(self_mask, hidden_states.dtype)  # (B or 1, 1, T, past+T)
-        cross_mask = additive_mask(padding_mask(encoder_attention_mask), hidden_states.dtype)  # (B, 1, 1, S)
-        return self_mask, is_causal, cross_mask
-
     def _cross_attention_draws(self, drop_net_group_sizes: list[int] | tuple[int, ...] | None,
                                hidden_states: torch.Tensor, drop: bool) -> dict[nn.Module, bool | torch.Tensor]:
         """li2022 §3.3: per layer, whether its cross-attention runs in this pass (`draw_cross_attention`)."""
@@ -646,10 +628,7 @@ class DeepTransformerDecoder(DecoderCacheMixin, _DeepTransformerStack):
         "Padding in training"). ``position_ids`` ``(B, T)``: each input token's position when the rows stand at
         different positions (a left-padded cache whose ``attention_mask`` masks each row's leading columns,
         `hf_deepnmt.retiring_search.ContinuousSearch`); default ``past_length`` … for every row."""
-        output_attentions = bool(output_attentions if output_attentions is not None else self.config.output_attentions)
-        output_hidden_states = bool(
-            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
-        )
+        output_attentions, output_hidden_states = output_flags(self.config, output_attentions, output_hidden_states)
         cache, use_cache = self._decoding_cache(merge_cache_arguments(cache, past_key_values), use_cache)
         if encoder_hidden_states is None and not self.holds_memory(cache):
             raise UserInputError(f"{type(self).__name__}: `encoder_hidden_states` is required (run the encoder first).")
@@ -657,8 +636,8 @@ class DeepTransformerDecoder(DecoderCacheMixin, _DeepTransformerStack):
 
         hidden_states = self._embed(input_ids, inputs_embeds, past_length, name="decoder_input_ids",
                                     position_ids=position_ids)  # (B, T, d)
-        self_mask, is_causal, cross_mask = self._attention_masks(attention_mask, encoder_attention_mask, hidden_states,
-                                                                past_length)
+        self_mask, is_causal, cross_mask = decoder_attention_masks(attention_mask, encoder_attention_mask,
+                                                                   hidden_states, past_length)
         use_cross = self._cross_attention_draws(drop_net_group_sizes, hidden_states, drop_cross_attention)
         batch, length = hidden_states.shape[:2]
         positions = memory_positions = None
@@ -700,51 +679,16 @@ class DeepTransformerDecoder(DecoderCacheMixin, _DeepTransformerStack):
         return output if return_dict is not False else output.to_tuple()
 
 
-class DeepTransformerPreTrainedModel(HubReadyMixin, PreTrainedModel):
-    """Weight init, attention capabilities and Hub plumbing shared by the DeepTransformer models."""
+class DeepTransformerPreTrainedModel(DeepTransformerCapabilities, HubReadyMixin, PreTrainedModel):
+    """Weight init, attention capabilities (`DeepTransformerCapabilities`) and Hub plumbing shared by the
+    DeepTransformer models."""
 
     config_class = DeepTransformerConfig
-    base_model_prefix = "model"
-    main_input_name = "input_ids"
-    supports_gradient_checkpointing = True
-    _supports_sdpa = True
-    # Kernels of transformers' AttentionInterface, dispatched at call time by `interface_attention`.
-    _supports_flex_attn = True
-    _supports_flash_attn = True
-    _no_split_modules = ["DeepTransformerEncoderLayer", "DeepTransformerDecoderLayer"]
-    # forward divides its training objective by `num_items_in_batch` (the optimizer step's target tokens) when
-    # transformers' Trainer passes it, so the Trainer must not divide by the accumulation steps again.
-    accepts_loss_kwargs = True
-
-    def __init__(self, config: DeepTransformerConfig, *args: Any, **kwargs: Any):
-        config.check_fields()  # a config mutated after construction is re-validated here
-        super().__init__(config, *args, **kwargs)
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
-        """Xavier-uniform linear weights (gain 1) and zero biases, N(0, init_std) token embeddings and output
-        projection, unit LayerNorms. (fairseq's Transformer differs in one place: it gives q/k/v projections gain
-        1/√2; we use gain 1 everywhere, as tensor2tensor does.) Uses `torch.nn.init`, which transformers guards for
-        loaded weights."""
-        std = self.config.init_std if self.config.init_std is not None else self.config.d_model ** -0.5
-        if isinstance(module, nn.Linear):
-            if module is getattr(self, "lm_head", None):
-                init.normal_(module.weight, mean=0.0, std=std)
-            else:
-                init.xavier_uniform_(module.weight)
-            if module.bias is not None:
-                init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            init.normal_(module.weight, mean=0.0, std=std)
-            if module.padding_idx is not None and not getattr(module.weight, "_is_hf_initialized", False):
-                module.weight[module.padding_idx].zero_()
-        elif isinstance(module, nn.LayerNorm):
-            init.ones_(module.weight)
-            init.zeros_(module.bias)
-        elif isinstance(module, LinearCombination) and not getattr(module.weight, "_is_hf_initialized", False):
-            module.reset_to_newest()  # docs/dou2018.md: a linear-aggregation stack starts as the vanilla one
-        elif isinstance(module, PositionEncoding) and module.weight is not None:
-            init.normal_(module.weight, mean=0.0, std=self.config.d_model ** -0.5)  # fairseq's learned positions
+        """The standard modules as `init_standard_weights` sets them (no paper's equation); liu2020's ω_k."""
+        init_standard_weights(module, self.config, getattr(self, "lm_head", None))
         if isinstance(module, DeepTransformerSublayerMixin):
             self._init_omegas(module)
 
@@ -763,7 +707,7 @@ class DeepTransformerPreTrainedModel(HubReadyMixin, PreTrainedModel):
     seq2seq_class_name = "DeepTransformerForConditionalGeneration"
 
 
-class DeepTransformerModel(DeepTransformerPreTrainedModel):
+class DeepTransformerModel(SharedEmbeddingAccessors, DeepTransformerPreTrainedModel):
     """Encoder and decoder over one shared (joint-vocabulary) token embedding; returns decoder states."""
 
     def __init__(self, config: DeepTransformerConfig):
@@ -777,22 +721,6 @@ class DeepTransformerModel(DeepTransformerPreTrainedModel):
             target = ScaledEmbedding(config.target_vocab_size, config.d_model, config.pad_token_id, embed_scale)
             self.decoder = DeepTransformerDecoder(config, target, owns_embedding=True)
         self.post_init()
-
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.shared
-
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        """The source embedding (and the target one too, when the vocabulary is shared), as Marian's."""
-        self.shared = value
-        bind_shared_embedding(self.encoder, value)
-        if self.config.share_encoder_decoder_embeddings:
-            bind_shared_embedding(self.decoder, value)
-
-    def get_encoder(self, modality: str | None = None) -> DeepTransformerEncoder:
-        return self.encoder
-
-    def get_decoder(self) -> DeepTransformerDecoder:
-        return self.decoder
 
     def forward(
         self,
@@ -829,55 +757,27 @@ class DeepTransformerModel(DeepTransformerPreTrainedModel):
         """
         past_key_values = merge_cache_arguments(cache, past_key_values)
         if encoder_outputs is None:
-            encoder_outputs = self.encoder(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                inputs_embeds=inputs_embeds,
-                output_attentions=output_attentions,
-                output_hidden_states=output_hidden_states,
-            )
-        elif not isinstance(encoder_outputs, BaseModelOutput):
-            encoder_outputs = BaseModelOutput(
-                last_hidden_state=encoder_outputs[0],
-                hidden_states=encoder_outputs[1] if len(encoder_outputs) > 1 else None,
-                attentions=encoder_outputs[2] if len(encoder_outputs) > 2 else None,
-            )
+            encoder_outputs = self.encoder(input_ids=input_ids, attention_mask=attention_mask,
+                                           inputs_embeds=inputs_embeds, output_attentions=output_attentions,
+                                           output_hidden_states=output_hidden_states)
+        encoder_outputs = as_encoder_output(encoder_outputs)
         encoder_states, encoder_mask = encoder_outputs.last_hidden_state, attention_mask
         if encoder_row_index is not None:
             encoder_states = encoder_states.index_select(0, encoder_row_index)  # (R, S, d)
             encoder_mask = None if encoder_mask is None else encoder_mask.index_select(0, encoder_row_index)  # (R, S)
         decoder_outputs = self.decoder(
-            input_ids=decoder_input_ids,
-            attention_mask=decoder_attention_mask,
-            encoder_hidden_states=encoder_states,
-            encoder_attention_mask=encoder_mask,
-            past_key_values=past_key_values,
-            inputs_embeds=decoder_inputs_embeds,
-            use_cache=use_cache,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            drop_net_group_sizes=drop_net_group_sizes,
-            drop_cross_attention=drop_cross_attention,
-            target_lengths=target_lengths,
-            position_ids=decoder_position_ids,
+            input_ids=decoder_input_ids, attention_mask=decoder_attention_mask, encoder_hidden_states=encoder_states,
+            encoder_attention_mask=encoder_mask, past_key_values=past_key_values, inputs_embeds=decoder_inputs_embeds,
+            use_cache=use_cache, output_attentions=output_attentions, output_hidden_states=output_hidden_states,
+            drop_net_group_sizes=drop_net_group_sizes, drop_cross_attention=drop_cross_attention,
+            target_lengths=target_lengths, position_ids=decoder_position_ids,
         )
-        output = Seq2SeqModelOutput(
-            last_hidden_state=decoder_outputs.last_hidden_state,
-            **cache_field(output_cache(decoder_outputs)),
-            decoder_hidden_states=decoder_outputs.hidden_states,
-            decoder_attentions=decoder_outputs.attentions,
-            cross_attentions=decoder_outputs.cross_attentions,
-            encoder_last_hidden_state=encoder_outputs.last_hidden_state,
-            encoder_hidden_states=encoder_outputs.hidden_states,
-            encoder_attentions=encoder_outputs.attentions,
-        )
-        return output if return_dict is not False else output.to_tuple()
+        return seq2seq_model_output(encoder_outputs, decoder_outputs, return_dict)
 
 
-
-
-class DeepTransformerForConditionalGeneration(GenerationCacheMixin, TrainingObjectiveMixin, TranslationGenerationMixin,
-                                              DeepTransformerPreTrainedModel, GenerationMixin):
+class DeepTransformerForConditionalGeneration(GenerationCacheMixin, TrainingObjectiveMixin, LMEmbeddingAccessors,
+                                              TranslationGenerationMixin, DeepTransformerPreTrainedModel,
+                                              GenerationMixin):
     """`DeepTransformerModel` + output projection (tied to the shared embedding by default); generates with
     greedy search, beam search and sampling through `GenerationMixin` and `EncoderDecoderCache`.
 
@@ -887,12 +787,6 @@ class DeepTransformerForConditionalGeneration(GenerationCacheMixin, TrainingObje
 
     _tied_weights_keys = {"lm_head.weight": "model.shared.weight"}
     base_model_class: type[DeepTransformerModel] = DeepTransformerModel
-    # The cross-attention takes one encoder row per sentence for g consecutive decoder rows (its beams): the retiring
-    # search passes the source once per sentence (`hf_deepnmt.attention.memory_groups`, docs/transformer.md "Caches").
-    beams_share_memory = True
-    # Sentences may join a running retiring search: every row takes its own positions (`decoder_position_ids`) and
-    # masks the cache columns before its first one (`hf_deepnmt.retiring_search.ContinuousSearch`, docs/serving.md).
-    admits_mid_search = True
 
     def __init__(self, config: DeepTransformerConfig):
         super().__init__(config)
@@ -903,12 +797,6 @@ class DeepTransformerForConditionalGeneration(GenerationCacheMixin, TrainingObje
         self.lm_head = nn.Linear(config.d_model, config.target_vocab_size, bias=config.output_bias)
         self.post_init()
         self.set_translation_generation_defaults()
-
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.model.shared
-
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.model.set_input_embeddings(value)
 
     def forward(
         self,
@@ -966,25 +854,14 @@ class DeepTransformerForConditionalGeneration(GenerationCacheMixin, TrainingObje
             )
             return output if return_dict is not False else output.to_tuple()
         outputs = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            decoder_input_ids=decoder_input_ids,
-            decoder_attention_mask=decoder_attention_mask,
-            encoder_outputs=encoder_outputs,
-            past_key_values=past_key_values,
-            inputs_embeds=inputs_embeds,
-            decoder_inputs_embeds=decoder_inputs_embeds,
-            use_cache=use_cache,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
+            input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
+            decoder_attention_mask=decoder_attention_mask, encoder_outputs=encoder_outputs,
+            past_key_values=past_key_values, inputs_embeds=inputs_embeds, decoder_inputs_embeds=decoder_inputs_embeds,
+            use_cache=use_cache, output_attentions=output_attentions, output_hidden_states=output_hidden_states,
             decoder_position_ids=decoder_position_ids,
         )
         logits = self.lm_head(outputs.last_hidden_state)  # (B, T, V)
-        loss = components = counts = None
-        if labels is not None:  # evaluation: the unsmoothed NLL per target token
-            loss, components, counts = translation_nll_objective(
-                logits, labels, self.config.pad_token_id, training=False, epsilon=0.0,
-                source_tokens=torch.tensor(0), num_items_in_batch=num_items_in_batch)
+        loss, components, counts = self._evaluation_objective(logits, labels, num_items_in_batch)
         return self._lm_output(outputs, logits, loss, components, counts, return_dict)
 
     def _x_pass_logits(self, views: BatchViews, outputs: Seq2SeqModelOutput, steps: torch.Tensor,

@@ -43,12 +43,16 @@ from .modeling_common import (
     DeepTransformerSeq2SeqLMOutput,
     HubReadyMixin,
     TranslationGenerationMixin,
+    as_encoder_output,
     bind_shared_embedding,
     cache_field,
     check_attention_mask,
+    check_one_input,
+    check_sequence_fits,
     check_token_ids,
     merge_cache_arguments,
     output_cache,
+    output_flags,
     sinusoidal_positions,
 )
 from .errors import UserInputError
@@ -298,17 +302,12 @@ class _DTMTStack(nn.Module):
                start: int | torch.Tensor) -> torch.Tensor:
         """``start``: the position of the first token; a 0-d tensor in the ONNX export's decoder step (its
         ``position`` input), where the length check below is the runtime's (docs/fast-inference.md)."""
-        if (input_ids is None) == (inputs_embeds is None):
-            raise UserInputError(f"{type(self).__name__}: pass exactly one of `input_ids` and `inputs_embeds`.")
+        check_one_input(type(self).__name__, input_ids, inputs_embeds)
         x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         x = x + self.embed_bias  # (B, T, d)
         length, d = x.size(1), x.size(2)
-        if not isinstance(start, torch.Tensor) and start + length > self.config.max_position_embeddings:
-            raise UserInputError(
-                f"{type(self).__name__}: a sequence of {start + length} tokens is longer than "
-                f"max_position_embeddings={self.config.max_position_embeddings}; truncate the input (the tokenizer "
-                "and the translation pipeline do this with truncation=True)."
-            )
+        if not isinstance(start, torch.Tensor):
+            check_sequence_fits(type(self).__name__, start + length, self.config.max_position_embeddings)
         if self.config.positional_encoding:
             # §Advanced Techniques: sinusoidal positions (Vaswani et al.) scaled by 1/sqrt(d_k), d_k = embedding size
             x = x + sinusoidal_positions(start, length, d, x.device, x.dtype) * d ** -0.5
@@ -702,18 +701,11 @@ class DTMTModel(DTMTPreTrainedModel):
         causal by construction and right-padded targets never influence real positions."""
         past_key_values = merge_cache_arguments(cache, past_key_values)
         use_cache = use_cache if use_cache is not None else self.config.use_cache
-        output_attentions = bool(output_attentions if output_attentions is not None else self.config.output_attentions)
-        output_hidden_states = bool(
-            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
-        )
+        output_attentions, output_hidden_states = output_flags(self.config, output_attentions, output_hidden_states)
         if encoder_outputs is None:
             encoder_outputs = self.encoder(input_ids=input_ids, attention_mask=attention_mask,
                                            inputs_embeds=inputs_embeds, output_hidden_states=output_hidden_states)
-        elif not isinstance(encoder_outputs, BaseModelOutput):
-            encoder_outputs = BaseModelOutput(
-                last_hidden_state=encoder_outputs[0],
-                hidden_states=encoder_outputs[1] if len(encoder_outputs) > 1 else None,
-            )
+        encoder_outputs = as_encoder_output(encoder_outputs)
         readout, cache, hidden_states, attentions = self.decoder(
             input_ids=decoder_input_ids,
             encoder_hidden_states=encoder_outputs.last_hidden_state,

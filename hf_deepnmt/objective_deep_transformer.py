@@ -20,7 +20,15 @@ from transformers.modeling_outputs import BaseModelOutput, Seq2SeqModelOutput
 from transformers.utils import logging
 
 from .errors import UserInputError
-from .losses import BatchViews, LossNormalizers, combine_terms, resolve_normalizers, target_mask, training_views
+from .losses import (
+    BatchViews,
+    LossNormalizers,
+    combine_terms,
+    resolve_normalizers,
+    target_mask,
+    training_views,
+    translation_nll_objective,
+)
 from .modeling_common import DeepTransformerSeq2SeqLMOutput, cache_field, output_cache
 
 logger = logging.get_logger(__name__)
@@ -99,6 +107,15 @@ class TrainingObjectiveMixin:
         if crt and given:
             raise UserInputError(f"{type(self).__name__}: li2022's DDR/ALD training objective needs input_ids and "
                                  f"decoder ids (it builds several views of them); got {given} instead.")
+
+    def _evaluation_objective(self, logits: torch.Tensor, labels: torch.Tensor | None,
+                              num_items_in_batch: torch.Tensor | int | None) -> tuple[Any, Any, Any]:
+        """Evaluation mode: the unsmoothed NLL per target token, with its components and counts (None without
+        ``labels``)."""
+        if labels is None:
+            return None, None, None
+        return translation_nll_objective(logits, labels, self.config.pad_token_id, training=False, epsilon=0.0,
+                                         source_tokens=torch.tensor(0), num_items_in_batch=num_items_in_batch)
 
     @staticmethod
     def _x_view_output(views: BatchViews, outputs: Seq2SeqModelOutput, loss: torch.Tensor, logits: torch.Tensor,
