@@ -84,93 +84,106 @@ def _own_copy(layer: Any, name: str, value: Any) -> None:
         setattr(layer, name.rsplit("/", 1)[-1], value.detach().clone().contiguous())
 
 
+class _SpecSteps:
+    """The `TransformerSpec` of a model, its config and vocabularies: the steps of `ctranslate2_loader`'s loader that
+    read the model as a whole (the module docstring says which conventions)."""
+
+    @property
+    def architecture_name(self) -> str:
+        return "AutoModelForSeq2SeqLM"  # the stock converter loads our folders through the Auto class
+
+    def get_model_spec(self, model: nn.Module) -> Any:
+        from ctranslate2.specs import common_spec, model_spec, transformer_spec
+
+        check_exportable(model.config, "ctranslate2")  # dou2018, DTMT, activations CTranslate2 lacks
+        model = standard_model(model)  # liu2020 ADMIN folded (nothing to do for a standard model)
+        config = model.config
+        pre_norm = config.layer_norm_position == "pre"  # pre-LN: LN before each sub-layer, final LN per stack
+        activation = getattr(common_spec.Activation, CT2_ACTIVATIONS[config.activation_function])
+        spec = transformer_spec.TransformerSpec(  # BART's spec, with each stack's own number of heads
+            transformer_spec.TransformerEncoderSpec(config.encoder_layers, config.encoder_attention_heads,
+                                                    pre_norm=pre_norm, activation=activation),
+            transformer_spec.TransformerDecoderSpec(config.decoder_layers, config.decoder_attention_heads,
+                                                    pre_norm=pre_norm, activation=activation))
+        self.set_encoder(spec.encoder, model.model.encoder)
+        self.set_decoder(spec.decoder, model.model.decoder)
+        self.set_linear(spec.decoder.projection, model.lm_head)  # with Marian's output bias when it has one
+        model_spec.visit_spec(spec, _own_copy)
+        return spec
+
+    def __call__(self, model: nn.Module, tokenizer: Any) -> Any:
+        spec = self.get_model_spec(model)
+        self.set_config(spec.config, model, tokenizer)
+        config = model.config  # two vocabularies where the model has two (docs/public-checkpoints.md)
+        target = self.get_vocabulary(model, tokenizer)
+        spec.register_source_vocabulary(target if config.share_encoder_decoder_embeddings else
+                                        vocabulary_tokens(tokenizer, config.vocab_size, "source"))
+        spec.register_target_vocabulary(target)
+        return spec
+
+    def get_vocabulary(self, model: nn.Module, tokenizer: Any) -> list[str]:
+        # every row kept (Marian's loader drops the last); the target side of two vocabularies
+        config = model.config
+        return vocabulary_tokens(tokenizer, config.target_vocab_size,
+                                 None if config.share_encoder_decoder_embeddings else "target")
+
+    def set_config(self, config: Any, model: nn.Module, tokenizer: Any) -> None:
+        ids, tokens = model.config, self.get_vocabulary(model, tokenizer)  # the model's ids, as `generate`'s
+        # CTranslate2 reads <s> only to prepend it to sources, which we never ask; Marian's vocabulary has none
+        config.bos_token = tokens[ids.bos_token_id if ids.bos_token_id is not None else ids.eos_token_id]
+        config.eos_token = tokens[ids.eos_token_id]
+        config.unk_token = tokens[ids.unk_token_id] if ids.unk_token_id is not None else "<unk>"
+        config.decoder_start_token = tokens[ids.decoder_start_token_id]  # a real <s> embedding (Marian: zero)
+        config.layer_norm_epsilon = ids.layer_norm_eps  # the model's (CTranslate2's default is 1e-6)
+
+
+class _LayerSteps:
+    """The weights of the stacks: the steps of `ctranslate2_loader`'s loader that differ from BART's walk
+    (positions, pre-LN's final norms, li2022 CAD's absent cross-attentions)."""
+
+    def set_common_layers(self, spec: Any, module: nn.Module) -> None:
+        spec.scale_embeddings = float(module.embed_tokens.embed_scale)  # Vaswani et al. §3.4: sqrt(d) or 1
+        self.set_position_encodings(spec.position_encodings, module)
+        self.set_embeddings(spec.embeddings[0] if isinstance(spec.embeddings, list) else spec.embeddings,
+                            module.embed_tokens)
+        if module.layer_norm is not None:  # pre-LN: the stack's final LayerNorm
+            self.set_layer_norm(spec.layer_norm, module.layer_norm)
+
+    def set_position_encodings(self, spec: Any, module: nn.Module) -> None:
+        # row t: what the t-th token gets (Vaswani et al.'s or fairseq's sinusoids, or the learned table, from
+        # position_offset on; modeling_common.PositionEncoding)
+        spec.encodings = module.embed_positions.table(module.config.max_position_embeddings)
+
+    def set_decoder(self, spec: Any, decoder: nn.Module) -> None:
+        super().set_decoder(spec, decoder)  # BART's walk; it leaves a CAD layer's absent modules to us
+        d_model = decoder.config.d_model
+        for layer_spec, layer in zip(spec.layer, decoder.layers):
+            if layer.encoder_attn is None:  # li2022 CAD, p_net = 1.0: a zero cross-attention adds exactly 0
+                self.set_attention(layer_spec.attention, _zero_attention(d_model))
+            if layer.encoder_attn_layer_norm is None:  # pre-LN CAD: identity LN, it only feeds the zero branch
+                self.set_layer_norm(layer_spec.attention.layer_norm, nn.LayerNorm(d_model))
+            # post-LN CAD keeps its own LN: H̃ = LN(Ĥ + 0) = LN(Ĥ) (li2022 §3.3)
+
+    def set_attention(self, spec: Any, attention: nn.Module | None, self_attention: bool = False) -> None:
+        if attention is not None:  # None: a CAD layer's absent cross-attention, written by set_decoder
+            super().set_attention(spec, attention, self_attention=self_attention)
+
+    def set_layer_norm(self, spec: Any, module: nn.Module | None) -> None:
+        if module is not None:  # None: a pre-LN CAD layer's absent LayerNorm, written by set_decoder
+            super().set_layer_norm(spec, module)
+
+
 @functools.cache
 def ctranslate2_loader() -> Any:
     """Our `ctranslate2.converters.transformers.ModelLoader`, registered (once) with CTranslate2's
     ``register_loader`` for every config class in `CT2_CONFIG_NAMES`; ``loader(model, tokenizer)`` gives the
-    `TransformerSpec` of a model (ADMIN is folded, mechanisms CTranslate2 lacks are refused in one sentence)."""
+    `TransformerSpec` of a model (ADMIN is folded, mechanisms CTranslate2 lacks are refused in one sentence).
+    BART's loader with the steps of `_SpecSteps` and `_LayerSteps` (CTranslate2 is imported here, not with the
+    module)."""
     from ctranslate2.converters.transformers import BartLoader, register_loader
-    from ctranslate2.specs import common_spec, model_spec, transformer_spec
 
-    class DeepTransformerLoader(BartLoader):
+    class DeepTransformerLoader(_SpecSteps, _LayerSteps, BartLoader):
         """BART's loader with this package's conventions (see the module docstring)."""
-
-        @property
-        def architecture_name(self) -> str:
-            return "AutoModelForSeq2SeqLM"  # the stock converter loads our folders through the Auto class
-
-        def get_model_spec(self, model: nn.Module) -> Any:
-            check_exportable(model.config, "ctranslate2")  # dou2018, DTMT, activations CTranslate2 lacks
-            model = standard_model(model)  # liu2020 ADMIN folded (nothing to do for a standard model)
-            config = model.config
-            pre_norm = config.layer_norm_position == "pre"  # pre-LN: LN before each sub-layer, final LN per stack
-            activation = getattr(common_spec.Activation, CT2_ACTIVATIONS[config.activation_function])
-            spec = transformer_spec.TransformerSpec(  # BART's spec, with each stack's own number of heads
-                transformer_spec.TransformerEncoderSpec(config.encoder_layers, config.encoder_attention_heads,
-                                                        pre_norm=pre_norm, activation=activation),
-                transformer_spec.TransformerDecoderSpec(config.decoder_layers, config.decoder_attention_heads,
-                                                        pre_norm=pre_norm, activation=activation))
-            self.set_encoder(spec.encoder, model.model.encoder)
-            self.set_decoder(spec.decoder, model.model.decoder)
-            self.set_linear(spec.decoder.projection, model.lm_head)  # with Marian's output bias when it has one
-            model_spec.visit_spec(spec, _own_copy)
-            return spec
-
-        def __call__(self, model: nn.Module, tokenizer: Any) -> Any:
-            spec = self.get_model_spec(model)
-            self.set_config(spec.config, model, tokenizer)
-            config = model.config  # two vocabularies where the model has two (docs/public-checkpoints.md)
-            target = self.get_vocabulary(model, tokenizer)
-            spec.register_source_vocabulary(target if config.share_encoder_decoder_embeddings else
-                                            vocabulary_tokens(tokenizer, config.vocab_size, "source"))
-            spec.register_target_vocabulary(target)
-            return spec
-
-        def get_vocabulary(self, model: nn.Module, tokenizer: Any) -> list[str]:
-            # every row kept (Marian's loader drops the last); the target side of two vocabularies
-            config = model.config
-            return vocabulary_tokens(tokenizer, config.target_vocab_size,
-                                     None if config.share_encoder_decoder_embeddings else "target")
-
-        def set_config(self, config: Any, model: nn.Module, tokenizer: Any) -> None:
-            ids, tokens = model.config, self.get_vocabulary(model, tokenizer)  # the model's ids, as `generate`'s
-            # CTranslate2 reads <s> only to prepend it to sources, which we never ask; Marian's vocabulary has none
-            config.bos_token = tokens[ids.bos_token_id if ids.bos_token_id is not None else ids.eos_token_id]
-            config.eos_token = tokens[ids.eos_token_id]
-            config.unk_token = tokens[ids.unk_token_id] if ids.unk_token_id is not None else "<unk>"
-            config.decoder_start_token = tokens[ids.decoder_start_token_id]  # a real <s> embedding (Marian: zero)
-            config.layer_norm_epsilon = ids.layer_norm_eps  # the model's (CTranslate2's default is 1e-6)
-
-        def set_common_layers(self, spec: Any, module: nn.Module) -> None:
-            spec.scale_embeddings = float(module.embed_tokens.embed_scale)  # Vaswani et al. §3.4: sqrt(d) or 1
-            self.set_position_encodings(spec.position_encodings, module)
-            self.set_embeddings(spec.embeddings[0] if isinstance(spec.embeddings, list) else spec.embeddings,
-                                module.embed_tokens)
-            if module.layer_norm is not None:  # pre-LN: the stack's final LayerNorm
-                self.set_layer_norm(spec.layer_norm, module.layer_norm)
-
-        def set_position_encodings(self, spec: Any, module: nn.Module) -> None:
-            # row t: what the t-th token gets (Vaswani et al.'s or fairseq's sinusoids, or the learned table, from
-            # position_offset on; modeling_common.PositionEncoding)
-            spec.encodings = module.embed_positions.table(module.config.max_position_embeddings)
-
-        def set_decoder(self, spec: Any, decoder: nn.Module) -> None:
-            super().set_decoder(spec, decoder)  # BART's walk; it leaves a CAD layer's absent modules to us
-            d_model = decoder.config.d_model
-            for layer_spec, layer in zip(spec.layer, decoder.layers):
-                if layer.encoder_attn is None:  # li2022 CAD, p_net = 1.0: a zero cross-attention adds exactly 0
-                    self.set_attention(layer_spec.attention, _zero_attention(d_model))
-                if layer.encoder_attn_layer_norm is None:  # pre-LN CAD: identity LN, it only feeds the zero branch
-                    self.set_layer_norm(layer_spec.attention.layer_norm, nn.LayerNorm(d_model))
-                # post-LN CAD keeps its own LN: H̃ = LN(Ĥ + 0) = LN(Ĥ) (li2022 §3.3)
-
-        def set_attention(self, spec: Any, attention: nn.Module | None, self_attention: bool = False) -> None:
-            if attention is not None:  # None: a CAD layer's absent cross-attention, written by set_decoder
-                super().set_attention(spec, attention, self_attention=self_attention)
-
-        def set_layer_norm(self, spec: Any, module: nn.Module | None) -> None:
-            if module is not None:  # None: a pre-LN CAD layer's absent LayerNorm, written by set_decoder
-                super().set_layer_norm(spec, module)
 
     for name in CT2_CONFIG_NAMES:
         register_loader(name)(DeepTransformerLoader)
