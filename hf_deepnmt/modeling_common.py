@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 from transformers.cache_utils import Cache
-from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
+from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput, Seq2SeqModelOutput
 
 from .pipeline_translation import TRANSLATION_PIPELINE_SPEC
 from .errors import UserInputError
@@ -255,6 +255,27 @@ class DeepTransformerSeq2SeqLMOutput(Seq2SeqLMOutput):
 
     loss_components: dict[str, torch.Tensor] | None = None
     loss_component_counts: dict[str, torch.Tensor] | None = None
+
+
+def seq2seq_lm_output(outputs: Seq2SeqModelOutput, logits: torch.Tensor, loss: torch.Tensor | None,
+                      components: dict[str, torch.Tensor] | None, counts: dict[str, torch.Tensor] | None,
+                      return_dict: bool | None) -> DeepTransformerSeq2SeqLMOutput | tuple:
+    """A base model's states and the logits projected from them, as transformers' seq2seq LM output with the loss
+    and its components."""
+    output = DeepTransformerSeq2SeqLMOutput(
+        loss=loss,
+        logits=logits,
+        **cache_field(output_cache(outputs)),
+        decoder_hidden_states=outputs.decoder_hidden_states,
+        decoder_attentions=outputs.decoder_attentions,
+        cross_attentions=outputs.cross_attentions,
+        encoder_last_hidden_state=outputs.encoder_last_hidden_state,
+        encoder_hidden_states=outputs.encoder_hidden_states,
+        encoder_attentions=outputs.encoder_attentions,
+        loss_components=components,
+        loss_component_counts=counts,
+    )
+    return output if return_dict is not False else output.to_tuple()
 
 
 def _unsharded_class(cls: type) -> type:

@@ -92,6 +92,7 @@ from .modeling_common import (
     PositionEncoding,
     merge_cache_arguments,
     output_flags,
+    seq2seq_lm_output,
 )
 from .errors import UserInputError
 from .objective_deep_transformer import TrainingObjectiveMixin
@@ -862,7 +863,7 @@ class DeepTransformerForConditionalGeneration(GenerationCacheMixin, TrainingObje
         )
         logits = self.lm_head(outputs.last_hidden_state)  # (B, T, V)
         loss, components, counts = self._evaluation_objective(logits, labels, num_items_in_batch)
-        return self._lm_output(outputs, logits, loss, components, counts, return_dict)
+        return seq2seq_lm_output(outputs, logits, loss, components, counts, return_dict)
 
     def _x_pass_logits(self, views: BatchViews, outputs: Seq2SeqModelOutput, steps: torch.Tensor,
                        lengths: torch.Tensor) -> torch.Tensor:

@@ -51,8 +51,8 @@ from .modeling_common import (
     check_sequence_fits,
     check_token_ids,
     merge_cache_arguments,
-    output_cache,
     output_flags,
+    seq2seq_lm_output,
     sinusoidal_positions,
 )
 from .errors import UserInputError
@@ -847,15 +847,4 @@ class DTMTForConditionalGeneration(TranslationGenerationMixin, DTMTPreTrainedMod
             loss, components, counts = translation_nll_objective(
                 logits, labels, pad, training=self.training, epsilon=epsilon, source_tokens=source_tokens,
                 num_items_in_batch=num_items_in_batch, loss_normalizers=loss_normalizers)
-        output = DeepTransformerSeq2SeqLMOutput(
-            loss=loss,
-            loss_components=components,
-            loss_component_counts=counts,
-            logits=logits,
-            **cache_field(output_cache(outputs)),
-            decoder_hidden_states=outputs.decoder_hidden_states,
-            cross_attentions=outputs.cross_attentions,
-            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
-            encoder_hidden_states=outputs.encoder_hidden_states,
-        )
-        return output if return_dict is not False else output.to_tuple()
+        return seq2seq_lm_output(outputs, logits, loss, components, counts, return_dict)

@@ -1,6 +1,6 @@
 """The plumbing around `DeepTransformerForConditionalGeneration`'s training objective (docs/training.md): every
 view of a batch through one call of the base model, the step-level normalisation of the terms, the output that
-shows X's rows alone, the checks and warnings around it, and the seq2seq LM output of a plain forward.
+shows X's rows alone, the evaluation loss, and the checks and warnings around it.
 
 The terms themselves — the label-smoothed NLL, li2022's DDR and ALD, dou2018's layer diversity — are the model's
 (`_objective_terms` and the methods it calls, in modeling_deep_transformer.py, built from losses.py), and so is
@@ -29,7 +29,7 @@ from .losses import (
     training_views,
     translation_nll_objective,
 )
-from .modeling_common import DeepTransformerSeq2SeqLMOutput, cache_field, output_cache
+from .modeling_common import DeepTransformerSeq2SeqLMOutput
 
 logger = logging.get_logger(__name__)
 
@@ -139,26 +139,6 @@ class TrainingObjectiveMixin:
             loss_components=components,
             loss_component_counts=counts,
         )
-
-    @staticmethod
-    def _lm_output(outputs: Seq2SeqModelOutput, logits: torch.Tensor, loss: torch.Tensor | None,
-                   components: dict[str, torch.Tensor] | None, counts: dict[str, torch.Tensor] | None,
-                   return_dict: bool | None) -> DeepTransformerSeq2SeqLMOutput | tuple:
-        """The model's states and the logits projected from them, as transformers' seq2seq LM output."""
-        output = DeepTransformerSeq2SeqLMOutput(
-            loss=loss,
-            logits=logits,
-            **cache_field(output_cache(outputs)),
-            decoder_hidden_states=outputs.decoder_hidden_states,
-            decoder_attentions=outputs.decoder_attentions,
-            cross_attentions=outputs.cross_attentions,
-            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
-            encoder_hidden_states=outputs.encoder_hidden_states,
-            encoder_attentions=outputs.encoder_attentions,
-            loss_components=components,
-            loss_component_counts=counts,
-        )
-        return output if return_dict is not False else output.to_tuple()
 
     def _source_mask(self, input_ids: torch.Tensor | None, attention_mask: torch.Tensor | None,
                      encoder_states: torch.Tensor, views: BatchViews) -> torch.Tensor:
