@@ -219,12 +219,13 @@ def test_push_uploads_exactly_the_model_files(trained):
     uploaded = sorted(op.path_in_repo for op in commit["operations"])
     assert kind == "create_commit" and uploaded == files
     assert uploaded == sorted([
-        "README.md", "aggregation.py", "all_results.json", "attention.py", "cache_dtmt.py", "config.json",
-        "configuration_common.py", "configuration_deep_transformer.py",
+        "README.md", "aggregation.py", "all_results.json", "attention.py", "cache_deep_transformer.py",
+        "cache_dtmt.py", "config.json", "configuration_common.py", "configuration_deep_transformer.py",
         "deepnmt_card.json", "errors.py", "generation_common.py", "generation_config.json", "handler.py",
         "loss_components.png", "losses.py", "metrics.json",
-        "model.safetensors", "modeling_common.py", "modeling_deep_transformer.py", "ort_generation.py", "papers.py",
-        "pipeline_translation.py", "retiring_search.py",
+        "model.safetensors", "modeling_common.py", "modeling_deep_transformer.py", "objective_deep_transformer.py",
+        "ort_generation.py", "papers.py", "pipeline_translation.py", "pretrained_deep_transformer.py",
+        "retiring_search.py",
         "test_translations.txt", "tokenizer.json",
         "tokenizer_config.json", "train_results.json", "training_args.bin", "validation.png",
     ])
