@@ -20,7 +20,7 @@ FAULT_MAX_NEW_TOKENS = 13  # tests/test_serve.py asks for this value to make its
 
 
 def with_faults(load_delay_s: float, batch_delay_s: float) -> None:
-    load_translator = serve.load_translator
+    load_translator = serve.engines.load_translator
 
     def slow_load(*args, **kwargs):
         time.sleep(load_delay_s)
@@ -36,7 +36,7 @@ def with_faults(load_delay_s: float, batch_delay_s: float) -> None:
         translator.translate = slow_translate
         return translator
 
-    serve.load_translator = slow_load
+    serve.engines.load_translator = slow_load  # the server's loader looks it up there when the model loads
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""`deepnmt serve` (training/serve.py): real server processes on a free loopback port.
+"""`deepnmt serve` (the package training/serve/): real server processes on a free loopback port.
 
 * answers: the Inference Endpoints payload answered exactly as `handler.py` and the folder's translation pipeline
   answer it, for requests that were in flight together and decoded in one batch (seen in /metrics), with requests of

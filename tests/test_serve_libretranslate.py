@@ -51,7 +51,7 @@ from test_serve import Server, parse_prometheus  # noqa: E402
 
 from hf_deepnmt_training.errors import CommandLineError  # noqa: E402
 from hf_deepnmt_training.serve import plan_models  # noqa: E402
-from hf_deepnmt_training.serve_libretranslate import ApiError, ApiKeys, read_api_keys, read_form  # noqa: E402
+from hf_deepnmt_training.serve.libretranslate import ApiError, ApiKeys, read_api_keys, read_form  # noqa: E402
 
 KEY, TIGHT_KEY = "k3y-open-0123456789", "k3y-tight-abcdef"  # TIGHT_KEY: 3 requests a minute
 ENGLISH = ["The earth was without form and void.", "And God saw the light, that it was good."]
@@ -473,7 +473,7 @@ def test_two_models_of_one_pair_or_a_model_without_a_pair_are_refused_at_start(t
 
 
 def test_html_text_nodes_are_translated_alone_and_the_markup_is_kept_byte_for_byte():
-    from hf_deepnmt_training.serve_libretranslate import HtmlDocument
+    from hf_deepnmt_training.serve.libretranslate import HtmlDocument
 
     source = ('<!DOCTYPE html>\n<p class="a&amp;b" data-x=\'1 < 2\'>Tom &amp; Jerry <b>run</b>\n</p>'
               '<script>if (a < b) { x = "<b>no</b>"; }</script><STYLE>p { color: red }</STYLE>'

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -14,6 +13,7 @@ from pathlib import Path
 from queue import SimpleQueue
 from typing import Any
 
+from . import engines
 from .batcher import Batcher
 from .libretranslate import ApiError, LanguageDetector
 from .metrics import MetricFamilies, Metrics
@@ -23,13 +23,6 @@ from .workers import ProcessTranslator
 
 logger = logging.getLogger("deepnmt.serve")
 
-
-def package_load_translator(*args: Any, **kwargs: Any) -> Translator:
-    """`engines.load_translator` as the package `hf_deepnmt_training.serve` holds it when a model loads, looked up
-    there at call time: tests/serve_fault_worker.py replaces the package's attribute (``serve.load_translator =
-    slow_load``) to put slowness and a fault into the server it runs, as it did when the server was one module. Looked
-    up in `sys.modules`, not imported: the package imports this module, never the other way round."""
-    return sys.modules[__package__].load_translator(*args, **kwargs)
 
 class ServerState:
     """What the routes share: the translator once loaded, the batcher, the metrics."""
@@ -48,7 +41,7 @@ class ServerState:
         self.label = f"{pair[0]}-{pair[1]}" if pair else "model"
         self.engine = engine
         self.folder = folder
-        self.loader = loader or (lambda: package_load_translator(
+        self.loader = loader or (lambda: engines.load_translator(  # looked up when the model loads
             engine, folder, options.threads, options.max_input_tokens, options.search, options.continuous_batching,
             options.workers or 1))
         if spawner is None and loader is None and not options.continuous_batching:
