@@ -11,9 +11,18 @@ row's test score is its best checkpoint's, beam 4, on the first ``--test_samples
 run also records its passes over the training data and its step time without the validations, from which the page
 shows the dropout the rule chooses where the ``defaults`` row was not run.
 
-The corpora are ones no default was tuned on: the embedded Bible corpus in the direction the project never tuned,
-Spanish → English, at several sizes (``--sizes``: a seeded random sample of the 29,024 training pairs, written to
-``WORK_DIR/corpora``; ``full`` is all of them). Validation: the 983 held-out validation verses (the defaults' sample).
+The corpora are ones no default was tuned on (``--corpora``, `CORPORA`): the embedded Bible corpus in the direction
+the project never tuned, Spanish → English, at several sizes (``--sizes``: a seeded random sample of the 29,024
+training pairs, written to ``WORK_DIR/corpora``; ``full`` is all of them; validation: the 983 held-out validation
+verses, the defaults' sample); and, for issue 63, English software messages of this machine's gettext catalogs into
+Spanish and into German (``gettext-en-es``, ``gettext-en-de``: built under ``runs/corpora`` by
+training/corpus/build_gettext_corpus.py, byte-identically on the same catalogs; every test pair scored, seed 42).
+Issue 63's tables (`corpora_section`) put the rows measured on all training pairs of several corpora side by side,
+with the verdict on each paper's mechanism (`mechanism_verdicts`) and the leave-one-corpus-out check of the other
+rows (`leave_one_corpus_out`):
+
+    python -m benchmarks.experiments.defaults_budget --corpora bible,gettext-en-es,gettext-en-de --sizes full \
+        --budgets 25 --rows defaults,cad,dou2018-dense,admin-6-6,dtmt1 --average_last 0
 
 Runs go ``--parallel`` at a time with ``--threads`` CPU threads each (two at a time, one thread each, on a 2-core
 machine: a budget is then CPU-minutes), longest budget first; a run the results' JSON already holds with a test score is
@@ -44,6 +53,7 @@ import re
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from .common import chosen_rows, experiment_parser, history, render_only, series
@@ -63,7 +73,18 @@ ROWS: dict[str, list[str]] = {
     "ls0.2": ["--label_smoothing_factor", "0.2"],
     "warmup400": ["--warmup_steps", "400"],
     "warmup200": ["--warmup_steps", "200"],
+    # issue 63: the papers' mechanisms on top of the defaults (docs/defaults.md, "Round two")
+    "cad": ["--config_overrides", "cross_attention_drop_depth=5,cross_attention_drop_ratio=0.5"],  # li2022 §3.3
+    "dou2018-dense": ["--config_overrides", "encoder_layer_aggregation=dense,decoder_layer_aggregation=dense"],
+    "admin-6-6": ["--config_overrides", "residual_scaling=admin,encoder_layers=6"],  # liu2020: post-LN, 6 encoder layers
+    "dtmt1": ["--model_type", "dtmt", "--config_overrides", "d_model=128,attention_heads=4,transition_depth=1,"
+              "rnn_cell=lgru,init_range=0.23,dropout=0.2,rnn_dropout=0.1,readout_dropout=0.2,max_position_embeddings=256",
+              "--learning_rate", "0.002"],  # meng2019 DTMT#1 at the recipe meng2019-bible-dtmt4's width and dropouts
 }
+# The rows of issue 63 that add a paper's mechanism to the defaults: one enters them where it wins by at least
+# `MECHANISM_MARGIN` BLEU on at least `MECHANISM_WINS` of the corpora (`mechanism_verdicts`).
+MECHANISMS = ("cad", "dou2018-dense", "admin-6-6", "dtmt1")
+MECHANISM_MARGIN, MECHANISM_WINS = 0.5, 2
 # The `cpu-small` warm-up of the defaults before this study made it 400 (2026-11-26): `defaults` runs that resolved
 # to it are the `warmup200` row's, and `warmup400` runs are the defaults' since then (`migrate`).
 WARMUP_BEFORE, WARMUP_NOW = 200, 400
@@ -72,19 +93,58 @@ VALIDATION = "corpus:web-sparv/valid.jsonl.gz"
 TEST = "corpus:web-sparv/test.jsonl.gz"
 
 
-def corpus(work: Path, size: str) -> str:
-    """The training file of ``size`` (a number of pairs, or ``full``): a seeded sample of the embedded training pairs
-    (same seed for every size, so a smaller corpus is not a subset of a larger one by construction), in their order."""
-    if size == "full":
-        return TRAIN
-    from hf_deepnmt_training.corpus import corpus_dir
+@dataclass(frozen=True)
+class Corpus:
+    """One tuning corpus of the study: its files, its direction (None: ``--source_lang``/``--target_lang``), the
+    test pairs scored (None: ``--test_samples``; 0: all of them) and the seed of its runs."""
 
-    path = work / "corpora" / f"train-{size}.jsonl"
+    train: str
+    validation: str
+    test: str
+    source: str | None
+    target: str | None
+    test_samples: int | None
+    seed: int
+    build: str  # how a user gets the files
+
+
+GETTEXT_BUILD = "python training/corpus/build_gettext_corpus.py --language {target} --output_dir runs/corpora/{name}"
+# The embedded Bible corpus (issue 41's study: es→en by default, 500 test verses, seed 1) and issue 63's software
+# messages of this machine's gettext catalogs, into Spanish and German (every test pair; seed 42, transformers'
+# default, as the first runs of issue 63 were typed: docs/defaults.md).
+CORPORA: dict[str, Corpus] = {
+    "bible": Corpus(TRAIN, VALIDATION, TEST, None, None, None, 1, "embedded in the package"),
+    **{f"gettext-en-{target}": Corpus(*(f"runs/corpora/gettext-en-{target}/{split}.jsonl.gz"
+                                         for split in ("train", "valid", "test")), "en", target, 0, 42,
+                                       GETTEXT_BUILD.format(target=target, name=f"gettext-en-{target}"))
+       for target in ("es", "de")},
+}
+
+
+def corpus_file(path: str) -> Path:
+    """The local file of a study corpus's ``path`` (``corpus:`` names the embedded corpus)."""
+    if path.startswith("corpus:"):
+        from hf_deepnmt_training.corpus import corpus_dir
+
+        return corpus_dir() / path.split("/", 1)[1]
+    return Path(path)
+
+
+def corpus(work: Path, size: str, name: str = "bible") -> str:
+    """The training file of ``size`` (a number of pairs, or ``full``) of the study corpus ``name``: a seeded sample
+    of its training pairs (same seed for every size, so a smaller corpus is not a subset of a larger one by
+    construction), in their order."""
+    chosen_corpus = CORPORA[name]
+    if not corpus_file(chosen_corpus.train).is_file():
+        raise SystemExit(f"--corpora {name}: {chosen_corpus.train} does not exist; build it with: {chosen_corpus.build}")
+    if size == "full":
+        return chosen_corpus.train
+    path = work / "corpora" / (f"train-{size}.jsonl" if name == "bible" else f"{name}-train-{size}.jsonl")
     if not path.is_file():
-        with gzip.open(corpus_dir() / "train.jsonl.gz", "rt", encoding="utf-8") as handle:
+        with gzip.open(corpus_file(chosen_corpus.train), "rt", encoding="utf-8") as handle:
             lines = handle.readlines()
         if int(size) > len(lines):
-            raise SystemExit(f"--sizes {size}: the embedded corpus has {len(lines)} training pairs")
+            raise SystemExit(f"--sizes {size}: the corpus {name} has {len(lines)} training pairs")
         chosen = sorted(random.Random(0).sample(range(len(lines)), int(size)))
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(".partial")
@@ -93,15 +153,33 @@ def corpus(work: Path, size: str) -> str:
     return str(path)
 
 
-def train_arguments(args: argparse.Namespace, train_file: str, output_dir: Path, budget: str, row: str) -> list[str]:
-    return ["train", "--train_file", train_file, "--validation_file", VALIDATION, "--test_file", TEST,
-            "--source_lang", args.source_lang, "--target_lang", args.target_lang, "--output_dir", str(output_dir),
-            "--max_train_minutes", budget, "--max_predict_samples", str(args.test_samples), "--disable_tqdm", "true",
-            "--report_to", "none", "--seed", "1", *ROWS[row]]
+def direction(args: argparse.Namespace, name: str) -> tuple[str, str]:
+    """The source and target language of the study corpus ``name``."""
+    chosen = CORPORA[name]
+    return chosen.source or args.source_lang, chosen.target or args.target_lang
 
 
-def run_name(size: str, budget: str, row: str) -> str:
-    return f"{size}-{budget}min-{row}"
+def scored_test_pairs(args: argparse.Namespace, name: str) -> int:
+    """How many test pairs the runs on corpus ``name`` score (0: all)."""
+    chosen = CORPORA[name].test_samples
+    return args.test_samples if chosen is None else chosen
+
+
+def train_arguments(args: argparse.Namespace, train_file: str, output_dir: Path, budget: str, row: str,
+                    name: str = "bible") -> list[str]:
+    """The user's command on the study corpus ``name`` with the options of ``row``."""
+    chosen = CORPORA[name]
+    source, target = direction(args, name)
+    samples = scored_test_pairs(args, name)
+    return ["train", "--train_file", train_file, "--validation_file", chosen.validation, "--test_file", chosen.test,
+            "--source_lang", source, "--target_lang", target, "--output_dir", str(output_dir),
+            "--max_train_minutes", budget, *(["--max_predict_samples", str(samples)] if samples else []),
+            "--disable_tqdm", "true", "--report_to", "none", "--seed", str(chosen.seed), *ROWS[row]]
+
+
+def run_name(size: str, budget: str, row: str, name: str = "bible") -> str:
+    """A run's name: ``SIZE-BUDGETmin-ROW``, prefixed with its corpus but for the Bible (issue 41's runs)."""
+    return f"{size}-{budget}min-{row}" if name == "bible" else f"{name}-{size}-{budget}min-{row}"
 
 
 def describe(folder: Path, log_path: Path, code: int, arguments: list[str], minutes: float | None) -> dict:
@@ -205,37 +283,40 @@ def migrate(report: dict) -> dict:
     for name in list(report.get("runs", {})):
         run = report["runs"][name]
         if run.get("row") == "defaults" and run.get("test") and not run.get("rule"):
-            renamed = run_name(run["size"], f"{run['budget_minutes']:g}", "dropout0.0")
+            renamed = run_name(run["size"], f"{run['budget_minutes']:g}", "dropout0.0", run.get("corpus", "bible"))
             report["runs"].setdefault(renamed, {**run, "row": "dropout0.0", "ran_as": (
                 "the defaults before the run-length dropout rule: dropout 0.0, as --config_overrides dropout=0.0")})
             del report["runs"][name]
     for name in list(report.get("runs", {})):  # then: the defaults before the warm-up change
         run = report["runs"][name]
         if run.get("row") == "defaults" and run.get("test") and run.get("warmup_steps", WARMUP_BEFORE) == WARMUP_BEFORE:
-            renamed = run_name(run["size"], f"{run['budget_minutes']:g}", "warmup200")
+            renamed = run_name(run["size"], f"{run['budget_minutes']:g}", "warmup200", run.get("corpus", "bible"))
             report["runs"].setdefault(renamed, {**run, "row": "warmup200", "warmup_steps": WARMUP_BEFORE, "ran_as": (
                 "the defaults before the warm-up change: warm-up 200, as --warmup_steps 200")})
             del report["runs"][name]
     for name in list(report.get("runs", {})):  # the warmup400 runs are the defaults' own since the change
         run = report["runs"][name]
-        defaults = run_name(run["size"], f"{run['budget_minutes']:g}", "defaults")
+        defaults = run_name(run["size"], f"{run['budget_minutes']:g}", "defaults", run.get("corpus", "bible"))
         if run.get("row") == "warmup400" and run.get("test") and defaults not in report["runs"]:
             report["runs"][defaults] = {**run, "row": "defaults", "warmup_steps": WARMUP_NOW, "ran_as": (
                 "the warmup400 run: --warmup_steps 400 is what the defaults choose since the warm-up change")}
     return report
 
 
-def average(folder: Path, last: int, args: argparse.Namespace, env: dict, log_path: Path) -> dict | None:
-    """Average the run's last ``last`` checkpoints and score the average like the run's own test; None when the run
-    kept fewer checkpoints."""
+def average(folder: Path, last: int, args: argparse.Namespace, env: dict, log_path: Path,
+            name: str = "bible") -> dict | None:
+    """Average the run's last ``last`` checkpoints and score the average like the run's own test (on the study
+    corpus ``name``); None when the run kept fewer checkpoints."""
     if len(list(folder.glob("checkpoint-*"))) < last:
         return None
     averaged = folder / f"averaged-last{last}"
     scores = averaged / "scores.json"
+    source, target = direction(args, name)
+    samples = scored_test_pairs(args, name)
     commands = [["average-checkpoints", str(folder), "--last", str(last), "--output", str(averaged)],
-                ["evaluate", str(averaged), "--test_file", TEST, "--source_lang", args.source_lang, "--target_lang",
-                 args.target_lang, "--num_beams", "4", "--max_samples", str(args.test_samples), "--output_json",
-                 str(scores)]]
+                ["evaluate", str(averaged), "--test_file", CORPORA[name].test, "--source_lang", source,
+                 "--target_lang", target, "--num_beams", "4", *(["--max_samples", str(samples)] if samples else []),
+                 "--output_json", str(scores)]]
     with log_path.open("a") as log:
         for command in commands:
             if command[0] == "average-checkpoints" and (averaged / "model.safetensors").is_file():
@@ -256,12 +337,18 @@ def main() -> None:
     parser.add_argument("--budgets", default="10,30", help="Comma-separated --max_train_minutes of the runs.")
     parser.add_argument("--average_last", type=int, default=2, help="Also score the average of each run's last "
                         "this many checkpoints (0: no averaging).")
-    parser.add_argument("--source_lang", default="es")
-    parser.add_argument("--target_lang", default="en")
+    parser.add_argument("--source_lang", default="es", help="The Bible corpus's source language.")
+    parser.add_argument("--target_lang", default="en", help="The Bible corpus's target language.")
+    parser.add_argument("--corpora", default="bible", help="Comma-separated study corpora, of: " + ", ".join(CORPORA)
+                        + " (issue 63's study: all three, --sizes full).")
     args = parser.parse_args()
     if render_only(args, NAME, render):
         return
     rows = chosen_rows(parser, args.rows, ROWS)
+    corpora = [name.strip() for name in args.corpora.split(",") if name.strip()]
+    for value in corpora:
+        if value not in CORPORA:
+            parser.error(f"--corpora: {value!r} is not a study corpus; choose from {', '.join(CORPORA)}")
     sizes = [size.strip() for size in args.sizes.split(",") if size.strip()]
     budgets = [budget.strip() for budget in args.budgets.split(",") if budget.strip()]
     for value in sizes:
@@ -291,12 +378,14 @@ def main() -> None:
     for budget in sorted(budgets, key=float, reverse=True):  # the long runs first: the end comes sooner
         for size in sizes:
             for row in rows:
-                name = run_name(size, budget, row)
-                folder = work / name
-                if (report["runs"].get(name) or {}).get("test"):
-                    continue  # measured (in this work folder or, from the committed JSON, in an earlier session)
-                todo.append((name, folder, train_arguments(args, corpus(work, size), folder, budget, row),
-                             {"size": size, "budget_minutes": float(budget), "row": row}))
+                for corpus_name in corpora:
+                    name = run_name(size, budget, row, corpus_name)
+                    folder = work / name
+                    if (report["runs"].get(name) or {}).get("test"):
+                        continue  # measured (in this work folder or, from the committed JSON, in an earlier session)
+                    todo.append((name, folder,
+                                 train_arguments(args, corpus(work, size, corpus_name), folder, budget, row, corpus_name),
+                                 {"corpus": corpus_name, "size": size, "budget_minutes": float(budget), "row": row}))
     running: list[tuple[str, Path, list[str], dict, subprocess.Popen, object, float]] = []
     while todo or running:
         while todo and len(running) < args.parallel:
@@ -307,7 +396,8 @@ def main() -> None:
                 # it finished after its study process had been stopped: recorded, not trained again
                 run = describe(folder, work / f"{name}.log", 0, arguments, None)
                 if run.get("test") and args.average_last > 0:
-                    run["averaged"] = average(folder, args.average_last, args, env, work / f"{name}.log")
+                    run["averaged"] = average(folder, args.average_last, args, env, work / f"{name}.log",
+                                              key["corpus"])
                 report["runs"][name] = {**key, **run}
                 path.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
                 continue
@@ -329,7 +419,7 @@ def main() -> None:
             log.close()
             run = describe(folder, work / f"{name}.log", process.returncode, arguments, (time.time() - started) / 60)
             if run.get("test") and args.average_last > 0:
-                run["averaged"] = average(folder, args.average_last, args, env, work / f"{name}.log")
+                run["averaged"] = average(folder, args.average_last, args, env, work / f"{name}.log", key["corpus"])
             report["runs"][name] = {**key, **run}
             path.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
             print(f"{name}: test {(run.get('test') or {}).get('bleu')}", file=sys.stderr, flush=True)
@@ -344,7 +434,8 @@ def render(report: dict, results: Path) -> None:
     from hf_deepnmt_training.defaults import describe_dropout_rule, dropout_for_epochs
 
     report = migrate(report)
-    runs = report["runs"]
+    every_run = report["runs"]
+    runs = {name: run for name, run in every_run.items() if run.get("corpus", "bible") == "bible"}
     described = {**ROWS, **report.get("rows", {})}
     measured = {run.get("row") for run in runs.values()}
     rows = ["defaults"] + [row for row in described if row != "defaults" and row in measured]
@@ -405,6 +496,8 @@ def render(report: dict, results: Path) -> None:
             lines += ["", f"Averaging the last checkpoints instead of keeping the best one: test BLEU "
                       f"{min(deltas):+.2f} … {max(deltas):+.2f} (mean {sum(deltas) / len(deltas):+.2f}) over "
                       f"{len(deltas)} runs (column *averaged* below)."]
+    lines += corpora_section(every_run, described)
+    runs = every_run
     lines += ["", "## Every run", "",
               "| run | test BLEU | chrF | steps | passes | s/step | kept | averaged (last K: BLEU) | minutes (wall) | "
               "command |", "|---|---|---|---|---|---|---|---|---|---|"]
@@ -419,6 +512,105 @@ def render(report: dict, results: Path) -> None:
                      f"{run.get('kept') or ''} | {averaged_cell} | {run.get('wall_minutes') or '–'} | "
                      f"`{run.get('command')}` |")
     (results / f"{NAME}.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def corpus_scores(runs: dict, budget: float, size: str = "full") -> dict[str, dict[str, float]]:
+    """Test BLEU by corpus and row of the runs at ``budget`` minutes on ``size`` pairs."""
+    scores: dict[str, dict[str, float]] = {}
+    for run in runs.values():
+        bleu = (run.get("test") or {}).get("bleu")
+        if bleu is not None and run["budget_minutes"] == budget and run["size"] == size:
+            scores.setdefault(run.get("corpus", "bible"), {})[run["row"]] = bleu
+    return scores
+
+
+def mechanism_verdicts(scores: dict[str, dict[str, float]], corpora: list[str],
+                       mechanisms: tuple[str, ...] = MECHANISMS) -> dict[str, dict]:
+    """Issue 63's rule for a paper's mechanism: it enters the defaults when it beats the defaults' row by at least
+    `MECHANISM_MARGIN` BLEU on at least `MECHANISM_WINS` of ``corpora``. Per measured mechanism: its differences to
+    the defaults by corpus, its wins, and the verdict — ``"enters"``, ``"stays out"`` (it can no longer reach the wins
+    on the corpora left to measure) or ``"open"``."""
+    verdicts = {}
+    for row in mechanisms:
+        deltas = {name: round(scores[name][row] - scores[name]["defaults"], 2) for name in corpora
+                  if row in scores.get(name, {}) and "defaults" in scores.get(name, {})}
+        if not deltas:
+            continue
+        wins = sum(delta >= MECHANISM_MARGIN for delta in deltas.values())
+        left = len(corpora) - len(deltas)
+        verdict = "enters" if wins >= MECHANISM_WINS else "stays out" if wins + left < MECHANISM_WINS else "open"
+        verdicts[row] = {"deltas": deltas, "wins": wins, "verdict": verdict}
+    return verdicts
+
+
+def leave_one_corpus_out(scores: dict[str, dict[str, float]], rows: list[str]) -> dict[str, dict]:
+    """Issue 63's validation of a rule: for each corpus, the row picked on the other corpora — the one whose worst
+    distance to those corpora's best row is smallest (then the highest mean score) — and its distance to the held-out
+    corpus's best row. Only rows measured on every corpus compete; fewer than three corpora give nothing."""
+    corpora = sorted(scores)
+    rows = [row for row in rows if all(row in scores[name] for name in corpora)]
+    if len(corpora) < 3 or not rows:
+        return {}
+    best = {name: max(scores[name][row] for row in rows) for name in corpora}
+    result = {}
+    for held_out in corpora:
+        others = [name for name in corpora if name != held_out]
+        picked = min(rows, key=lambda row: (max(best[name] - scores[name][row] for name in others),
+                                            -sum(scores[name][row] for name in others)))
+        result[held_out] = {"picked": picked, "gap": round(scores[held_out][picked] - best[held_out], 2),
+                            "best_row": max(rows, key=lambda row: scores[held_out][row])}
+    return result
+
+
+def corpora_section(runs: dict, described: dict) -> list[str]:
+    """Issue 63's tables: per budget, the rows measured on the whole of more than one study corpus, test BLEU and
+    the difference to that corpus's defaults; the mechanisms' verdicts; the leave-one-corpus-out check of the rows
+    measured on all three corpora."""
+    lines: list[str] = []
+    for budget in sorted({run["budget_minutes"] for run in runs.values()}):
+        scores = corpus_scores(runs, budget)
+        corpora = [name for name in CORPORA if name in scores]
+        if len(corpora) < 2 or not any(name != "bible" for name in corpora):
+            continue
+        rows = ["defaults"] + [row for row in described if row != "defaults" and any(row in scores[name]
+                                                                                     for name in corpora)]
+        lines += ["", f"## Issue 63: three corpora, {budget:g} minutes, all training pairs", "",
+                  "Test BLEU (beam 4) of the checkpoint each run kept, and its difference to the defaults' run on the "
+                  "same corpus. Corpora: " + "; ".join(corpus_description(name) for name in corpora) + ".", "",
+                  "| row | " + " | ".join(corpora) + " |", "|---|" + "---|" * len(corpora)]
+        for row in rows:
+            cells = []
+            for name in corpora:
+                run = runs.get(run_name("full", f"{budget:g}", row, name)) or {}
+                bleu = scores[name].get(row)
+                delta = f" ({bleu - scores[name]['defaults']:+.2f})" if bleu is not None and row != "defaults" \
+                    and "defaults" in scores[name] else ""
+                cells.append("–" if bleu is None else f"{bleu}{delta}, {run.get('steps')} steps")
+            lines.append(f"| `{row}` | " + " | ".join(cells) + " |")
+        verdicts = mechanism_verdicts(scores, [name for name in CORPORA])
+        if verdicts:
+            lines += ["", f"A paper's mechanism enters the defaults where it wins by ≥ {MECHANISM_MARGIN} BLEU on "
+                      f"≥ {MECHANISM_WINS} of the {len(CORPORA)} corpora:", ""]
+            lines += [f"- `{row}`: {verdict['wins']} win(s) of {len(verdict['deltas'])} measured corpora "
+                      f"({', '.join(f'{name} {delta:+.2f}' for name, delta in verdict['deltas'].items())}): "
+                      f"**{verdict['verdict']}**" for row, verdict in verdicts.items()]
+        rules = [row for row in rows if row not in MECHANISMS]
+        held_out = leave_one_corpus_out(scores, rules)
+        if held_out:
+            lines += ["", f"Leave one corpus out over the rows {', '.join(f'`{row}`' for row in rules)} measured on "
+                      "all three: the row picked on the other two (smallest worst distance to their best rows), "
+                      "scored on the held-out corpus:", "", "| held out | picked | its distance to the best | best |",
+                      "|---|---|---|---|"]
+            lines += [f"| {name} | `{check['picked']}` | {check['gap']:+.2f} | `{check['best_row']}` |"
+                      for name, check in held_out.items()]
+    return lines
+
+
+def corpus_description(name: str) -> str:
+    chosen = CORPORA[name]
+    if name == "bible":
+        return "bible: the embedded corpus (es→en unless the JSON's direction says otherwise), 500 test verses"
+    return f"{name}: software messages {chosen.source}→{chosen.target}, every test pair ({chosen.build})"
 
 
 def passes_text(run: dict) -> str:

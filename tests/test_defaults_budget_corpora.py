@@ -1,0 +1,81 @@
+"""Issue 63's defaults study on three corpora (benchmarks/experiments/defaults_budget.py): the commands it runs on
+each corpus, the verdict that lets a paper's mechanism into the defaults, and the leave-one-corpus-out check."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from benchmarks.experiments import defaults_budget as db
+
+
+def arguments(**overrides: object) -> argparse.Namespace:
+    return argparse.Namespace(**{"source_lang": "es", "target_lang": "en", "test_samples": 500, **overrides})
+
+
+def test_each_corpus_runs_the_users_command_in_its_own_direction_and_test_set(tmp_path: Path) -> None:
+    bible = db.train_arguments(arguments(), db.TRAIN, tmp_path / "b", "25", "defaults")
+    gettext = db.train_arguments(arguments(), "runs/corpora/gettext-en-de/train.jsonl.gz", tmp_path / "g", "25",
+                                 "dou2018-dense", "gettext-en-de")
+
+    def option(command: list[str], name: str) -> str | None:
+        return command[command.index(name) + 1] if name in command else None
+
+    # the Bible keeps issue 41's command (its runs stay comparable): es→en, 500 test verses, seed 1
+    assert (option(bible, "--source_lang"), option(bible, "--target_lang")) == ("es", "en")
+    assert option(bible, "--max_predict_samples") == "500" and option(bible, "--seed") == "1"
+    assert option(bible, "--test_file") == db.TEST and "--config_overrides" not in bible
+    # a software-message corpus: its own direction and files, every test pair, seed 42, and the row's options
+    assert (option(gettext, "--source_lang"), option(gettext, "--target_lang")) == ("en", "de")
+    assert option(gettext, "--test_file") == "runs/corpora/gettext-en-de/test.jsonl.gz"
+    assert option(gettext, "--validation_file") == "runs/corpora/gettext-en-de/valid.jsonl.gz"
+    assert "--max_predict_samples" not in gettext and option(gettext, "--seed") == "42"
+    assert option(gettext, "--config_overrides") == "encoder_layer_aggregation=dense,decoder_layer_aggregation=dense"
+    # the Bible's runs keep their names; the others carry their corpus
+    assert db.run_name("full", "25", "defaults") == "full-25min-defaults"
+    assert db.run_name("full", "25", "cad", "gettext-en-es") == "gettext-en-es-full-25min-cad"
+
+
+def test_a_missing_corpus_names_the_command_that_builds_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # no runs/corpora here
+    with pytest.raises(SystemExit, match=r"gettext-en-es: runs/corpora/gettext-en-es/train\.jsonl\.gz does not exist; "
+                                         r"build it with: python training/corpus/build_gettext_corpus\.py --language es"):
+        db.corpus(tmp_path, "full", "gettext-en-es")
+
+
+def test_a_mechanism_enters_the_defaults_only_where_it_wins_by_half_a_point_on_two_corpora() -> None:
+    scores = {
+        "bible": {"defaults": 17.0, "cad": 17.6, "dou2018-dense": 17.4, "admin-6-6": 16.0},
+        "gettext-en-es": {"defaults": 34.0, "cad": 34.5, "dou2018-dense": 35.0, "admin-6-6": 34.6},
+        "gettext-en-de": {"defaults": 26.0, "cad": 25.0, "dtmt1": 20.0},
+    }
+    verdicts = db.mechanism_verdicts(scores, list(db.CORPORA))
+    assert verdicts["cad"] == {"deltas": {"bible": 0.6, "gettext-en-es": 0.5, "gettext-en-de": -1.0}, "wins": 2,
+                               "verdict": "enters"}  # exactly 0.5 counts
+    assert verdicts["dou2018-dense"]["wins"] == 1 and verdicts["dou2018-dense"]["verdict"] == "open"  # de unmeasured
+    assert verdicts["admin-6-6"]["verdict"] == "open"
+    assert verdicts["dtmt1"]["verdict"] == "open"  # one loss, two corpora left that could still be wins
+    scores["bible"]["dtmt1"] = 17.0
+    assert db.mechanism_verdicts(scores, list(db.CORPORA))["dtmt1"]["verdict"] == "stays out"  # two losses of three
+
+
+def test_leave_one_corpus_out_picks_a_rule_on_two_corpora_and_scores_it_on_the_third() -> None:
+    scores = {
+        "a": {"defaults": 10.0, "ls0.2": 10.8, "vocab8000": 9.0},
+        "b": {"defaults": 20.0, "ls0.2": 20.9, "vocab8000": 21.0},
+        "c": {"defaults": 30.0, "ls0.2": 28.5, "vocab8000": 30.2},
+    }
+    result = db.leave_one_corpus_out(scores, ["defaults", "ls0.2", "vocab8000"])
+    # held out a: on b and c, vocab8000's worst distance to the best is 0 → picked; on a it is 1.8 below ls0.2
+    assert result["a"] == {"picked": "vocab8000", "gap": -1.8, "best_row": "ls0.2"}
+    # held out b: on a and c, defaults' worst distance is 0.8 (a), ls0.2's 1.7 (c), vocab8000's 1.8 (a)
+    assert result["b"] == {"picked": "defaults", "gap": -1.0, "best_row": "vocab8000"}
+    assert result["c"]["picked"] == "ls0.2" and result["c"]["gap"] == -1.7
+    # a row not measured on every corpus does not compete (held out a: defaults' worst distance 0.9, ls0.2's 1.5),
+    # and fewer than three corpora give no check
+    del scores["c"]["vocab8000"]
+    assert db.leave_one_corpus_out(scores, ["defaults", "ls0.2", "vocab8000"])["a"] == {
+        "picked": "defaults", "gap": -0.8, "best_row": "ls0.2"}
+    assert db.leave_one_corpus_out({"a": scores["a"], "b": scores["b"]}, ["defaults", "ls0.2"]) == {}
