@@ -79,3 +79,4 @@ def test_leave_one_corpus_out_picks_a_rule_on_two_corpora_and_scores_it_on_the_t
     assert db.leave_one_corpus_out(scores, ["defaults", "ls0.2", "vocab8000"])["a"] == {
         "picked": "defaults", "gap": -0.8, "best_row": "ls0.2"}
     assert db.leave_one_corpus_out({"a": scores["a"], "b": scores["b"]}, ["defaults", "ls0.2"]) == {}
+    assert db.leave_one_corpus_out(scores, ["defaults"]) == {}  # one row is no choice
