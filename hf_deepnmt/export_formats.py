@@ -129,9 +129,12 @@ def check_exportable(config: Any, export_format: str) -> None:
     """Raise one `ValueError` sentence naming every mechanism ``export_format`` cannot express."""
     blockers = export_blockers(config, export_format)
     if blockers:
+        # DTMT is also `deepnmt train`'s CPU default model (docs/defaults.md): say how to get its exportable alternative
+        retrain = (" (`deepnmt train --model_type deep_transformer` trains the CPU defaults' Transformer instead, "
+                   "which every format takes)") if getattr(config, "model_type", None) == "dtmt" else ""
         raise UserInputError(f"cannot export to {export_format}: the model uses {'; '.join(blockers)}, which a standard "
                              "Transformer cannot express exactly; export it with --format onnx (every model of the "
-                             "package) or translate it with the torch engine.")
+                             f"package) or translate it with the torch engine{retrain}.")
 
 
 def standard_model(model: nn.Module) -> nn.Module:

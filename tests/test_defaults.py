@@ -13,7 +13,7 @@ from conftest import tiny_model, train_argv
 
 from hf_deepnmt_training.cli import main
 from hf_deepnmt_training.train import UNBOUNDED_STEPS
-from hf_deepnmt_training.defaults import (CPU_SIZES, DROPOUT_BY_EPOCHS, GPU_SIZES, PARSE_TIME_DEFAULTS,
+from hf_deepnmt_training.defaults import (CPU_SIZES, DROPOUT_BY_EPOCHS, DROPOUT_FIELDS, GPU_SIZES, PARSE_TIME_DEFAULTS,
                                          describe_dropout_rule, dropout_for_epochs, given_options, resolve, size_class)
 from hf_deepnmt_training.run_length import measure_step_seconds, plan_run_length, steps_per_epoch
 from hf_deepnmt_training.train_arguments import apply_scratch_defaults, parse_train_args
@@ -25,12 +25,31 @@ def test_the_model_size_follows_the_data_size_and_the_device():
     assert size_class(160_000, "gpu").name == "gpu-low-resource"
     assert size_class(4_500_000, "gpu").name == "gpu-base"
     assert size_class(36_000_000, "gpu").name == "gpu-big"
-    for table in (CPU_SIZES, GPU_SIZES):  # every row is a complete, valid model
+    for table in (CPU_SIZES, GPU_SIZES):  # every model of every row is complete and valid
         for row in table:
             from transformers import AutoConfig
 
-            fields = {key: value for key, value in row.model.items() if key != "model_type"}
-            AutoConfig.for_model(row.model["model_type"], vocab_size=row.vocab_size, **fields)
+            for model in (row.model, *row.alternatives):
+                fields = {key: value for key, value in model.items() if key != "model_type"}
+                AutoConfig.for_model(model["model_type"], vocab_size=row.vocab_size, **fields)
+
+
+def test_the_cpu_row_trains_dtmt1_and_keeps_the_transformer_as_its_alternative():
+    """Issue 63: meng2019's DTMT#1 at d_model 128 won on all three corpora at 25 minutes (docs/defaults.md); the 2-6
+    pre-LN Transformer it replaced is one --model_type away."""
+    small = size_class(29_024, "cpu")
+    assert small.model["model_type"] == "dtmt" and small.model["transition_depth"] == 1
+    assert (small.model["d_model"], small.model["attention_heads"], small.model["rnn_cell"]) == (128, 4, "lgru")
+    assert small.model["init_range"] == 0.23  # the paper's 0.08 at d 1024, scaled by sqrt(1024 / 128)
+    assert {small.model[key] for key in DROPOUT_FIELDS["dtmt"]} == {0.0}
+    transformer = small.model_for("deep_transformer")
+    assert (transformer["encoder_layers"], transformer["decoder_layers"], transformer["d_model"]) == (2, 6, 128)
+    assert small.model_for(None) is small.model and small.model_for("admin_transformer") is None
+    assert resolve(29_024, "cpu", set(), False, 0, "deep_transformer").model == transformer
+    assert resolve(29_024, "cpu", set(), False, 0, "dtmt").model == small.model
+    assert resolve(29_024, "cpu", set(), False, 0, "admin_transformer").model == {}  # the type's own defaults
+    assert resolve(29_024, "cpu", set(), True, 0).model == {}  # --config_name: its model
+    assert resolve(300_000, "cpu", set(), False, 0).model["model_type"] == "deep_transformer"  # not measured
 
 
 def test_given_options_reads_both_spellings():
@@ -83,10 +102,11 @@ def test_apply_sets_the_data_dependent_defaults_and_prints_them(tmp_path, capsys
     assert args.learning_rate == 1e-3  # given: kept
     assert args.warmup_steps == 160 and args.eval_steps == 200 and args.save_steps == 200
     assert data_args.max_tokens == 2048 and data_args.max_eval_samples == 500 and model_args.vocab_size == 4000
-    assert recipe["model"]["encoder_layers"] == 2 and recipe["model"]["layer_norm_position"] == "pre"
+    assert recipe["model"]["model_type"] == "dtmt" and recipe["model"]["transition_depth"] == 1
     printed = capsys.readouterr().err
     assert "NMT defaults for 29,024 pairs on CPU" in printed
-    assert "2-6 layers, d_model 64" in printed  # the model as it will be built, --config_overrides applied
+    # the model as it will be built, --config_overrides applied
+    assert "model: dtmt DTMT#1 (transition depth 1, lgru), d_model 64, 4 heads" in printed
     assert "--warmup_steps 160" in printed and "--learning_rate" not in printed  # only what was chosen here
     assert "--lr_scheduler_type inverse_sqrt" in printed
 
@@ -106,8 +126,10 @@ def test_the_dropout_grows_with_the_runs_length_in_passes():
 
 def test_the_dropout_is_chosen_by_length_only_where_the_command_line_left_it(tmp_path):
     cases = [((), "cpu", True), (("--config_overrides", "dropout=0.1"), "cpu", False),
-             (("--config_overrides", "d_model=64"), "cpu", True), (("--model_type", "dtmt"), "cpu", False),
-             ((), "gpu", False)]
+             (("--config_overrides", "d_model=64"), "cpu", True), (("--model_type", "dtmt"), "cpu", True),
+             (("--config_overrides", "rnn_dropout=0.2"), "cpu", False),  # any of DTMT's dropouts keeps all three
+             (("--model_type", "deep_transformer"), "cpu", True), (("--model_type", "admin_transformer"), "cpu", False),
+             (("--config_name", "transformer-base"), "cpu", False), ((), "gpu", False)]
     for extra, device, by_length in cases:
         argv = _argv(tmp_path, *extra)
         model_args, data_args, args, recipe = parse_train_args(argv)
@@ -185,22 +207,41 @@ def test_a_long_run_over_little_data_gets_the_dropout_for_many_passes(tmp_path, 
         model_args, data_args, args, recipe = parse_train_args(argv)
         assert apply_scratch_defaults(model_args, data_args, args, recipe, 40, given_options(argv)).dropout_by_length
         resolve_dropout(model_args, data_args, args, recipe, tiny_tokenizer, Dataset.from_dict(rows))
-        assert recipe["model"]["dropout"] == dropout  # 40 pairs of 4 tokens: one 2048-token batch a pass
+        # 40 pairs of 4 tokens: one 2048-token batch a pass; every dropout of the default DTMT gets the rule's value
+        assert [recipe["model"][key] for key in DROPOUT_FIELDS["dtmt"]] == [dropout] * 3
         assert f"dropout {dropout}: the run is --max_steps {steps}: ≈ {steps:,} steps = {steps:.1f} passes" \
             in capsys.readouterr().err
     checkpoint = tmp_path / "run" / "checkpoint-100"  # a resumed run keeps the dropout it started with
     checkpoint.mkdir(parents=True)
-    (checkpoint / "config.json").write_text(json.dumps({"dropout": 0.1}))
+    (checkpoint / "config.json").write_text(json.dumps({"dropout": 0.1, "rnn_dropout": 0.1, "readout_dropout": 0.1}))
     resolve_dropout(model_args, data_args, args, recipe, tiny_tokenizer, Dataset.from_dict(rows), str(checkpoint))
-    assert recipe["model"]["dropout"] == 0.1
+    assert [recipe["model"][key] for key in DROPOUT_FIELDS["dtmt"]] == [0.1] * 3
     assert "dropout 0.1: the checkpoint's, whose run this resumes" in capsys.readouterr().err
 
 
-def test_admin_overrides_get_the_post_ln_model_admin_is_defined_on(tmp_path):
+def test_admin_overrides_get_the_post_ln_model_admin_is_defined_on(tmp_path, capsys):
     argv = _argv(tmp_path, "--config_overrides", "residual_scaling=admin")
     model_args, data_args, args, recipe = parse_train_args(argv)
     apply_scratch_defaults(model_args, data_args, args, recipe, 1_000, given_options(argv))
-    assert recipe["model"]["layer_norm_position"] == "post"
+    # ADMIN is a Transformer field: the CPU row's Transformer, not its default DTMT, and post-LN
+    assert recipe["model"]["model_type"] == "deep_transformer" and recipe["model"]["layer_norm_position"] == "post"
+    assert ("--config_overrides residual_scaling: field(s) of deep_transformer, not of the default dtmt: the size "
+            "row's deep_transformer model (as --model_type deep_transformer)") in capsys.readouterr().err
+
+
+def test_overrides_pick_the_row_model_whose_fields_they_name(tmp_path):
+    def model(*extra: str) -> dict:
+        argv = _argv(tmp_path, *extra)
+        model_args, data_args, args, recipe = parse_train_args(argv)
+        apply_scratch_defaults(model_args, data_args, args, recipe, 1_000, given_options(argv))
+        return recipe["model"]
+
+    assert model("--config_overrides", "d_model=64,transition_depth=2")["model_type"] == "dtmt"  # DTMT's fields
+    chosen = model("--config_overrides", "d_model=64,cross_attention_drop_depth=5")  # li2022's CAD: a Transformer
+    assert chosen["model_type"] == "deep_transformer" and chosen["decoder_layers"] == 6
+    # a field of no model of the row stays with the default, whose check names it (`check_override_keys`)
+    with pytest.raises(Exception, match=r"^--config_overrides: `encoder_layerz` is not a field of DTMTConfig \(dtmt\)"):
+        model("--config_overrides", "encoder_layerz=3")
 
 
 @pytest.mark.integration
@@ -229,6 +270,32 @@ def test_train_from_scratch_end_to_end_uses_and_records_the_defaults(small_corpu
     assert 10 < args.generation_max_length <= 48
     state = json.loads((out / "trainer_state.json").read_text())
     assert [entry["step"] for entry in state["log_history"] if "eval_bleu" in entry] == [1, 2, 3, 4]
+
+
+@pytest.mark.integration
+def test_the_default_cpu_model_is_dtmt1_with_the_rules_dropout_in_every_dropout(small_corpus, tmp_path, capsys):
+    """Issue 63: with nothing but the data, `deepnmt train` on a CPU trains DTMT#1 (docs/defaults.md, "Round two"),
+    its three dropouts from the run's length, and the saved folder loads back and translates."""
+    from transformers import AutoModelForSeq2SeqLM
+
+    out = tmp_path / "run"
+    assert main(["train", "--train_file", str(small_corpus / "train.jsonl"),
+                 "--validation_file", str(small_corpus / "valid.jsonl"), "--output_dir", str(out),
+                 "--max_steps", "3", "--vocab_size", "200", "--bpe_min_frequency", "1", "--max_eval_samples", "4",
+                 "--max_source_length", "48", "--max_target_length", "48", "--report_to", "none",
+                 "--disable_tqdm", "true", "--save_strategy", "no",
+                 "--config_overrides", "d_model=16,attention_heads=2,max_position_embeddings=64"]) == 0
+    printed = capsys.readouterr().err
+    assert "model: dtmt DTMT#1 (transition depth 1, lgru), d_model 16, 2 heads" in printed
+    config = json.loads((out / "config.json").read_text())
+    assert (config["model_type"], config["transition_depth"], config["rnn_cell"]) == ("dtmt", 1, "lgru")
+    assert config["init_range"] == 0.23 and config["label_smoothing"] == 0.1
+    passes = float(re.search(r"dropout = rnn_dropout = readout_dropout ([0-9.]+): the run is --max_steps 3: ≈ 3 "
+                             r"steps = ([0-9.]+) passes", printed)[2])
+    assert {config[key] for key in DROPOUT_FIELDS["dtmt"]} == {dropout_for_epochs(passes)}
+    model = AutoModelForSeq2SeqLM.from_pretrained(out, trust_remote_code=True)
+    assert type(model).__name__ == "DTMTForConditionalGeneration" and json.loads(
+        (out / "metrics.json").read_text())
 
 
 @pytest.mark.integration
@@ -380,3 +447,18 @@ def test_a_run_on_a_given_tokenizer_chooses_no_vocabulary_size(tmp_path, capsys)
     apply_scratch_defaults(model_args, data_args, args, recipe, 29_024, given_options(argv))
     printed = capsys.readouterr().err
     assert "NMT defaults for 29,024 pairs" in printed and "--vocab_size" not in printed
+
+
+def test_overrides_are_checked_before_the_data_against_the_model_the_defaults_will_build(tmp_path):
+    """`deepnmt train` checks --config_overrides before it reads the data or trains a tokenizer: against the size
+    row's model they name (DTMT's fields pass, the Transformer's pick it), and a field of no such model fails."""
+    from hf_deepnmt_training.train_arguments import provisional_row_model
+
+    def provisional(*extra: str) -> dict:
+        model_args, _, args, _ = parse_train_args(_argv(tmp_path, "--use_cpu", "true", *extra))
+        return provisional_row_model(model_args, args)
+
+    assert provisional("--config_overrides", "attention_heads=2")["model_type"] == "dtmt"
+    assert provisional("--config_overrides", "encoder_ffn_dim=32")["model_type"] == "deep_transformer"
+    assert provisional("--model_type", "deep_transformer")["decoder_layers"] == 6
+    assert provisional("--config_name", "transformer-base") == {} and provisional("--nmt_defaults", "false") == {}

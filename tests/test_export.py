@@ -26,6 +26,7 @@ from search_parity import assert_decided_by_margins, assert_same_search, generat
 
 import hf_deepnmt
 from hf_deepnmt.export import OnnxEngine, export_blockers, export_model, load_engine
+from hf_deepnmt.export_formats import check_exportable
 from hf_deepnmt.ort_generation import OnnxSeq2SeqLM
 from hf_deepnmt_training.cli import main
 
@@ -305,6 +306,9 @@ def test_refusals_name_the_mechanism(tiny_folder, tmp_path, capsys):
     assert export_blockers(config, "onnx") == []  # ONNX takes every model of the package
     dtmt = SimpleNamespace(model_type="dtmt")
     assert export_blockers(dtmt, "onnx") == [] and "DTMT" in export_blockers(dtmt, "ctranslate2")[0]
+    # DTMT is the CPU defaults' model: its refusal names the exportable Transformer of those defaults
+    with pytest.raises(ValueError, match=r"DTMT.*--format onnx.*`deepnmt train --model_type deep_transformer`"):
+        check_exportable(dtmt, "marian")
     assert "'t5'" in export_blockers(SimpleNamespace(model_type="t5"), "onnx")[0]
     mish = tiny_model(activation_function="mish")
     assert "activation_function='mish'" in export_blockers(mish.config, "ctranslate2")[0]

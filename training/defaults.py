@@ -49,6 +49,12 @@ class SizeClass:
     vocab_size: int
     max_eval_samples: int | None
     provenance: str
+    # the row's other measured models, used in place of ``model`` when --model_type names their type
+    alternatives: tuple[dict[str, Any], ...] = ()
+
+    def model_for(self, model_type: str | None) -> dict[str, Any] | None:
+        """The row's model of ``model_type`` (None: the row's default model); None when the row has none."""
+        return next((m for m in (self.model, *self.alternatives) if model_type in (None, m["model_type"])), None)
 
 
 def _transformer(d_model: int, layers: tuple[int, int], heads: int, ffn: int, dropout: float) -> dict[str, Any]:
@@ -61,14 +67,31 @@ def _transformer(d_model: int, layers: tuple[int, int], heads: int, ffn: int, dr
     }
 
 
-# CPU: the model must learn something in minutes to hours on a few cores. The first row is the quickstart's model,
-# chosen by measurement on this project's 2-core CPU (benchmarks/experiments/results/quickstart_probes.md): a shallow
-# encoder and a deep decoder learn fastest per step at equal cost, and dropout only slows a run this short down.
+def _dtmt(d_model: int, heads: int, transition_depth: int, init_range: float, dropout: float) -> dict[str, Any]:
+    """meng2019's DTMT#``transition_depth`` (L-GRU transitions) at ``d_model``, every dropout ``dropout``; the other
+    fields are `DTMTConfig`'s (the paper's: separate source and target embeddings, GNMT length penalty)."""
+    return {
+        "model_type": "dtmt", "d_model": d_model, "attention_heads": heads, "transition_depth": transition_depth,
+        "rnn_cell": "lgru", "init_range": init_range, "max_position_embeddings": 256,
+        **dict.fromkeys(("dropout", "rnn_dropout", "readout_dropout"), dropout),
+    }
+
+
+# CPU: the model must learn something in minutes to hours on a few cores.
+# The first row's model is meng2019's DTMT#1 at d_model 128 (since 2026-11-28): issue 63's study, at 25 minutes on
+# three corpora no default was tuned on, measured it 2.06 (Bible es→en), 7.02 (software messages en→es) and 1.56
+# (en→de) BLEU above the Transformer it replaced, with the row's learning rate, warm-up and batch and the run-length
+# dropout (docs/defaults.md, "Round two"; benchmarks/experiments/results/defaults_budget.md). Its init range 0.23 is
+# the paper's ±0.08 at d 1024 scaled to d 128 (docs/meng2019-dtmt.md). That Transformer stays the row's alternative
+# (`--model_type deep_transformer`, or --config_overrides naming its fields): the quickstart's model, chosen by
+# measurement on this project's 2-core CPU (benchmarks/experiments/results/quickstart_probes.md: a shallow encoder
+# and a deep decoder learn fastest per step at equal cost), and the one to take for CTranslate2 or Marian export.
 CPU_SIZES: tuple[SizeClass, ...] = (
     # warm-up 400 (200 until 2026-11-26): issue 41's study, on corpora no default was tuned on, found it best or within
     # 0.16 BLEU of the best at every corpus size and budget it ran (docs/defaults.md, "The warm-up")
-    SizeClass("cpu-small", 200_000, _transformer(128, (2, 6), 4, 512, 0.0), 3e-3, 400, 2048, 4000, 500,
-              "measured: the quickstart's model, warm-up from issue 41's study, docs/defaults.md"),
+    SizeClass("cpu-small", 200_000, _dtmt(128, 4, 1, 0.23, 0.0), 3e-3, 400, 2048, 4000, 500,
+              "measured: DTMT#1 from issue 63's three-corpus study, warm-up from issue 41's, docs/defaults.md",
+              alternatives=(_transformer(128, (2, 6), 4, 512, 0.0),)),
     SizeClass("cpu-medium", float("inf"), _transformer(256, (6, 6), 4, 1024, 0.1), 2e-3, 1000, 4096, 8000, 500,
               "scaled from cpu-small: width ×2, lr 2/3, warm-up ×5 (not measured at this size)"),
 )
@@ -82,6 +105,13 @@ GPU_SIZES: tuple[SizeClass, ...] = (
     SizeClass("gpu-big", float("inf"), _transformer(1024, (6, 6), 16, 4096, 0.3), 5e-4, 4000, 4096, 32000, None,
               "Transformer Big (Vaswani et al. 2017), pre-LN, dropout 0.3 as for WMT14 en-de"),
 )
+
+
+# The model fields the run-length rule sets, by model type: every dropout of the model that the rows measured at one
+# value (DTMT's embedding/output, recurrent and readout dropouts alike: the issue-63 rows, docs/defaults.md). A
+# command line that sets any of them keeps all of them.
+DROPOUT_FIELDS: dict[str, tuple[str, ...]] = {"deep_transformer": ("dropout",),
+                                              "dtmt": ("dropout", "rnn_dropout", "readout_dropout")}
 
 
 # The CPU rows' dropout by the run's length in passes over the training data (hf_deepnmt_training.run_length): rows
@@ -109,6 +139,17 @@ def describe_dropout_rule() -> str:
             parts.append(f"{dropout} from {low:g} to {below:g}")
         low = below
     return ", ".join(parts)
+
+
+def describe_model(m: dict[str, Any]) -> str:
+    """A size row's model in words, as `deepnmt train` prints it: "deep_transformer 2-6 layers, d_model 128, 4 heads,
+    FFN 512, pre-LN, tied embeddings" or "dtmt DTMT#1 (transition depth 1, lgru), d_model 128, 4 heads"."""
+    if m["model_type"] == "dtmt":
+        return (f"dtmt DTMT#{m['transition_depth']} (transition depth {m['transition_depth']}, {m['rnn_cell']}), "
+                f"d_model {m['d_model']}, {m['attention_heads']} heads")
+    return (f"{m['model_type']} {m['encoder_layers']}-{m['decoder_layers']} layers, d_model {m['d_model']}, "
+            f"{m['encoder_attention_heads']} heads, FFN {m['encoder_ffn_dim']}, {m['layer_norm_position']}-LN, "
+            + ("tied" if m.get("tie_word_embeddings") else "untied") + " embeddings")
 
 
 def size_class(pairs: int, device: str) -> SizeClass:
@@ -190,28 +231,27 @@ class Resolution:
                  "on the command line, --nmt_defaults false turns them off (docs/defaults.md)"]
         if self.model:
             m = {**self.model, **(effective_model or {})}
-            lines.append(f"[deepnmt]   model: {m['model_type']} {m['encoder_layers']}-{m['decoder_layers']} layers, "
-                         f"d_model {m['d_model']}, {m['encoder_attention_heads']} heads, FFN {m['encoder_ffn_dim']}, "
-                         f"{m['layer_norm_position']}-LN, "
+            lines.append(f"[deepnmt]   model: {describe_model(m)}, "
                          + ("dropout from the run's length (below)" if self.dropout_by_length
-                            else f"dropout {m['dropout']}") + ", tied embeddings "
-                         "(--config_name / --config_overrides to change)")
+                            else f"dropout {m['dropout']}") + " (--config_name / --config_overrides to change)")
         for key, value in self.options.items():
             lines.append(f"[deepnmt]   --{key} {value}")
         return lines
 
 
-def resolve(pairs: int, device: str, given: set[str], model_fields_given: bool, max_steps: int) -> Resolution:
+def resolve(pairs: int, device: str, given: set[str], model_fields_given: bool, max_steps: int,
+            model_type: str | None = None) -> Resolution:
     """The data- and device-dependent defaults of a from-scratch run without a recipe.
 
     ``given``: options the command line set (they are never changed); ``model_fields_given``: the model comes from
-    ``--config_name`` or ``--model_type`` (then only the training options are chosen here; ``--config_overrides``
-    applies on top of the row's model instead).
+    ``--config_name`` (then only the training options are chosen here; ``--config_overrides`` applies on top of the
+    row's model instead); ``model_type``: ``--model_type``, which picks the row's model of that type (`SizeClass.
+    model_for`; a type the row has no model of: the type's own config defaults, no model chosen here).
     """
     size = size_class(pairs, device)
     resolution = Resolution(size=size, device=device, pairs=pairs)
     if not model_fields_given:
-        resolution.model = dict(size.model)
+        resolution.model = dict(size.model_for(model_type) or {})
     chosen: dict[str, Any] = {
         "learning_rate": size.learning_rate,
         "warmup_steps": size.warmup_steps if max_steps <= 0 else min(size.warmup_steps, max(1, max_steps // 5)),

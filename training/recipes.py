@@ -147,11 +147,21 @@ def model_fields(config_name: str | None, config_overrides: str | None, model_ty
     return model_type, fields
 
 
+def config_fields(model_type: str) -> set[str]:
+    """The field names a registered model type's config accepts (its ``__init__`` parameters and what it stores)."""
+    import inspect
+
+    from transformers import CONFIG_MAPPING
+
+    config_class = CONFIG_MAPPING[model_type]
+    return (set(inspect.signature(config_class.__init__).parameters) | set(config_class().to_dict())) - {"self",
+                                                                                                          "kwargs"}
+
+
 def check_override_keys(model_type: str, overrides: dict[str, Any]) -> None:
     """A ``--config_overrides`` key that the model type's config does not have is a typo (transformers would store it
     beside the real field and nothing would read it): one sentence with the close matches."""
     import difflib
-    import inspect
 
     from transformers import CONFIG_MAPPING
 
@@ -159,8 +169,7 @@ def check_override_keys(model_type: str, overrides: dict[str, Any]) -> None:
 
     model_type_entry(model_type, "`model_type`")  # one sentence with the closest types for an unknown one
     config_class = CONFIG_MAPPING[model_type]
-    known = set(inspect.signature(config_class.__init__).parameters) | set(config_class().to_dict())
-    known -= {"self", "kwargs"}
+    known = config_fields(model_type)
     for key, value in overrides.items():
         if key not in known:
             config_class(**{key: value})  # a config that refuses the field by name says why (e.g. DTMT's refusals)

@@ -33,14 +33,14 @@ from .build import (build_model, check_torch_compile_options, load_or_train_toke
 from .checkpoints import resume_target
 from .clock import RunClock
 from .data import DataArguments, DataError, length_column
-from .defaults import Resolution, describe_dropout_rule, dropout_for_epochs, given_options
+from .defaults import DROPOUT_FIELDS, Resolution, describe_dropout_rule, dropout_for_epochs, given_options
 from .hub import push_folder
 from .metrics import TranslationMetrics
 from .preprocess import ReadSplit, TokenizedSplit, read_split, tokenize_split
 from .recipes import model_fields
 from .report import TrainOutcome, finish_run
 from .run_length import measure_step_seconds, plan_run_length, steps_per_epoch
-from .train_arguments import ModelArguments, apply_scratch_defaults, parse_train_args
+from .train_arguments import ModelArguments, apply_scratch_defaults, parse_train_args, provisional_row_model
 from .trainer import DeepNMTTrainer
 from .translate import evaluate_model, new_token_budget
 
@@ -177,8 +177,9 @@ def train(argv: Sequence[str], clock: RunClock | None = None) -> TrainOutcome:
     schedule = lr_scheduler_factory(model_args, training_args)
     model_type = None
     if not model_args.model_name_or_path:  # a bad model config fails now, not after the tokenizer is trained
+        # a new model of the NMT defaults: the size row's model it will most likely be (the data picks the row)
         model_type, fields = model_fields(model_args.config_name, model_args.config_overrides, model_args.model_type,
-                                          recipe["model"])
+                                          recipe["model"] or provisional_row_model(model_args, training_args))
         AutoConfig.for_model(model_type, **fields)
     check_torch_compile_options(training_args, model_type)  # before anything is written
     push_repo = _repo_to_push(training_args)
@@ -293,9 +294,10 @@ def resolve_dropout(model_args: ModelArguments, data_args: DataArguments, traini
     written into the model fields of ``recipe`` and printed. Every process of a distributed run takes process 0's
     choice (a measured step time differs between processes); a resumed run keeps its checkpoint's dropout (a
     measurement near a threshold could choose another)."""
+    fields = DROPOUT_FIELDS[recipe["model"]["model_type"]]
     saved = Path(resume) / "config.json" if resume else None
     if saved is not None and saved.is_file() and "dropout" in (config := json.loads(saved.read_text())):
-        recipe["model"]["dropout"] = config["dropout"]
+        recipe["model"].update({key: config[key] for key in fields if key in config})
         if training_args.process_index == 0:
             print(f"[deepnmt]   dropout {config['dropout']}: the checkpoint's, whose run this resumes",
                   file=sys.stderr)
@@ -317,9 +319,9 @@ def resolve_dropout(model_args: ModelArguments, data_args: DataArguments, traini
         chosen = [dropout]
         torch.distributed.broadcast_object_list(chosen, src=0)
         dropout = chosen[0]
-    recipe["model"]["dropout"] = dropout
+    recipe["model"].update(dict.fromkeys(fields, dropout))  # every dropout of the model (`DROPOUT_FIELDS`)
     if training_args.process_index == 0:
-        print(f"[deepnmt]   dropout {dropout}: the run is {length.how}: ≈ {length.steps:,.0f} steps = "
+        print(f"[deepnmt]   {' = '.join(fields)} {dropout}: the run is {length.how}: ≈ {length.steps:,.0f} steps = "
               f"{length.epochs:.1f} passes over the training data ({per_epoch:,} steps each); "
               f"{describe_dropout_rule()} (docs/defaults.md)", file=sys.stderr)
 

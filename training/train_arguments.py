@@ -22,10 +22,10 @@ from hf_deepnmt_model_cards.licenses import normalise_license
 
 from .arguments import TRAIN_ALIASES, canonical_options, unknown_arguments_message
 from .data import DataArguments
-from .defaults import (PARSE_TIME_DEFAULTS, Resolution, given_options, resolve as resolve_defaults,
-                       resolved_option_rules)
+from .defaults import (CPU_SIZES, DROPOUT_FIELDS, GPU_SIZES, PARSE_TIME_DEFAULTS, Resolution, given_options,
+                       resolve as resolve_defaults, resolved_option_rules)
 from .errors import CommandLineError, is_user_mistake
-from .recipes import load_recipe, model_fields, parse_overrides, recipe_to_argv, resolve_path
+from .recipes import config_fields, load_recipe, model_fields, parse_overrides, recipe_to_argv, resolve_path
 from .train_options import check_option_values, store_option_table
 
 
@@ -35,7 +35,7 @@ class ModelArguments:
 
     recipe: str | None = field(default=None, metadata={"help": "A recipe YAML (path or shipped name, e.g. quickstart); its values are defaults that the command line overrides."})
     model_name_or_path: str | None = field(default=None, metadata={"help": "Fine-tune a saved model (folder or Hub id) instead of training from scratch (alias: --model)."})
-    model_type: str | None = field(default=None, metadata={"help": "Model type of a model trained from scratch (default deep_transformer): " + "; ".join(f"{entry.model_type}, {entry.summary}" for entry in MODEL_TYPES.values()) + ". Overrides the model_type of --config_name / the recipe."})
+    model_type: str | None = field(default=None, metadata={"help": "Model type of a model trained from scratch (default: the NMT defaults' size row's model — on a CPU below 200,000 pairs meng2019's DTMT#1, whose row also has a deep_transformer that this option picks, docs/defaults.md — else deep_transformer): " + "; ".join(f"{entry.model_type}, {entry.summary}" for entry in MODEL_TYPES.values()) + ". Overrides the model_type of --config_name / the recipe."})
     config_name: str | None = field(default=None, metadata={"help": "Model config: a preset name (training/presets, e.g. transformer-base), a config.json or a model folder."})
     config_overrides: str | None = field(default=None, metadata={"help": "Override config fields: 'd_model=256,encoder_layers=12'."})
     warm_start_from: str | None = field(default=None, metadata={"help": "Initialise a new model from a trained one (folder or Hub id): its weights are copied, the mechanisms it lacks (e.g. dou2018 aggregation, multi-layer attention) start from their initialisation, as dou2018 trains its models. The model comes from --recipe/--config_name/--config_overrides as usual; the tokenizer is the trained model's."})
@@ -231,13 +231,17 @@ def apply_scratch_defaults(model_args: ModelArguments, data_args: DataArguments,
     the parsed arguments, never touching an option the command line set, and print them (process 0). The returned
     resolution says whether the dropout is still to be chosen from the run's length (`resolve_dropout`)."""
     device = "cpu" if training_args.use_cpu or not torch.cuda.is_available() else "gpu"
-    model_given = bool(model_args.config_name or model_args.model_type)
-    resolution = resolve_defaults(pairs, device, given, model_given, training_args.max_steps)
+    resolution = resolve_defaults(pairs, device, given, bool(model_args.config_name), training_args.max_steps,
+                                  model_args.model_type)
     overrides = parse_overrides(model_args.config_overrides)
-    if overrides.get("residual_scaling") == "admin" and "layer_norm_position" not in overrides and resolution.model:
+    if resolution.model and not model_args.model_type:
+        row_model_for_overrides(resolution, overrides, training_args.process_index == 0)
+    if overrides.get("residual_scaling") == "admin" and "layer_norm_position" not in overrides \
+            and resolution.model.get("model_type") == "deep_transformer":
         resolution.model["layer_norm_position"] = "post"  # ADMIN is defined on post-LN (liu2020), not pre-LN
     recipe["model"] = {**resolution.model, **recipe["model"]}
-    resolution.dropout_by_length = device == "cpu" and bool(resolution.model) and "dropout" not in overrides
+    resolution.dropout_by_length = device == "cpu" and bool(resolution.model) and not overrides.keys() & set(
+        DROPOUT_FIELDS[resolution.model["model_type"]])
     if device == "cpu" and "dataloader_pin_memory" not in given:
         resolution.options["dataloader_pin_memory"] = False  # nothing to pin for (and a warning per epoch)
     for key, value in resolution.options.items():
@@ -251,6 +255,39 @@ def apply_scratch_defaults(model_args: ModelArguments, data_args: DataArguments,
             "[deepnmt]   " + ", ".join(f"--{key} {getattr(value, 'value', value)}" for key, value in fixed.items()),
             f"[deepnmt]   --label_smoothing_factor {training_args.label_smoothing_factor}"]), file=sys.stderr)
     return resolution
+
+
+def provisional_row_model(model_args: ModelArguments, training_args: Seq2SeqTrainingArguments) -> dict[str, Any]:
+    """Before the data is read (its size picks the row): the model a from-scratch run with NMT defaults will most
+    likely build, for checking ``--config_overrides`` early — the first model of the device's size rows of
+    ``--model_type`` (any type: the first whose config has every overridden field); empty when the defaults do not
+    choose the model (``--config_name``, a recipe's model, no NMT defaults)."""
+    if not model_args.nmt_defaults or model_args.config_name:
+        return {}
+    cpu = training_args.use_cpu or not torch.cuda.is_available()
+    models = [model for row in (CPU_SIZES if cpu else GPU_SIZES) for model in (row.model, *row.alternatives)
+              if model_args.model_type in (None, model["model_type"])]
+    keys = parse_overrides(model_args.config_overrides).keys()
+    return dict(next((model for model in models if not keys - config_fields(model["model_type"])),
+                     models[0] if models else {}))
+
+
+def row_model_for_overrides(resolution: Resolution, overrides: dict[str, Any], say: bool = True) -> None:
+    """``--config_overrides`` that name fields of another of the size row's models than its default (the CPU row's
+    deep_transformer for ``encoder_layers=4`` or ``cross_attention_drop_depth=5``, whose default is DTMT) select that
+    model, as ``--model_type`` would, with one printed line; fields no model of the row has are left to
+    `check_override_keys`, which names them."""
+    unknown = sorted(overrides.keys() - config_fields(resolution.model["model_type"]))
+    if not unknown:
+        return
+    model = next((m for m in resolution.size.alternatives if not overrides.keys() - config_fields(m["model_type"])),
+                 None)
+    if model is not None:
+        if say:
+            print(f"[deepnmt] --config_overrides {', '.join(unknown)}: field(s) of {model['model_type']}, not of "
+                  f"the default {resolution.model['model_type']}: the size row's {model['model_type']} model (as "
+                  f"--model_type {model['model_type']})", file=sys.stderr)
+        resolution.model = dict(model)
 
 
 def default_output_dir(model_args: ModelArguments, recipe: dict) -> str:

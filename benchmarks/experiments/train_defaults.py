@@ -96,9 +96,9 @@ def describe_run(folder: Path, log_path: Path, code: int) -> dict:
         "test": metrics.get("test"),
         "steps": json.loads((folder / "trainer_state.json").read_text())["global_step"],
         "train_minutes": round(metrics.get("timings_seconds", {}).get("train_seconds", 0) / 60, 1),
-        "model": {key: config.get(key) for key in ("d_model", "encoder_layers", "decoder_layers",
-                                                    "encoder_ffn_dim", "layer_norm_position", "dropout",
-                                                    "vocab_size", "label_smoothing")},
+        "model": {key: config.get(key) for key in ("model_type", "d_model", "encoder_layers", "decoder_layers",
+                                                    "encoder_ffn_dim", "layer_norm_position", "transition_depth",
+                                                    "dropout", "vocab_size", "label_smoothing")},
         "eval_bleu": series(log, "eval_bleu"), "loss": series(log, "loss"),
     })
     match = re.search(r"train: (\d+) pairs", text)
@@ -127,9 +127,10 @@ def render(report: dict, results_dir: Path) -> None:
             lines.append(f"| {name} | failed (exit {run['exit_code']}) | | | | | |")
             continue
         m = run["model"]
-        model = (f"{m['encoder_layers']}-{m['decoder_layers']} d{m['d_model']} FFN {m['encoder_ffn_dim']} "
-                 f"{m['layer_norm_position']}-LN, dropout {m['dropout']}, vocab {m['vocab_size']}, "
-                 f"label smoothing {m['label_smoothing']}")
+        shape = (f"DTMT#{m['transition_depth']} d{m['d_model']}" if m.get("model_type") == "dtmt" else
+                 f"{m['encoder_layers']}-{m['decoder_layers']} d{m['d_model']} FFN {m['encoder_ffn_dim']} "
+                 f"{m['layer_norm_position']}-LN")  # DTMT: the CPU defaults' model since issue 63
+        model = f"{shape}, dropout {m['dropout']}, vocab {m['vocab_size']}, label smoothing {m['label_smoothing']}"
         curve = ", ".join(f"{step}: {value}" for step, value in run["eval_bleu"]) or "not evaluated"
         lines.append(f"| {name} | {model} | {run['steps']} | {run['train_minutes']} | {run['test']['bleu']} | "
                      f"{run['test']['chrf']} | {curve} |")
