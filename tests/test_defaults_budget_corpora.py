@@ -80,3 +80,44 @@ def test_leave_one_corpus_out_picks_a_rule_on_two_corpora_and_scores_it_on_the_t
         "picked": "defaults", "gap": -0.8, "best_row": "ls0.2"}
     assert db.leave_one_corpus_out({"a": scores["a"], "b": scores["b"]}, ["defaults", "ls0.2"]) == {}
     assert db.leave_one_corpus_out(scores, ["defaults"]) == {}  # one row is no choice
+
+
+def test_the_transformer_defaults_become_their_row_and_dtmt1_at_the_rules_dropout_the_defaults() -> None:
+    """Issue 63 switched the CPU defaults to DTMT#1: the recorded `defaults` runs that trained the Transformer are the
+    `transformer` row's (the same training as --model_type deep_transformer), a DTMT#1 run at the dropout the
+    run-length rule gives its passes is the new defaults', and issue 41's page keeps comparing with the Transformer."""
+    def run(row: str, bleu: float, corpus: str, passes: float, **model: object) -> dict:
+        # 1,000 steps in 1,500 s at 1.5 s a step: the rule's estimate is the run's own passes
+        return {"row": row, "corpus": corpus, "size": "full", "budget_minutes": 25.0, "test": {"bleu": bleu},
+                "steps": 1000, "passes": passes, "step_seconds": 1.5, "model": model}
+
+    report = {"runs": {
+        "gettext-en-es-full-25min-defaults": run("defaults", 34.0, "gettext-en-es", 9.0, encoder_layers=2,
+                                                 dropout=0.1),
+        "gettext-en-es-full-25min-dtmt1-lr3e-3-dropout0.1": run("dtmt1-lr3e-3-dropout0.1", 41.0, "gettext-en-es",
+                                                                9.0, dropout=0.1),
+        "full-25min-defaults": {**run("defaults", 15.0, "bible", 4.4, encoder_layers=2, dropout=0.0),
+                                "rule": {"dropout": 0.0}},
+        # at 9 passes the rule gives 0.1, not this row's 0.0: not the defaults' training
+        "full-25min-dtmt1-lr3e-3-dropout0.0": run("dtmt1-lr3e-3-dropout0.0", 17.0, "bible", 9.0, dropout=0.0),
+    }}
+    for entry in report["runs"].values():
+        entry["warmup_steps"] = db.WARMUP_NOW
+        if entry["row"] == "defaults":  # the Transformer defaults' runs printed the rule's line
+            entry.setdefault("rule", {"dropout": 0.1})
+    runs = db.migrate(report)["runs"]
+    assert runs["gettext-en-es-full-25min-transformer"]["test"]["bleu"] == 34.0
+    assert runs["gettext-en-es-full-25min-defaults"]["test"]["bleu"] == 41.0
+    assert "dtmt1-lr3e-3-dropout0.1 run" in runs["gettext-en-es-full-25min-defaults"]["ran_as"]
+    assert runs["full-25min-transformer"]["test"]["bleu"] == 15.0 and "full-25min-defaults" not in runs
+    assert db.run_model_type(runs["gettext-en-es-full-25min-defaults"]) == "dtmt"
+    # once more, as every study command does on load: nothing moves (a DTMT#1 copy has no rule line, yet it is not
+    # the `dropout0.0` row of the defaults before that rule)
+    again = db.migrate({"runs": {name: dict(entry) for name, entry in runs.items()}})["runs"]
+    assert sorted(again) == sorted(runs) and again["gettext-en-es-full-25min-defaults"]["test"]["bleu"] == 41.0
+    view = db.issue41_view(runs)  # the Transformer in the defaults' column, DTMT#1's defaults left out
+    assert view["full-25min-defaults"]["test"]["bleu"] == 15.0 and "full-25min-transformer" not in view
+    assert view["gettext-en-es-full-25min-defaults"]["test"]["bleu"] == 34.0
+    # the mechanisms are judged against the defaults they were added to: the Transformer
+    scores = {"gettext-en-es": {"defaults": 41.0, "transformer": 34.0, "cad": 34.6}}
+    assert db.mechanism_verdicts(scores, ["gettext-en-es"], ("cad",))["cad"]["deltas"] == {"gettext-en-es": 0.6}

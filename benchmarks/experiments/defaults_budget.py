@@ -53,6 +53,7 @@ import re
 import subprocess
 import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,6 +66,11 @@ DTMT1 = "d_model=128,attention_heads=4,transition_depth=1,rnn_cell=lgru,init_ran
 # Row -> the `deepnmt train` options it adds to the user's command (`defaults`: none).
 ROWS: dict[str, list[str]] = {
     "defaults": [],
+    # the `cpu-small` row's Transformer (2-6 pre-LN, d 128): the defaults until issue 63 made DTMT#1 theirs
+    # (2026-11-28); their `defaults` runs are this row's (`migrate`). The rows below measured before that date add
+    # their setting to this Transformer (their runs record `model.model_type`); measured since, a row whose fields
+    # only the Transformer has (cad, dou2018-dense, admin-6-6, ffn1024) still does, the others add it to DTMT#1.
+    "transformer": ["--model_type", "deep_transformer"],
     "dropout0.0": ["--config_overrides", "dropout=0.0"],
     "dropout0.1": ["--config_overrides", "dropout=0.1"],
     "dropout0.3": ["--config_overrides", "dropout=0.3"],
@@ -93,10 +99,13 @@ ROWS: dict[str, list[str]] = {
     "lr2e-3-dropout0.2": ["--learning_rate", "0.002", "--config_overrides", "dropout=0.2"],
     "dtmt1-lr3e-3-dropout0.1": ["--model_type", "dtmt", "--config_overrides",
                                 DTMT1.format("dropout=0.1,rnn_dropout=0.1,readout_dropout=0.1")],
+    # DTMT#1 with the dropout the run-length rule gives a run under 5 passes (the Bible at 25 minutes: 4.4 passes)
+    "dtmt1-lr3e-3-dropout0.0": ["--model_type", "dtmt", "--config_overrides",
+                                DTMT1.format("dropout=0.0,rnn_dropout=0.0,readout_dropout=0.0")],
 }
 # The rows of issue 63 that add a paper's mechanism to the defaults: one enters them where it wins by at least
 # `MECHANISM_MARGIN` BLEU on at least `MECHANISM_WINS` of the corpora (`mechanism_verdicts`).
-MECHANISMS = ("cad", "dou2018-dense", "admin-6-6", "dtmt1", "dtmt1-lr3e-3-dropout0.1")
+MECHANISMS = ("cad", "dou2018-dense", "admin-6-6", "dtmt1", "dtmt1-lr3e-3-dropout0.1", "dtmt1-lr3e-3-dropout0.0")
 MECHANISM_MARGIN, MECHANISM_WINS = 0.5, 2
 # The `cpu-small` warm-up of the defaults before this study made it 400 (2026-11-26): `defaults` runs that resolved
 # to it are the `warmup200` row's, and `warmup400` runs are the defaults' since then (`migrate`).
@@ -210,8 +219,8 @@ def describe(folder: Path, log_path: Path, code: int, arguments: list[str], minu
         "test": {key: metrics["test"].get(key) for key in ("bleu", "chrf", "ter")} if metrics.get("test") else None,
         "steps": state["global_step"], "best_checkpoint": state.get("best_model_checkpoint"),
         "best_metric": state.get("best_metric"),
-        "model": {key: config.get(key) for key in ("d_model", "encoder_layers", "decoder_layers", "encoder_ffn_dim",
-                                                    "dropout", "vocab_size")},
+        "model": {key: config.get(key) for key in ("model_type", "d_model", "encoder_layers", "decoder_layers",
+                                                    "encoder_ffn_dim", "transition_depth", "dropout", "vocab_size")},
         "eval_bleu": series(history(folder), "eval_bleu"),
         "kept": next((line.split("]", 1)[1].strip() for line in text.splitlines() if "kept the best" in line), None),
     })
@@ -295,14 +304,16 @@ def migrate(report: dict) -> dict:
     (the same command once the defaults choose that warm-up), marked ``ran_as``."""
     for name in list(report.get("runs", {})):
         run = report["runs"][name]
-        if run.get("row") == "defaults" and run.get("test") and not run.get("rule"):
+        if run.get("row") == "defaults" and run.get("test") and not run.get("rule") \
+                and run_model_type(run) == "deep_transformer" and not run.get("ran_as"):  # not issue 63's DTMT#1
             renamed = run_name(run["size"], f"{run['budget_minutes']:g}", "dropout0.0", run.get("corpus", "bible"))
             report["runs"].setdefault(renamed, {**run, "row": "dropout0.0", "ran_as": (
                 "the defaults before the run-length dropout rule: dropout 0.0, as --config_overrides dropout=0.0")})
             del report["runs"][name]
     for name in list(report.get("runs", {})):  # then: the defaults before the warm-up change
         run = report["runs"][name]
-        if run.get("row") == "defaults" and run.get("test") and run.get("warmup_steps", WARMUP_BEFORE) == WARMUP_BEFORE:
+        if run.get("row") == "defaults" and run.get("test") and run.get("warmup_steps", WARMUP_BEFORE) == WARMUP_BEFORE \
+                and run_model_type(run) == "deep_transformer":
             renamed = run_name(run["size"], f"{run['budget_minutes']:g}", "warmup200", run.get("corpus", "bible"))
             report["runs"].setdefault(renamed, {**run, "row": "warmup200", "warmup_steps": WARMUP_BEFORE, "ran_as": (
                 "the defaults before the warm-up change: warm-up 200, as --warmup_steps 200")})
@@ -313,7 +324,44 @@ def migrate(report: dict) -> dict:
         if run.get("row") == "warmup400" and run.get("test") and defaults not in report["runs"]:
             report["runs"][defaults] = {**run, "row": "defaults", "warmup_steps": WARMUP_NOW, "ran_as": (
                 "the warmup400 run: --warmup_steps 400 is what the defaults choose since the warm-up change")}
+    for name in list(report.get("runs", {})):  # issue 63: the defaults' Transformer runs are the `transformer` row's
+        run = report["runs"][name]
+        if run.get("row") == "defaults" and run.get("test") and run_model_type(run) == "deep_transformer":
+            renamed = run_name(run["size"], f"{run['budget_minutes']:g}", "transformer", run.get("corpus", "bible"))
+            report["runs"].setdefault(renamed, {**run, "row": "transformer", "ran_as": (
+                f"the defaults before issue 63 (2026-11-28): {run.get('ran_as') or 'the cpu-small Transformer'}; "
+                "--model_type deep_transformer trains it since")})
+            del report["runs"][name]
+    from hf_deepnmt_training.defaults import dropout_for_epochs
+
+    for name in list(report.get("runs", {})):  # and DTMT#1 runs at the rule's dropout are the defaults' since then
+        run = report["runs"][name]
+        defaults = run_name(run["size"], f"{run['budget_minutes']:g}", "defaults", run.get("corpus", "bible"))
+        passes = estimated_passes(run)
+        if run.get("row") in DTMT1_AT_RULE_DROPOUT and run.get("test") and passes is not None \
+                and defaults not in report["runs"] and DTMT1_AT_RULE_DROPOUT[run["row"]] == dropout_for_epochs(passes):
+            report["runs"][defaults] = {**run, "row": "defaults", "ran_as": (
+                f"the {run['row']} run: DTMT#1 with dropout {DTMT1_AT_RULE_DROPOUT[run['row']]} in all three dropouts "
+                f"is what the defaults choose since issue 63 for a run of ≈ {passes:.1f} passes")}
     return report
+
+
+# The rows that train the `cpu-small` DTMT#1 of the defaults since issue 63 at a fixed dropout (`migrate`).
+DTMT1_AT_RULE_DROPOUT = {"dtmt1-lr3e-3-dropout0.1": 0.1, "dtmt1-lr3e-3-dropout0.0": 0.0}
+
+
+def run_folder(run: dict, default: Path) -> Path:
+    """The folder a recorded run trained into: its command's ``--output_dir`` (a run recorded under another row's
+    name, `migrate`, keeps its own), else ``default``."""
+    command = (run.get("command") or "").split()
+    return Path(command[command.index("--output_dir") + 1]) if "--output_dir" in command else default
+
+
+def run_model_type(run: dict) -> str:
+    """The model type a recorded run trained: recorded since issue 63; else a Transformer when its config had encoder
+    layers or no config was recorded (every run before DTMT's rows), else DTMT."""
+    model = run.get("model") or {}
+    return model.get("model_type") or ("deep_transformer" if model.get("encoder_layers") or not model else "dtmt")
 
 
 def average(folder: Path, last: int, args: argparse.Namespace, env: dict, log_path: Path,
@@ -387,32 +435,51 @@ def main() -> None:
                   threads=args.threads, parallel=args.parallel, direction=f"{args.source_lang}-{args.target_lang}",
                   test_samples=args.test_samples, rows={row: ROWS[row] for row in ROWS})
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    todo = []
+    todo, averaging = [], []
     for budget in sorted(budgets, key=float, reverse=True):  # the long runs first: the end comes sooner
         for size in sizes:
             for row in rows:
                 for corpus_name in corpora:
                     name = run_name(size, budget, row, corpus_name)
                     folder = work / name
-                    if (report["runs"].get(name) or {}).get("test"):
-                        continue  # measured (in this work folder or, from the committed JSON, in an earlier session)
+                    measured = report["runs"].get(name) or {}
+                    if measured.get("test"):
+                        # measured (in this work folder or, from the committed JSON, in an earlier session); its
+                        # average is still to score when the run's checkpoints are here and it has none of this K
+                        trained_in = run_folder(measured, folder)  # a run recorded under another name: its own
+                        if args.average_last > 0 and (measured.get("averaged") or {}).get("last") != args.average_last \
+                                and trained_in.is_dir():
+                            averaging.append((name, trained_in, corpus_name))
+                        continue
                     todo.append((name, folder,
                                  train_arguments(args, corpus(work, size, corpus_name), folder, budget, row, corpus_name),
                                  {"corpus": corpus_name, "size": size, "budget_minutes": float(budget), "row": row}))
+
+    def write() -> None:
+        path.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+
+    # A run's checkpoint average is scored in a thread that takes one of the --parallel slots, so that the next
+    # training run does not wait for it (and a training run is never timed beside more than --parallel jobs).
+    pool = ThreadPoolExecutor(max_workers=args.parallel)
+    scoring: dict[Future, str] = {}
+
+    def score_average(name: str, folder: Path, corpus_name: str) -> None:
+        scoring[pool.submit(average, folder, args.average_last, args, env, work / f"{name}.log", corpus_name)] = name
+
+    for name, folder, corpus_name in averaging:
+        score_average(name, folder, corpus_name)
     running: list[tuple[str, Path, list[str], dict, subprocess.Popen, object, float]] = []
-    while todo or running:
-        while todo and len(running) < args.parallel:
+    while todo or running or scoring:
+        while todo and len(running) + len(scoring) < args.parallel:
             name, folder, arguments, key = todo.pop(0)
             if key["row"] == "defaults":
                 set_aside_before_rule(work, name)
             if (folder / "metrics.json").is_file() and (work / f"{name}.log").is_file():
                 # it finished after its study process had been stopped: recorded, not trained again
-                run = describe(folder, work / f"{name}.log", 0, arguments, None)
-                if run.get("test") and args.average_last > 0:
-                    run["averaged"] = average(folder, args.average_last, args, env, work / f"{name}.log",
-                                              key["corpus"])
-                report["runs"][name] = {**key, **run}
-                path.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+                report["runs"][name] = {**key, **describe(folder, work / f"{name}.log", 0, arguments, None)}
+                write()
+                if report["runs"][name].get("test") and args.average_last > 0:
+                    score_average(name, folder, key["corpus"])
                 continue
             if folder.exists() and not (folder / "metrics.json").is_file():
                 import shutil
@@ -424,6 +491,12 @@ def main() -> None:
             running.append((name, folder, arguments, key, process, log, time.time()))
             print(f"started {name}", file=sys.stderr, flush=True)
         time.sleep(2)
+        for future in [future for future in scoring if future.done()]:
+            name = scoring.pop(future)
+            report["runs"][name]["averaged"] = future.result()
+            write()
+            print(f"{name}: averaged {((future.result() or {}).get('test') or {}).get('bleu')}", file=sys.stderr,
+                  flush=True)
         for entry in list(running):
             name, folder, arguments, key, process, log, started = entry
             if process.poll() is None:
@@ -431,13 +504,30 @@ def main() -> None:
             running.remove(entry)
             log.close()
             run = describe(folder, work / f"{name}.log", process.returncode, arguments, (time.time() - started) / 60)
-            if run.get("test") and args.average_last > 0:
-                run["averaged"] = average(folder, args.average_last, args, env, work / f"{name}.log", key["corpus"])
             report["runs"][name] = {**key, **run}
-            path.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+            write()
             print(f"{name}: test {(run.get('test') or {}).get('bleu')}", file=sys.stderr, flush=True)
+            if run.get("test") and args.average_last > 0:
+                score_average(name, folder, key["corpus"])
+    pool.shutdown()
     path.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     render(report, results)
+
+
+def issue41_view(runs: dict) -> dict:
+    """Issue 41's tables compare its sweep with the defaults of its time, the Transformer: its runs (the `transformer`
+    row since issue 63) stand in the `defaults` column there, and issue 63's DTMT#1 defaults are left to the Issue 63
+    section."""
+    view = {}
+    for name, run in runs.items():
+        if run.get("row") == "defaults" and run_model_type(run) != "deep_transformer":
+            continue
+        if run.get("row") == "transformer":
+            view[run_name(run["size"], f"{run['budget_minutes']:g}", "defaults", run.get("corpus", "bible"))] = {
+                **run, "row": "defaults"}
+        else:
+            view[name] = run
+    return view
 
 
 def render(report: dict, results: Path) -> None:
@@ -448,7 +538,7 @@ def render(report: dict, results: Path) -> None:
 
     report = migrate(report)
     every_run = report["runs"]
-    runs = {name: run for name, run in every_run.items() if run.get("corpus", "bible") == "bible"}
+    runs = issue41_view({name: run for name, run in every_run.items() if run.get("corpus", "bible") == "bible"})
     described = {**ROWS, **report.get("rows", {})}
     measured = {run.get("row") for run in runs.values()}
     rows = ["defaults"] + [row for row in described if row != "defaults" and row in measured]
@@ -459,8 +549,9 @@ def render(report: dict, results: Path) -> None:
              f"({report.get('parallel')} runs at a time, {report.get('threads')} CPU thread each). Corpus: the "
              f"embedded Bible corpus {source}→{target} (a direction no default was tuned on), a seeded sample of its "
              f"training pairs per size; test: the first {report.get('test_samples')} verses of the held-out books, "
-             "beam 4, of the checkpoint each run kept (best validation BLEU). Rows (`deepnmt train` options added to "
-             "the user's command):", ""]
+             "beam 4, of the checkpoint each run kept (best validation BLEU). *defaults* here are those of issue 41's "
+             "time, the 2-6 Transformer (the `transformer` row since issue 63 made DTMT#1 the defaults: section "
+             "*Issue 63*). Rows (`deepnmt train` options added to the user's command):", ""]
     lines += [f"- `{row}`: `{' '.join(described[row]) or '(nothing: the defaults)'}`" for row in rows]
     lines += ["", f"The defaults choose the dropout from the run's length in passes over the training data "
               f"({describe_dropout_rule()}; docs/defaults.md). *defaults' dropout* gives the passes `deepnmt train` "
@@ -539,14 +630,19 @@ def corpus_scores(runs: dict, budget: float, size: str = "full") -> dict[str, di
 
 def mechanism_verdicts(scores: dict[str, dict[str, float]], corpora: list[str],
                        mechanisms: tuple[str, ...] = MECHANISMS) -> dict[str, dict]:
-    """Issue 63's rule for a paper's mechanism: it enters the defaults when it beats the defaults' row by at least
-    `MECHANISM_MARGIN` BLEU on at least `MECHANISM_WINS` of ``corpora``. Per measured mechanism: its differences to
-    the defaults by corpus, its wins, and the verdict — ``"enters"``, ``"stays out"`` (it can no longer reach the wins
-    on the corpora left to measure) or ``"open"``."""
+    """Issue 63's rule for a paper's mechanism: it enters the defaults when it beats the defaults it was added to by
+    at least `MECHANISM_MARGIN` BLEU on at least `MECHANISM_WINS` of ``corpora`` — the `transformer` row where the
+    corpus has one (the defaults of the time: every mechanism row was measured against it), else the `defaults` row.
+    Per measured mechanism: its differences by corpus, its wins, and the verdict — ``"enters"``, ``"stays out"`` (it
+    can no longer reach the wins on the corpora left to measure) or ``"open"``."""
+    def baseline(name: str) -> float | None:
+        measured = scores.get(name, {})
+        return measured.get("transformer", measured.get("defaults"))
+
     verdicts = {}
     for row in mechanisms:
-        deltas = {name: round(scores[name][row] - scores[name]["defaults"], 2) for name in corpora
-                  if row in scores.get(name, {}) and "defaults" in scores.get(name, {})}
+        deltas = {name: round(scores[name][row] - baseline(name), 2) for name in corpora
+                  if row in scores.get(name, {}) and baseline(name) is not None}
         if not deltas:
             continue
         wins = sum(delta >= MECHANISM_MARGIN for delta in deltas.values())
@@ -604,11 +700,12 @@ def corpora_section(runs: dict, described: dict) -> list[str]:
         verdicts = mechanism_verdicts(scores, [name for name in CORPORA])
         if verdicts:
             lines += ["", f"A paper's mechanism enters the defaults where it wins by ≥ {MECHANISM_MARGIN} BLEU on "
-                      f"≥ {MECHANISM_WINS} of the {len(CORPORA)} corpora:", ""]
+                      f"≥ {MECHANISM_WINS} of the {len(CORPORA)} corpora over the defaults it was added to (the "
+                      "`transformer` row, the defaults before issue 63):", ""]
             lines += [f"- `{row}`: {verdict['wins']} win(s) of {len(verdict['deltas'])} measured corpora "
                       f"({', '.join(f'{name} {delta:+.2f}' for name, delta in verdict['deltas'].items())}): "
                       f"**{verdict['verdict']}**" for row, verdict in verdicts.items()]
-        rules = [row for row in rows if row not in MECHANISMS]
+        rules = [row for row in rows if row not in MECHANISMS and all(row in scores[name] for name in corpora)]
         held_out = leave_one_corpus_out(scores, rules)
         if held_out:
             lines += ["", f"Leave one corpus out over the rows {', '.join(f'`{row}`' for row in rules)} measured on "
