@@ -116,6 +116,8 @@ def test_apply_sets_the_data_dependent_defaults_and_prints_them(tmp_path, capsys
     assert "NMT defaults for 29,024 pairs on CPU" in printed
     # the model as it will be built, --config_overrides applied
     assert "model: dtmt DTMT#1 (transition depth 1, lgru), d_model 64, 4 heads" in printed
+    # the row's other model, one option away (the exportable Transformer)
+    assert "; --model_type deep_transformer for the row's deep_transformer 2-6 layers, d_model 128" in printed
     assert "--warmup_steps 160" in printed and "--learning_rate" not in printed  # only what was chosen here
     assert "--lr_scheduler_type inverse_sqrt" in printed
 
@@ -459,3 +461,20 @@ def test_overrides_are_checked_before_the_data_against_the_model_the_defaults_wi
     assert provisional("--config_overrides", "encoder_ffn_dim=32")["model_type"] == "deep_transformer"
     assert provisional("--model_type", "deep_transformer")["decoder_layers"] == 6
     assert provisional("--config_name", "transformer-base") == {} and provisional("--nmt_defaults", "false") == {}
+
+
+def test_an_override_typo_is_named_with_the_close_fields_of_every_model_the_defaults_may_build(tmp_path):
+    """The CPU defaults build DTMT#1 or, for its fields, the Transformer: a misspelt Transformer field is suggested
+    from the Transformer's fields, not only DTMT's (`encoder_layer` is not "is_encoder_decoder")."""
+    from hf_deepnmt_training.train_arguments import provisional_row_model
+
+    def provisional(overrides: str) -> dict:
+        model_args, _, args, _ = parse_train_args(_argv(tmp_path, "--use_cpu", "true", "--config_overrides", overrides))
+        return provisional_row_model(model_args, args)
+
+    with pytest.raises(Exception, match=r"^--config_overrides: `encoder_layer` is a field of no model the NMT "
+                                        r"defaults build here \(dtmt, deep_transformer\); did you mean encoder_layers"):
+        provisional("encoder_layer=4")
+    with pytest.raises(Exception, match=r"`encoder_layers`, `transition_depth` are not fields of one model .*"
+                                        r"--model_type"):
+        provisional("encoder_layers=4,transition_depth=2")

@@ -233,7 +233,10 @@ class Resolution:
             m = {**self.model, **(effective_model or {})}
             lines.append(f"[deepnmt]   model: {describe_model(m)}, "
                          + ("dropout from the run's length (below)" if self.dropout_by_length
-                            else f"dropout {m['dropout']}") + " (--config_name / --config_overrides to change)")
+                            else f"dropout {m['dropout']}") + " (--config_name / --config_overrides to change"
+                         + "".join(f"; --model_type {other['model_type']} for the row's {describe_model(other)}"
+                                   for other in (self.size.model, *self.size.alternatives)
+                                   if other["model_type"] != m["model_type"]) + ")")
         for key, value in self.options.items():
             lines.append(f"[deepnmt]   --{key} {value}")
         return lines

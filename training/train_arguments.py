@@ -268,8 +268,24 @@ def provisional_row_model(model_args: ModelArguments, training_args: Seq2SeqTrai
     models = [model for row in (CPU_SIZES if cpu else GPU_SIZES) for model in (row.model, *row.alternatives)
               if model_args.model_type in (None, model["model_type"])]
     keys = parse_overrides(model_args.config_overrides).keys()
-    return dict(next((model for model in models if not keys - config_fields(model["model_type"])),
-                     models[0] if models else {}))
+    fitting = next((model for model in models if not keys - config_fields(model["model_type"])), None)
+    if fitting is None and len({model["model_type"] for model in models}) > 1:
+        # a typo: no model the defaults may build has the field; the close matches of all of them, not only DTMT's
+        import difflib
+
+        from hf_deepnmt.errors import UserInputError
+
+        types = ", ".join(dict.fromkeys(model["model_type"] for model in models))
+        known = set().union(*(config_fields(model["model_type"]) for model in models))
+        unknown = sorted(keys - known)
+        if not unknown:  # each field is some model's, but no one model has them all
+            raise UserInputError(f"--config_overrides: {', '.join(f'`{key}`' for key in sorted(keys))} are not fields "
+                                 f"of one model of the NMT defaults here ({types}); pick one with --model_type.")
+        close = difflib.get_close_matches(unknown[0], sorted(known), n=3, cutoff=0.6)
+        raise UserInputError(
+            f"--config_overrides: `{unknown[0]}` is a field of no model the NMT defaults build here ({types}); "
+            + (f"did you mean {', '.join(close)}?" if close else "see `deepnmt train --help` and docs/defaults.md."))
+    return dict(fitting or (models[0] if models else {}))
 
 
 def row_model_for_overrides(resolution: Resolution, overrides: dict[str, Any], say: bool = True) -> None:
