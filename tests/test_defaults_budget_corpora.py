@@ -121,3 +121,57 @@ def test_the_transformer_defaults_become_their_row_and_dtmt1_at_the_rules_dropou
     # the mechanisms are judged against the defaults they were added to: the Transformer
     scores = {"gettext-en-es": {"defaults": 41.0, "transformer": 34.0, "cad": 34.6}}
     assert db.mechanism_verdicts(scores, ["gettext-en-es"], ("cad",))["cad"]["deltas"] == {"gettext-en-es": 0.6}
+
+
+def test_the_results_page_names_every_invocation_of_the_study_not_only_the_last() -> None:
+    # a report from before the list was kept has only its last command; each new invocation is added once, in order
+    old = {"command": "python -m benchmarks.experiments.defaults_budget --budgets 25"}
+    kept = db.invocations(old, "python -m benchmarks.experiments.defaults_budget --budgets 10")
+    assert kept == [old["command"], "python -m benchmarks.experiments.defaults_budget --budgets 10"]
+    assert db.invocations({"commands": kept}, kept[0]) == kept
+    assert db.invocations({}) == []
+
+
+def test_the_rules_sweep_rows_change_one_rule_of_the_defaults_dtmt1() -> None:
+    # issue 41's `ls0.2`, `vocab2000`, ... runs on the Bible trained the Transformer: the sweep on DTMT#1 has its own
+    # rows, each pinning the defaults' DTMT (--model_type dtmt) and changing one rule
+    sweep = [row for row in db.ROWS if row.startswith("dtmt1-") and not row.startswith("dtmt1-lr")]
+    assert {"dtmt1-ls0.2", "dtmt1-warmup800", "dtmt1-vocab8000", "dtmt1-d192"} <= set(sweep)
+    for row in sweep:
+        options = db.ROWS[row]
+        assert options[:2] == ["--model_type", "dtmt"] and len(options) == 4, row
+    # the width row scales the init range as the defaults' does: meng2019's ±0.08 at d 1024 times sqrt(1024 / d)
+    assert db.ROWS["dtmt1-d192"][3] == "d_model=192,init_range=0.18" and round(0.08 * (1024 / 192) ** 0.5, 2) == 0.18
+
+
+def test_a_cell_run_at_other_seeds_is_named_by_its_seed_and_scored_by_the_mean(tmp_path: Path) -> None:
+    # --seeds: the corpus's own seed keeps the run's name, another one is added to it and to the command
+    assert db.run_name("full", "10", "defaults", "bible", 1) == "full-10min-defaults"
+    assert db.run_name("full", "10", "defaults", "bible", 2) == "full-10min-defaults-seed2"
+    assert db.run_name("full", "10", "defaults", "gettext-en-es", 42) == "gettext-en-es-full-10min-defaults"
+    command = db.train_arguments(arguments(), db.TRAIN, tmp_path / "b", "10", "defaults", "bible", 2)
+    assert command[command.index("--seed") + 1] == "2"
+    args = argparse.Namespace(**vars(arguments()), average_last=0)
+    recorded = {"full-10min-defaults": {"row": "defaults", "size": "full", "budget_minutes": 10.0, "test": {"bleu": 9}}}
+    todo, averaging = db.planned_runs(args, {"runs": recorded}, tmp_path, ["defaults"], ["bible"], ["full"], ["10"],
+                                      [1, 2, 3])
+    # the recorded seed is not trained again; the others are, each recording its seed
+    assert [(name, key.get("seed")) for name, _, _, key in todo] == [("full-10min-defaults-seed2", 2),
+                                                                     ("full-10min-defaults-seed3", 3)]
+    assert averaging == []
+    # the tables score a cell by the mean of its seeds, the corpus's own seed's run first
+    runs = {
+        "full-10min-defaults-seed2": {"row": "defaults", "size": "full", "budget_minutes": 10.0, "seed": 2,
+                                      "test": {"bleu": 10.0}, "steps": 800},
+        "full-10min-defaults": {"row": "defaults", "size": "full", "budget_minutes": 10.0, "test": {"bleu": 8.94},
+                                "steps": 778},
+        "full-10min-transformer": {"row": "transformer", "size": "full", "budget_minutes": 10.0,
+                                   "test": {"bleu": 10.59}},
+        "full-25min-defaults": {"row": "defaults", "size": "full", "budget_minutes": 25.0, "test": {"bleu": 17.09}},
+    }
+    assert db.corpus_scores(runs, 10.0) == {"bible": {"defaults": 9.47, "transformer": 10.59}}
+    assert [run["steps"] for run in db.cell_runs(runs, 10.0, "defaults", "bible")] == [778, 800]
+    runs["gettext-en-es-full-10min-defaults"] = {"row": "defaults", "corpus": "gettext-en-es", "size": "full",
+                                                 "budget_minutes": 10.0, "test": {"bleu": 32.11}, "steps": 985}
+    table = "\n".join(db.corpora_section(runs, dict(db.ROWS)))
+    assert "| `defaults` | 9.47 (mean of 2 seeds: 8.94 / 10.0), 778 / 800 steps | 32.11, 985 steps |" in table

@@ -82,12 +82,15 @@ ROWS: dict[str, list[str]] = {
     "ls0.2": ["--label_smoothing_factor", "0.2"],
     "warmup400": ["--warmup_steps", "400"],
     "warmup200": ["--warmup_steps", "200"],
-    # issue 63: the rules' sweep on three corpora (one setting changed each; the dropout rows override the rule)
-    "dropout0.2": ["--config_overrides", "dropout=0.2"],
-    "vocab8000": ["--vocab_size", "8000"],
-    "warmup800": ["--warmup_steps", "800"],
-    "ffn1024": ["--config_overrides", "encoder_ffn_dim=1024,decoder_ffn_dim=1024"],
-    "d192": ["--config_overrides", "d_model=192,encoder_ffn_dim=768,decoder_ffn_dim=768"],
+    # issue 63: the rules' sweep on three corpora, on the defaults' DTMT#1 (one rule changed each; named `dtmt1-…`
+    # because issue 41's `ls0.2`, `vocab2000`, … runs on the Bible are the Transformer's). The width row scales the
+    # init range with it as the defaults' does (meng2019's ±0.08 at d 1024 times sqrt(1024 / d): 0.18 at d 192).
+    "dtmt1-ls0.2": ["--model_type", "dtmt", "--label_smoothing_factor", "0.2"],
+    "dtmt1-ls0.0": ["--model_type", "dtmt", "--label_smoothing_factor", "0.0"],
+    "dtmt1-warmup200": ["--model_type", "dtmt", "--warmup_steps", "200"],
+    "dtmt1-warmup800": ["--model_type", "dtmt", "--warmup_steps", "800"],
+    "dtmt1-vocab8000": ["--model_type", "dtmt", "--vocab_size", "8000"],
+    "dtmt1-d192": ["--model_type", "dtmt", "--config_overrides", "d_model=192,init_range=0.18"],
     # issue 63: the papers' mechanisms on top of the defaults (docs/defaults.md, "Round two")
     "cad": ["--config_overrides", "cross_attention_drop_depth=5,cross_attention_drop_ratio=0.5"],  # li2022 §3.3
     "dou2018-dense": ["--config_overrides", "encoder_layer_aggregation=dense,decoder_layer_aggregation=dense"],
@@ -188,20 +191,24 @@ def scored_test_pairs(args: argparse.Namespace, name: str) -> int:
 
 
 def train_arguments(args: argparse.Namespace, train_file: str, output_dir: Path, budget: str, row: str,
-                    name: str = "bible") -> list[str]:
-    """The user's command on the study corpus ``name`` with the options of ``row``."""
+                    name: str = "bible", seed: int | None = None) -> list[str]:
+    """The user's command on the study corpus ``name`` with the options of ``row``, at ``seed`` (None: the corpus's
+    own)."""
     chosen = CORPORA[name]
     source, target = direction(args, name)
     samples = scored_test_pairs(args, name)
     return ["train", "--train_file", train_file, "--validation_file", chosen.validation, "--test_file", chosen.test,
             "--source_lang", source, "--target_lang", target, "--output_dir", str(output_dir),
             "--max_train_minutes", budget, *(["--max_predict_samples", str(samples)] if samples else []),
-            "--disable_tqdm", "true", "--report_to", "none", "--seed", str(chosen.seed), *ROWS[row]]
+            "--disable_tqdm", "true", "--report_to", "none", "--seed", str(chosen.seed if seed is None else seed),
+            *ROWS[row]]
 
 
-def run_name(size: str, budget: str, row: str, name: str = "bible") -> str:
-    """A run's name: ``SIZE-BUDGETmin-ROW``, prefixed with its corpus but for the Bible (issue 41's runs)."""
-    return f"{size}-{budget}min-{row}" if name == "bible" else f"{name}-{size}-{budget}min-{row}"
+def run_name(size: str, budget: str, row: str, name: str = "bible", seed: int | None = None) -> str:
+    """A run's name: ``SIZE-BUDGETmin-ROW``, prefixed with its corpus but for the Bible (issue 41's runs), suffixed
+    ``-seedN`` when it ran at another seed than its corpus's own (``--seeds``)."""
+    base = f"{size}-{budget}min-{row}" if name == "bible" else f"{name}-{size}-{budget}min-{row}"
+    return base if seed is None or seed == CORPORA[name].seed else f"{base}-seed{seed}"
 
 
 def describe(folder: Path, log_path: Path, code: int, arguments: list[str], minutes: float | None) -> dict:
@@ -306,7 +313,8 @@ def migrate(report: dict) -> dict:
         run = report["runs"][name]
         if run.get("row") == "defaults" and run.get("test") and not run.get("rule") \
                 and run_model_type(run) == "deep_transformer" and not run.get("ran_as"):  # not issue 63's DTMT#1
-            renamed = run_name(run["size"], f"{run['budget_minutes']:g}", "dropout0.0", run.get("corpus", "bible"))
+            renamed = run_name(run["size"], f"{run['budget_minutes']:g}", "dropout0.0", run.get("corpus", "bible"),
+                               run.get("seed"))
             report["runs"].setdefault(renamed, {**run, "row": "dropout0.0", "ran_as": (
                 "the defaults before the run-length dropout rule: dropout 0.0, as --config_overrides dropout=0.0")})
             del report["runs"][name]
@@ -314,20 +322,23 @@ def migrate(report: dict) -> dict:
         run = report["runs"][name]
         if run.get("row") == "defaults" and run.get("test") and run.get("warmup_steps", WARMUP_BEFORE) == WARMUP_BEFORE \
                 and run_model_type(run) == "deep_transformer":
-            renamed = run_name(run["size"], f"{run['budget_minutes']:g}", "warmup200", run.get("corpus", "bible"))
+            renamed = run_name(run["size"], f"{run['budget_minutes']:g}", "warmup200", run.get("corpus", "bible"),
+                               run.get("seed"))
             report["runs"].setdefault(renamed, {**run, "row": "warmup200", "warmup_steps": WARMUP_BEFORE, "ran_as": (
                 "the defaults before the warm-up change: warm-up 200, as --warmup_steps 200")})
             del report["runs"][name]
     for name in list(report.get("runs", {})):  # the warmup400 runs are the defaults' own since the change
         run = report["runs"][name]
-        defaults = run_name(run["size"], f"{run['budget_minutes']:g}", "defaults", run.get("corpus", "bible"))
+        defaults = run_name(run["size"], f"{run['budget_minutes']:g}", "defaults", run.get("corpus", "bible"),
+                            run.get("seed"))
         if run.get("row") == "warmup400" and run.get("test") and defaults not in report["runs"]:
             report["runs"][defaults] = {**run, "row": "defaults", "warmup_steps": WARMUP_NOW, "ran_as": (
                 "the warmup400 run: --warmup_steps 400 is what the defaults choose since the warm-up change")}
     for name in list(report.get("runs", {})):  # issue 63: the defaults' Transformer runs are the `transformer` row's
         run = report["runs"][name]
         if run.get("row") == "defaults" and run.get("test") and run_model_type(run) == "deep_transformer":
-            renamed = run_name(run["size"], f"{run['budget_minutes']:g}", "transformer", run.get("corpus", "bible"))
+            renamed = run_name(run["size"], f"{run['budget_minutes']:g}", "transformer", run.get("corpus", "bible"),
+                               run.get("seed"))
             report["runs"].setdefault(renamed, {**run, "row": "transformer", "ran_as": (
                 f"the defaults before issue 63 (2026-11-28): {run.get('ran_as') or 'the cpu-small Transformer'}; "
                 "--model_type deep_transformer trains it since")})
@@ -336,7 +347,8 @@ def migrate(report: dict) -> dict:
 
     for name in list(report.get("runs", {})):  # and DTMT#1 runs at the rule's dropout are the defaults' since then
         run = report["runs"][name]
-        defaults = run_name(run["size"], f"{run['budget_minutes']:g}", "defaults", run.get("corpus", "bible"))
+        defaults = run_name(run["size"], f"{run['budget_minutes']:g}", "defaults", run.get("corpus", "bible"),
+                            run.get("seed"))
         passes = estimated_passes(run)
         if run.get("row") in DTMT1_AT_RULE_DROPOUT and run.get("test") and passes is not None \
                 and defaults not in report["runs"] and DTMT1_AT_RULE_DROPOUT[run["row"]] == dropout_for_epochs(passes):
@@ -390,6 +402,36 @@ def average(folder: Path, last: int, args: argparse.Namespace, env: dict, log_pa
             "commands": ["deepnmt " + " ".join(command) for command in commands]}
 
 
+def planned_runs(args: argparse.Namespace, report: dict, work: Path, rows: list[str], corpora: list[str],
+                 sizes: list[str], budgets: list[str], seeds: list[int | None]) -> tuple[list, list]:
+    """The runs still to train — ``(name, folder, deepnmt arguments, what the report records)``, the long budgets
+    first so that the end comes sooner — and the recorded runs whose checkpoint average is still to score
+    ``(name, folder, corpus)``."""
+    todo, averaging = [], []
+    for budget in sorted(budgets, key=float, reverse=True):
+        for size in sizes:
+            for row in rows:
+                for corpus_name in corpora:
+                    for seed in seeds:
+                        name = run_name(size, budget, row, corpus_name, seed)
+                        folder = work / name
+                        measured = report["runs"].get(name) or {}
+                        if measured.get("test"):
+                            # measured (in this work folder or, from the committed JSON, in an earlier session); its
+                            # average is still to score when the run's checkpoints are here and it has none of this K
+                            trained_in = run_folder(measured, folder)  # a run recorded under another name: its own
+                            if args.average_last > 0 and trained_in.is_dir() \
+                                    and (measured.get("averaged") or {}).get("last") != args.average_last:
+                                averaging.append((name, trained_in, corpus_name))
+                            continue
+                        key = {"corpus": corpus_name, "size": size, "budget_minutes": float(budget), "row": row}
+                        if name != run_name(size, budget, row, corpus_name):
+                            key["seed"] = seed
+                        todo.append((name, folder, train_arguments(args, corpus(work, size, corpus_name), folder,
+                                                                   budget, row, corpus_name, seed), key))
+    return todo, averaging
+
+
 def main() -> None:
     parser = experiment_parser(__doc__, work_dir="runs/defaults_budget", threads=1, rows=",".join(ROWS),
                                row_names=ROWS, test_samples=500, parallel=2)
@@ -400,6 +442,9 @@ def main() -> None:
                         "this many checkpoints (0: no averaging).")
     parser.add_argument("--source_lang", default="es", help="The Bible corpus's source language.")
     parser.add_argument("--target_lang", default="en", help="The Bible corpus's target language.")
+    parser.add_argument("--seeds", default="", help="Comma-separated seeds each cell runs at (empty: each corpus's "
+                        "own, 1 on the Bible, 42 on the others); a run at another seed is named ...-seedN, and the "
+                        "tables score a cell by the mean of its seeds.")
     parser.add_argument("--corpora", default="bible", help="Comma-separated study corpora, of: " + ", ".join(CORPORA)
                         + " (issue 63's study: all three, --sizes full).")
     args = parser.parse_args()
@@ -420,6 +465,10 @@ def main() -> None:
             float(value)
         except ValueError:
             parser.error(f"--budgets: {value!r} is not a number of minutes")
+    try:
+        seeds: list[int | None] = [int(seed) for seed in args.seeds.split(",") if seed.strip()] or [None]
+    except ValueError:
+        parser.error(f"--seeds: {args.seeds!r} is not a comma-separated list of whole numbers")
     work, results = Path(args.work_dir), Path(args.results)
     work.mkdir(parents=True, exist_ok=True)
     results.mkdir(parents=True, exist_ok=True)
@@ -431,29 +480,12 @@ def main() -> None:
             if "--output_dir" in command else None
         if "passes" not in run and run.get("test") and state is not None and state.is_file():
             run.update(run_length(json.loads(state.read_text())))
-    report.update(command=" ".join(["python", "-m", f"benchmarks.experiments.{NAME}", *sys.argv[1:]]),
-                  threads=args.threads, parallel=args.parallel, direction=f"{args.source_lang}-{args.target_lang}",
+    invocation = " ".join(["python", "-m", f"benchmarks.experiments.{NAME}", *sys.argv[1:]])
+    report["commands"] = invocations(report, invocation)
+    report.update(command=invocation, threads=args.threads, parallel=args.parallel, direction=f"{args.source_lang}-{args.target_lang}",
                   test_samples=args.test_samples, rows={row: ROWS[row] for row in ROWS})
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    todo, averaging = [], []
-    for budget in sorted(budgets, key=float, reverse=True):  # the long runs first: the end comes sooner
-        for size in sizes:
-            for row in rows:
-                for corpus_name in corpora:
-                    name = run_name(size, budget, row, corpus_name)
-                    folder = work / name
-                    measured = report["runs"].get(name) or {}
-                    if measured.get("test"):
-                        # measured (in this work folder or, from the committed JSON, in an earlier session); its
-                        # average is still to score when the run's checkpoints are here and it has none of this K
-                        trained_in = run_folder(measured, folder)  # a run recorded under another name: its own
-                        if args.average_last > 0 and (measured.get("averaged") or {}).get("last") != args.average_last \
-                                and trained_in.is_dir():
-                            averaging.append((name, trained_in, corpus_name))
-                        continue
-                    todo.append((name, folder,
-                                 train_arguments(args, corpus(work, size, corpus_name), folder, budget, row, corpus_name),
-                                 {"corpus": corpus_name, "size": size, "budget_minutes": float(budget), "row": row}))
+    todo, averaging = planned_runs(args, report, work, rows, corpora, sizes, budgets, seeds)
 
     def write() -> None:
         path.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
@@ -523,11 +555,19 @@ def issue41_view(runs: dict) -> dict:
         if run.get("row") == "defaults" and run_model_type(run) != "deep_transformer":
             continue
         if run.get("row") == "transformer":
-            view[run_name(run["size"], f"{run['budget_minutes']:g}", "defaults", run.get("corpus", "bible"))] = {
+            view[run_name(run["size"], f"{run['budget_minutes']:g}", "defaults", run.get("corpus", "bible"),
+                            run.get("seed"))] = {
                 **run, "row": "defaults"}
         else:
             view[name] = run
     return view
+
+
+def invocations(report: dict, invocation: str | None = None) -> list[str]:
+    """Every invocation of the study recorded in ``report`` (the list kept since 2026-11-28; before it, only the
+    last one, ``command``), oldest first, with ``invocation`` appended when it is new."""
+    kept = list(report.get("commands") or ([report["command"]] if report.get("command") else []))
+    return kept + [invocation] if invocation and invocation not in kept else kept
 
 
 def render(report: dict, results: Path) -> None:
@@ -545,8 +585,8 @@ def render(report: dict, results: Path) -> None:
     sweep = rows[1:]
     source, target = report.get("direction", "es-en").split("-")
     lines = ["# Defaults vs a small sweep, by corpus size and time budget (issue 41)", "",
-             f"Commands: `{report.get('command')}` and the others of the *Every run* table's runs "
-             f"({report.get('parallel')} runs at a time, {report.get('threads')} CPU thread each). Corpus: the "
+             f"Commands: {', '.join(f'`{command}`' for command in invocations(report))} and the others of the "
+             f"*Every run* table's runs ({report.get('parallel')} runs at a time, {report.get('threads')} CPU thread each). Corpus: the "
              f"embedded Bible corpus {source}→{target} (a direction no default was tuned on), a seeded sample of its "
              f"training pairs per size; test: the first {report.get('test_samples')} verses of the held-out books, "
              "beam 4, of the checkpoint each run kept (best validation BLEU). *defaults* here are those of issue 41's "
@@ -619,13 +659,24 @@ def render(report: dict, results: Path) -> None:
 
 
 def corpus_scores(runs: dict, budget: float, size: str = "full") -> dict[str, dict[str, float]]:
-    """Test BLEU by corpus and row of the runs at ``budget`` minutes on ``size`` pairs."""
-    scores: dict[str, dict[str, float]] = {}
+    """Test BLEU by corpus and row of the runs at ``budget`` minutes on ``size`` pairs: the mean over the cell's
+    seeds (`cell_runs`), to two decimals."""
+    cells: dict[str, dict[str, list[float]]] = {}
     for run in runs.values():
         bleu = (run.get("test") or {}).get("bleu")
         if bleu is not None and run["budget_minutes"] == budget and run["size"] == size:
-            scores.setdefault(run.get("corpus", "bible"), {})[run["row"]] = bleu
-    return scores
+            cells.setdefault(run.get("corpus", "bible"), {}).setdefault(run["row"], []).append(bleu)
+    return {name: {row: round(sum(values) / len(values), 2) for row, values in by_row.items()}
+            for name, by_row in cells.items()}
+
+
+def cell_runs(runs: dict, budget: float, row: str, name: str, size: str = "full") -> list[dict]:
+    """The finished runs of one cell of the tables — ``row`` on corpus ``name`` at ``budget`` minutes — at the
+    corpus's own seed first, then at the others of ``--seeds``."""
+    cell = [run for run in runs.values() if run.get("row") == row and run.get("corpus", "bible") == name
+            and run["budget_minutes"] == budget and run["size"] == size and (run.get("test") or {}).get("bleu")
+            is not None]
+    return sorted(cell, key=lambda run: (run.get("seed") is not None, run.get("seed") or 0))
 
 
 def mechanism_verdicts(scores: dict[str, dict[str, float]], corpora: list[str],
@@ -691,11 +742,14 @@ def corpora_section(runs: dict, described: dict) -> list[str]:
         for row in rows:
             cells = []
             for name in corpora:
-                run = runs.get(run_name("full", f"{budget:g}", row, name)) or {}
+                measured = cell_runs(runs, budget, row, name)
                 bleu = scores[name].get(row)
                 delta = f" ({bleu - scores[name]['defaults']:+.2f})" if bleu is not None and row != "defaults" \
                     and "defaults" in scores[name] else ""
-                cells.append("–" if bleu is None else f"{bleu}{delta}, {run.get('steps')} steps")
+                seeds = "" if len(measured) < 2 else (
+                    f" (mean of {len(measured)} seeds: {' / '.join(str(run['test']['bleu']) for run in measured)})")
+                steps = " / ".join(str(run.get("steps")) for run in measured)
+                cells.append("–" if bleu is None else f"{bleu}{delta}{seeds}, {steps} steps")
             lines.append(f"| `{row}` | " + " | ".join(cells) + " |")
         verdicts = mechanism_verdicts(scores, [name for name in CORPORA])
         if verdicts:
