@@ -204,6 +204,11 @@ def train_arguments(args: argparse.Namespace, train_file: str, output_dir: Path,
             *ROWS[row]]
 
 
+def sibling(run: dict, row: str) -> str:
+    """The name of the run of ``row`` in the cell of the recorded ``run`` (its corpus, size, budget and seed)."""
+    return run_name(run["size"], f"{run['budget_minutes']:g}", row, run.get("corpus", "bible"), run.get("seed"))
+
+
 def run_name(size: str, budget: str, row: str, name: str = "bible", seed: int | None = None) -> str:
     """A run's name: ``SIZE-BUDGETmin-ROW``, prefixed with its corpus but for the Bible (issue 41's runs), suffixed
     ``-seedN`` when it ran at another seed than its corpus's own (``--seeds``)."""
@@ -313,8 +318,7 @@ def migrate(report: dict) -> dict:
         run = report["runs"][name]
         if run.get("row") == "defaults" and run.get("test") and not run.get("rule") \
                 and run_model_type(run) == "deep_transformer" and not run.get("ran_as"):  # not issue 63's DTMT#1
-            renamed = run_name(run["size"], f"{run['budget_minutes']:g}", "dropout0.0", run.get("corpus", "bible"),
-                               run.get("seed"))
+            renamed = sibling(run, "dropout0.0")
             report["runs"].setdefault(renamed, {**run, "row": "dropout0.0", "ran_as": (
                 "the defaults before the run-length dropout rule: dropout 0.0, as --config_overrides dropout=0.0")})
             del report["runs"][name]
@@ -322,23 +326,20 @@ def migrate(report: dict) -> dict:
         run = report["runs"][name]
         if run.get("row") == "defaults" and run.get("test") and run.get("warmup_steps", WARMUP_BEFORE) == WARMUP_BEFORE \
                 and run_model_type(run) == "deep_transformer":
-            renamed = run_name(run["size"], f"{run['budget_minutes']:g}", "warmup200", run.get("corpus", "bible"),
-                               run.get("seed"))
+            renamed = sibling(run, "warmup200")
             report["runs"].setdefault(renamed, {**run, "row": "warmup200", "warmup_steps": WARMUP_BEFORE, "ran_as": (
                 "the defaults before the warm-up change: warm-up 200, as --warmup_steps 200")})
             del report["runs"][name]
     for name in list(report.get("runs", {})):  # the warmup400 runs are the defaults' own since the change
         run = report["runs"][name]
-        defaults = run_name(run["size"], f"{run['budget_minutes']:g}", "defaults", run.get("corpus", "bible"),
-                            run.get("seed"))
+        defaults = sibling(run, "defaults")
         if run.get("row") == "warmup400" and run.get("test") and defaults not in report["runs"]:
             report["runs"][defaults] = {**run, "row": "defaults", "warmup_steps": WARMUP_NOW, "ran_as": (
                 "the warmup400 run: --warmup_steps 400 is what the defaults choose since the warm-up change")}
     for name in list(report.get("runs", {})):  # issue 63: the defaults' Transformer runs are the `transformer` row's
         run = report["runs"][name]
         if run.get("row") == "defaults" and run.get("test") and run_model_type(run) == "deep_transformer":
-            renamed = run_name(run["size"], f"{run['budget_minutes']:g}", "transformer", run.get("corpus", "bible"),
-                               run.get("seed"))
+            renamed = sibling(run, "transformer")
             report["runs"].setdefault(renamed, {**run, "row": "transformer", "ran_as": (
                 f"the defaults before issue 63 (2026-11-28): {run.get('ran_as') or 'the cpu-small Transformer'}; "
                 "--model_type deep_transformer trains it since")})
@@ -347,8 +348,7 @@ def migrate(report: dict) -> dict:
 
     for name in list(report.get("runs", {})):  # and DTMT#1 runs at the rule's dropout are the defaults' since then
         run = report["runs"][name]
-        defaults = run_name(run["size"], f"{run['budget_minutes']:g}", "defaults", run.get("corpus", "bible"),
-                            run.get("seed"))
+        defaults = sibling(run, "defaults")
         passes = estimated_passes(run)
         if run.get("row") in DTMT1_AT_RULE_DROPOUT and run.get("test") and passes is not None \
                 and defaults not in report["runs"] and DTMT1_AT_RULE_DROPOUT[run["row"]] == dropout_for_epochs(passes):
@@ -555,8 +555,7 @@ def issue41_view(runs: dict) -> dict:
         if run.get("row") == "defaults" and run_model_type(run) != "deep_transformer":
             continue
         if run.get("row") == "transformer":
-            view[run_name(run["size"], f"{run['budget_minutes']:g}", "defaults", run.get("corpus", "bible"),
-                            run.get("seed"))] = {
+            view[sibling(run, "defaults")] = {
                 **run, "row": "defaults"}
         else:
             view[name] = run
