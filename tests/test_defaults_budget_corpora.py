@@ -175,3 +175,46 @@ def test_a_cell_run_at_other_seeds_is_named_by_its_seed_and_scored_by_the_mean(t
                                                  "budget_minutes": 10.0, "test": {"bleu": 32.11}, "steps": 985}
     table = "\n".join(db.corpora_section(runs, dict(db.ROWS)))
     assert "| `defaults` | 9.47 (mean of 2 seeds: 8.94 / 10.0), 778 / 800 steps | 32.11, 985 steps |" in table
+
+
+def test_issue41s_transformer_runs_are_the_first_seed_of_the_rows_that_pin_their_model_and_warmup() -> None:
+    """Issue 41's `dropout0.0` and `ls0.2` runs trained the Transformer at warm-up 200 (the defaults of that time):
+    where their dropout is the one the run-length rule gives them, they are the seed-1 runs of the rows that pin that
+    training (so that another seed trains the same thing, not DTMT#1); the issue-63 table shows each run once, under
+    its row of now, and says which of the rows it shows trained the Transformer; issue 41's tables keep only its
+    own rows."""
+    def run(row: str, bleu: float, passes: float, dropout: float, **extra: object) -> dict:
+        # 1,000 steps in 600 s at 0.6 s a step: the rule's estimate is the run's own passes
+        return {"row": row, "size": "full", "budget_minutes": 10.0, "test": {"bleu": bleu}, "steps": 1000,
+                "passes": passes, "step_seconds": 0.6, "command": f"deepnmt train --{row} {passes}",
+                "model": {"encoder_layers": 2, "decoder_layers": 6, "dropout": dropout}, **extra}
+
+    report = {"runs": {
+        "full-10min-dropout0.0": run("dropout0.0", 10.67, 2.2, 0.0),
+        "full-10min-ls0.2": run("ls0.2", 10.46, 2.1, 0.0),
+        "full-10min-dropout0.1": run("dropout0.1", 8.93, 2.0, 0.1),  # not the rule's dropout at 2 passes
+        "10000-10min-dropout0.0": {**run("dropout0.0", 8.7, 6.2, 0.0), "size": "10000"},  # the rule gives 0.1
+        "20000-10min-ls0.2": {**run("ls0.2", 11.0, 3.2, 0.0), "size": "20000", "warmup_steps": 400},
+        "full-10min-dtmt1-ls0.0": run("dtmt1-ls0.0", 9.0, 1.8, 0.0, corpus="bible"),
+        "full-10min-transformer-warmup200-seed2": {**run("transformer-warmup200", 8.8, 2.1, 0.0), "seed": 2,
+                                                   "command": "deepnmt train --seed 2"},
+    }}
+    runs = db.migrate(report)["runs"]
+    assert runs["full-10min-transformer-warmup200"]["test"]["bleu"] == 10.67
+    assert "dropout0.0 run of issue 41" in runs["full-10min-transformer-warmup200"]["ran_as"]
+    assert runs["full-10min-transformer-warmup200-ls0.2"]["test"]["bleu"] == 10.46
+    assert "10000-10min-transformer-warmup200" not in runs and "20000-10min-transformer-warmup200-ls0.2" not in runs
+    assert db.ROWS["transformer-warmup200-ls0.2"][:4] == ["--model_type", "deep_transformer", "--warmup_steps", "200"]
+    # the cell is scored by the mean of both seeds of the row that pins the Transformer
+    assert db.corpus_scores(runs, 10.0)["bible"]["transformer-warmup200"] == round((10.67 + 8.8) / 2, 2)
+    runs["gettext-en-es-full-10min-defaults"] = {**run("defaults", 32.1, 3.0, 0.0), "corpus": "gettext-en-es",
+                                                 "model": {"model_type": "dtmt", "dropout": 0.0}}
+    runs["full-10min-defaults"] = {**runs["gettext-en-es-full-10min-defaults"], "corpus": "bible", "test": {"bleu": 9}}
+    table = [line for line in db.corpora_section(runs, dict(db.ROWS)) if line.startswith("| `")]
+    assert not any(line.startswith(("| `dropout0.0`", "| `ls0.2`")) for line in table)  # shown under their rows of now
+    assert any(line.startswith("| `transformer-warmup200` | 9.73 (+0.73) (mean of 2 seeds: 10.67 / 8.8)")
+               for line in table)
+    assert any(line.startswith("| `dropout0.1` (on the Transformer) | 8.93") for line in table)
+    assert any(line.startswith("| `dtmt1-ls0.0` | 9.0") for line in table)
+    view = db.issue41_view({name: entry for name, entry in runs.items() if entry.get("corpus", "bible") == "bible"})
+    assert {entry["row"] for entry in view.values()} == {"dropout0.0", "dropout0.1", "ls0.2"}

@@ -91,6 +91,12 @@ ROWS: dict[str, list[str]] = {
     "dtmt1-warmup800": ["--model_type", "dtmt", "--warmup_steps", "800"],
     "dtmt1-vocab8000": ["--model_type", "dtmt", "--vocab_size", "8000"],
     "dtmt1-d192": ["--model_type", "dtmt", "--config_overrides", "d_model=192,init_range=0.18"],
+    # issue 41's Transformer runs with the warm-up of their time (200) that stayed above the DTMT#1 defaults on the
+    # Bible at 10 minutes, as rows pinning that model and warm-up so that another seed trains the same thing
+    # (`migrate` makes issue 41's runs their first seed's)
+    "transformer-warmup200": ["--model_type", "deep_transformer", "--warmup_steps", "200"],
+    "transformer-warmup200-ls0.2": ["--model_type", "deep_transformer", "--warmup_steps", "200",
+                                    "--label_smoothing_factor", "0.2"],
     # issue 63: the papers' mechanisms on top of the defaults (docs/defaults.md, "Round two")
     "cad": ["--config_overrides", "cross_attention_drop_depth=5,cross_attention_drop_ratio=0.5"],  # li2022 §3.3
     "dou2018-dense": ["--config_overrides", "encoder_layer_aggregation=dense,decoder_layer_aggregation=dense"],
@@ -106,6 +112,9 @@ ROWS: dict[str, list[str]] = {
     "dtmt1-lr3e-3-dropout0.0": ["--model_type", "dtmt", "--config_overrides",
                                 DTMT1.format("dropout=0.0,rnn_dropout=0.0,readout_dropout=0.0")],
 }
+# The rows of issue 41's sweep, on the Transformer defaults of its time (`issue41_view`).
+ISSUE41_ROWS = ("dropout0.0", "dropout0.1", "dropout0.3", "d256-dropout0.3", "attn-act-dropout0.1", "lr1.5e-3",
+                "vocab2000", "ls0.2", "warmup400", "warmup200")
 # The rows of issue 63 that add a paper's mechanism to the defaults: one enters them where it wins by at least
 # `MECHANISM_MARGIN` BLEU on at least `MECHANISM_WINS` of the corpora (`mechanism_verdicts`).
 MECHANISMS = ("cad", "dou2018-dense", "admin-6-6", "dtmt1", "dtmt1-lr3e-3-dropout0.1", "dtmt1-lr3e-3-dropout0.0")
@@ -355,11 +364,25 @@ def migrate(report: dict) -> dict:
             report["runs"][defaults] = {**run, "row": "defaults", "ran_as": (
                 f"the {run['row']} run: DTMT#1 with dropout {DTMT1_AT_RULE_DROPOUT[run['row']]} in all three dropouts "
                 f"is what the defaults choose since issue 63 for a run of ≈ {passes:.1f} passes")}
+    for name in list(report.get("runs", {})):  # issue 41's Transformer runs at warm-up 200 and the rule's dropout
+        run = report["runs"][name]
+        row = TRANSFORMER_WARMUP200.get(run.get("row"))
+        passes = estimated_passes(run)
+        if row and run.get("test") and run_model_type(run) == "deep_transformer" and passes is not None \
+                and run.get("warmup_steps", WARMUP_BEFORE) == WARMUP_BEFORE and sibling(run, row) not in report["runs"] \
+                and (run.get("model") or {}).get("dropout") == dropout_for_epochs(passes):
+            report["runs"][sibling(run, row)] = {**run, "row": row, "ran_as": (
+                f"the {run['row']} run of issue 41: the Transformer at warm-up 200 with the dropout the run-length rule "
+                f"gives an estimated {passes:.1f} passes ({run['model']['dropout']})")}
     return report
 
 
 # The rows that train the `cpu-small` DTMT#1 of the defaults since issue 63 at a fixed dropout (`migrate`).
 DTMT1_AT_RULE_DROPOUT = {"dtmt1-lr3e-3-dropout0.1": 0.1, "dtmt1-lr3e-3-dropout0.0": 0.0}
+# Issue 41's rows whose runs trained the Transformer at warm-up 200 (the defaults of that time) -> the row that pins
+# that training since issue 63 (`migrate`: where the run's dropout is the one the run-length rule gives it)
+TRANSFORMER_WARMUP200 = {"warmup200": "transformer-warmup200", "dropout0.0": "transformer-warmup200",
+                         "dropout0.1": "transformer-warmup200", "ls0.2": "transformer-warmup200-ls0.2"}
 
 
 def run_folder(run: dict, default: Path) -> Path:
@@ -548,16 +571,15 @@ def main() -> None:
 
 def issue41_view(runs: dict) -> dict:
     """Issue 41's tables compare its sweep with the defaults of its time, the Transformer: its runs (the `transformer`
-    row since issue 63) stand in the `defaults` column there, and issue 63's DTMT#1 defaults are left to the Issue 63
-    section."""
+    row since issue 63) stand in the `defaults` column there, and issue 63's rows — DTMT#1's defaults, its sweep, the
+    mechanisms, the runs at other seeds — are left to the Issue 63 section."""
     view = {}
     for name, run in runs.items():
-        if run.get("row") == "defaults" and run_model_type(run) != "deep_transformer":
+        if run.get("seed") is not None:
             continue
         if run.get("row") == "transformer":
-            view[sibling(run, "defaults")] = {
-                **run, "row": "defaults"}
-        else:
+            view[sibling(run, "defaults")] = {**run, "row": "defaults"}
+        elif run.get("row") in ISSUE41_ROWS:
             view[name] = run
     return view
 
@@ -597,7 +619,7 @@ def render(report: dict, results: Path) -> None:
               "estimated (its printed line) or, where the defaults were not run, the estimate from the `dropout0.0` "
               "run's step time and the score of the sweep row with that dropout (*= row*). *before*: the defaults "
               "before the rule, which were the `dropout0.0` row."]
-    budgets = sorted({run["budget_minutes"] for run in runs.values()})
+    budgets = sorted({run["budget_minutes"] for run in runs.values() if run.get("row") != "defaults"})
     sizes = sorted({run["size"] for run in runs.values()}, key=lambda size: float("inf") if size == "full" else
                    int(size))
     for budget in budgets:
@@ -733,7 +755,8 @@ def corpora_section(runs: dict, described: dict) -> list[str]:
         if len(corpora) < 2 or not any(name != "bible" for name in corpora):
             continue
         rows = ["defaults"] + [row for row in described if row != "defaults" and any(row in scores[name]
-                                                                                     for name in corpora)]
+                                                                                     for name in corpora)
+                               and (row in MECHANISMS or not repeated(runs, budget, row))]
         lines += ["", f"## Issue 63: three corpora, {budget:g} minutes, all training pairs", "",
                   "Test BLEU (beam 4) of the checkpoint each run kept, and its difference to the defaults' run on the "
                   "same corpus. Corpora: " + "; ".join(corpus_description(name) for name in corpora) + ".", "",
@@ -749,7 +772,9 @@ def corpora_section(runs: dict, described: dict) -> list[str]:
                     f" (mean of {len(measured)} seeds: {' / '.join(str(run['test']['bleu']) for run in measured)})")
                 steps = " / ".join(str(run.get("steps")) for run in measured)
                 cells.append("–" if bleu is None else f"{bleu}{delta}{seeds}, {steps} steps")
-            lines.append(f"| `{row}` | " + " | ".join(cells) + " |")
+            on_transformer = row != "defaults" and "--model_type" not in ROWS.get(row, []) and all(
+                run_model_type(run) == "deep_transformer" for name in corpora for run in cell_runs(runs, budget, row, name))
+            lines.append(f"| `{row}`{' (on the Transformer)' if on_transformer else ''} | " + " | ".join(cells) + " |")
         verdicts = mechanism_verdicts(scores, [name for name in CORPORA])
         if verdicts:
             lines += ["", f"A paper's mechanism enters the defaults where it wins by ≥ {MECHANISM_MARGIN} BLEU on "
@@ -768,6 +793,16 @@ def corpora_section(runs: dict, described: dict) -> list[str]:
             lines += [f"| {name} | `{check['picked']}` | {check['gap']:+.2f} | `{check['best_row']}` |"
                       for name, check in held_out.items()]
     return lines
+
+
+def repeated(runs: dict, budget: float, row: str, size: str = "full") -> bool:
+    """Whether every run of ``row`` at ``budget`` minutes on ``size`` pairs is recorded under another row's name as
+    well (`migrate`: a copy marked ``ran_as``), so that issue 63's tables show it once, under the row it is the run
+    of now."""
+    own = [run for run in runs.values() if run.get("row") == row and run["budget_minutes"] == budget
+           and run["size"] == size and run.get("test") and not run.get("ran_as")]
+    copies = {run.get("command") for run in runs.values() if run.get("ran_as") and run.get("row") != row}
+    return bool(own) and all(run.get("command") in copies for run in own)
 
 
 def corpus_description(name: str) -> str:
