@@ -369,11 +369,12 @@ def migrate(report: dict) -> dict:
         row = TRANSFORMER_WARMUP200.get(run.get("row"))
         passes = estimated_passes(run)
         if row and run.get("test") and run_model_type(run) == "deep_transformer" and passes is not None \
-                and run.get("warmup_steps", WARMUP_BEFORE) == WARMUP_BEFORE and sibling(run, row) not in report["runs"] \
+                and run.get("warmup_steps", WARMUP_BEFORE) == WARMUP_BEFORE \
+                and sibling(run, row) not in report["runs"] \
                 and (run.get("model") or {}).get("dropout") == dropout_for_epochs(passes):
             report["runs"][sibling(run, row)] = {**run, "row": row, "ran_as": (
-                f"the {run['row']} run of issue 41: the Transformer at warm-up 200 with the dropout the run-length rule "
-                f"gives an estimated {passes:.1f} passes ({run['model']['dropout']})")}
+                f"the {run['row']} run of issue 41: the Transformer at warm-up 200 with the dropout the run-length "
+                f"rule gives an estimated {passes:.1f} passes ({run['model']['dropout']})")}
     return report
 
 
@@ -772,8 +773,10 @@ def corpora_section(runs: dict, described: dict) -> list[str]:
                     f" (mean of {len(measured)} seeds: {' / '.join(str(run['test']['bleu']) for run in measured)})")
                 steps = " / ".join(str(run.get("steps")) for run in measured)
                 cells.append("–" if bleu is None else f"{bleu}{delta}{seeds}, {steps} steps")
+            # a row without --model_type whose runs trained the Transformer (measured before DTMT#1 was the defaults')
             on_transformer = row != "defaults" and "--model_type" not in ROWS.get(row, []) and all(
-                run_model_type(run) == "deep_transformer" for name in corpora for run in cell_runs(runs, budget, row, name))
+                run_model_type(run) == "deep_transformer"
+                for name in corpora for run in cell_runs(runs, budget, row, name))
             lines.append(f"| `{row}`{' (on the Transformer)' if on_transformer else ''} | " + " | ".join(cells) + " |")
         verdicts = mechanism_verdicts(scores, [name for name in CORPORA])
         if verdicts:
