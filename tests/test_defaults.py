@@ -11,10 +11,12 @@ import pytest
 import torch
 from conftest import tiny_model, train_argv
 
+from hf_deepnmt.errors import UserInputError
 from hf_deepnmt_training.cli import main
 from hf_deepnmt_training.train import UNBOUNDED_STEPS
 from hf_deepnmt_training.defaults import (CPU_SIZES, DROPOUT_BY_EPOCHS, DROPOUT_FIELDS, GPU_SIZES, PARSE_TIME_DEFAULTS,
-                                         describe_dropout_rule, dropout_for_epochs, given_options, resolve, size_class)
+                                         WARMUP_BY_LENGTH_TYPES, describe_dropout_rule, dropout_for_epochs,
+                                         given_options, resolve, size_class, warmup_for_length)
 from hf_deepnmt_training.run_length import measure_step_seconds, plan_run_length, steps_per_epoch
 from hf_deepnmt_training.train_arguments import apply_scratch_defaults, parse_train_args
 
@@ -209,15 +211,17 @@ def test_measuring_a_step_leaves_the_random_state_alone(tiny_tokenizer):
 def test_a_long_run_over_little_data_gets_the_dropout_for_many_passes(tmp_path, tiny_tokenizer, capsys):
     from datasets import Dataset
 
-    from hf_deepnmt_training.train import resolve_dropout
+    from hf_deepnmt_training.train import resolve_by_length
 
     rows = {"input_ids": [[5, 6, 7, 2]] * 40, "attention_mask": [[1] * 4] * 40, "labels": [[8, 9, 2]] * 40,
             "length": [4] * 40}
     for steps, dropout in ((2, DROPOUT_BY_EPOCHS[0][1]), (4000, DROPOUT_BY_EPOCHS[-1][1])):
         argv = _argv(tmp_path, "--max_steps", str(steps))
         model_args, data_args, args, recipe = parse_train_args(argv)
-        assert apply_scratch_defaults(model_args, data_args, args, recipe, 40, given_options(argv)).dropout_by_length
-        resolve_dropout(model_args, data_args, args, recipe, tiny_tokenizer, Dataset.from_dict(rows))
+        defaults = apply_scratch_defaults(model_args, data_args, args, recipe, 40, given_options(argv))
+        assert defaults.dropout_by_length and not defaults.warmup_by_length  # --max_steps capped the warm-up
+        assert resolve_by_length(model_args, data_args, args, recipe, tiny_tokenizer, Dataset.from_dict(rows),
+                                 defaults) == {}
         # 40 pairs of 4 tokens: one 2048-token batch a pass; every dropout of the default DTMT gets the rule's value
         assert [recipe["model"][key] for key in DROPOUT_FIELDS["dtmt"]] == [dropout] * 3
         assert f"dropout {dropout}: the run is --max_steps {steps}: ≈ {steps:,} steps = {steps:.1f} passes" \
@@ -225,9 +229,81 @@ def test_a_long_run_over_little_data_gets_the_dropout_for_many_passes(tmp_path, 
     checkpoint = tmp_path / "run" / "checkpoint-100"  # a resumed run keeps the dropout it started with
     checkpoint.mkdir(parents=True)
     (checkpoint / "config.json").write_text(json.dumps({"dropout": 0.1, "rnn_dropout": 0.1, "readout_dropout": 0.1}))
-    resolve_dropout(model_args, data_args, args, recipe, tiny_tokenizer, Dataset.from_dict(rows), str(checkpoint))
+    resolve_by_length(model_args, data_args, args, recipe, tiny_tokenizer, Dataset.from_dict(rows), defaults,
+                      str(checkpoint))
     assert [recipe["model"][key] for key in DROPOUT_FIELDS["dtmt"]] == [0.1] * 3
     assert "dropout 0.1: the checkpoint's, whose run this resumes" in capsys.readouterr().err
+
+
+def test_the_dtmt_rows_warmup_is_chosen_by_length_only_where_nothing_else_set_it(tmp_path):
+    """The warm-up rule of issue 63 (docs/defaults.md, "Label smoothing and warm-up on DTMT#1"): a CPU row's DTMT
+    without --warmup_steps, in a run of no --max_steps (whose warm-up `resolve` caps already); the Transformer row
+    keeps its warm-up at every budget (issue 41 measured 400 above 200 at ~1,100 steps)."""
+    assert WARMUP_BY_LENGTH_TYPES == ("dtmt",) and CPU_SIZES[0].model["model_type"] == "dtmt"
+    cases = [(("--max_train_minutes", "10"), True), ((), True),  # --num_train_epochs: a planned length too
+             (("--max_train_minutes", "10", "--warmup_steps", "400"), False),
+             (("--max_train_minutes", "10", "--max_steps", "2000"), False),
+             (("--max_train_minutes", "10", "--model_type", "deep_transformer"), False),
+             (("--max_train_minutes", "10", "--config_overrides", "dropout=0.1"), True),  # the dropout is the user's
+             (("--max_train_minutes", "10", "--config_name", "transformer-base"), False)]
+    for extra, by_length in cases:
+        argv = _argv(tmp_path, *extra)
+        model_args, data_args, args, recipe = parse_train_args(argv)
+        resolution = apply_scratch_defaults(model_args, data_args, args, recipe, 1_000, given_options(argv))
+        assert resolution.warmup_by_length is by_length, extra
+        assert args.warmup_steps == 400  # the row's (a fifth of --max_steps 2000 too), until the length rule
+    assert [warmup_for_length(400, steps) for steps in (3, 1_000, 1_066, 1_999, 2_000, 2_500, 10**9)] == \
+        [1, 200, 213, 399, 400, 400, 400]
+
+
+def test_a_short_budget_gives_dtmt_a_fifth_of_its_steps_as_warmup_and_a_resumed_run_keeps_its_own(
+        tmp_path, tiny_tokenizer, capsys, monkeypatch):
+    """10 minutes at 0.6 s a step: ≈ 1,000 steps, warm-up 200 (the row's 400 is 2/5 of the run); 25 minutes:
+    ≈ 2,500 steps, the row's 400. The choice is returned for the checkpoints; a resumed run takes its checkpoint's
+    without measuring, and a checkpoint without one (an older hf_deepnmt's) keeps the row's."""
+    from datasets import Dataset
+
+    import hf_deepnmt_training.train as train_module
+    from hf_deepnmt_training.checkpoints import RUN_CHOICES, read_run_choices, write_run_choices
+
+    rows = Dataset.from_dict({"input_ids": [[5, 6, 7, 2]] * 40, "attention_mask": [[1] * 4] * 40,
+                              "labels": [[8, 9, 2]] * 40, "length": [4] * 40})
+    monkeypatch.setattr(train_module, "measure_step_seconds", lambda *a, **k: 0.6)
+
+    def resolved(*extra: str, resume: str | None = None):
+        argv = _argv(tmp_path, *extra)
+        model_args, data_args, args, recipe = parse_train_args(argv)
+        defaults = apply_scratch_defaults(model_args, data_args, args, recipe, 40, given_options(argv))
+        train_module.run_until_budget(model_args, args)
+        chosen = train_module.resolve_by_length(model_args, data_args, args, recipe, tiny_tokenizer, rows, defaults,
+                                                resume)
+        return args, recipe, chosen, capsys.readouterr().err
+
+    args, recipe, chosen, printed = resolved("--max_train_minutes", "10")
+    assert args.warmup_steps == chosen["warmup_steps"] == 200
+    assert "--warmup_steps 200: the row's 400, at most a fifth of the run's ≈ 1,000 steps (a dtmt row's rule" in printed
+    assert "dropout = rnn_dropout = readout_dropout 0.1: the run is a 10-minute budget" in printed  # 1,000 passes
+    args, _, chosen, printed = resolved("--max_train_minutes", "25")
+    assert args.warmup_steps == chosen["warmup_steps"] == 400 and "≈ 2,500 steps" in printed
+    args, recipe, chosen, printed = resolved("--max_train_minutes", "10", "--config_overrides", "dropout=0.2")
+    # the length measured for the warm-up alone: the dropout is the command line's (applied when the model is built)
+    assert args.warmup_steps == 200 and "; the run is a 10-minute budget at" in printed and "rnn_dropout" not in printed
+    args, _, chosen, printed = resolved("--max_train_minutes", "10", "--model_type", "deep_transformer")
+    assert args.warmup_steps == 400 and chosen == {} and "--warmup_steps" not in printed.split("dropout 0.1")[1]
+
+    monkeypatch.setattr(train_module, "measure_step_seconds", lambda *a, **k: pytest.fail("a resumed run measured"))
+    checkpoint = tmp_path / "run" / "checkpoint-100"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "config.json").write_text(json.dumps({"dropout": 0.1, "rnn_dropout": 0.1, "readout_dropout": 0.1}))
+    args, _, chosen, printed = resolved("--max_train_minutes", "10", resume=str(checkpoint))
+    assert args.warmup_steps == chosen["warmup_steps"] == 400 and "--warmup_steps 400: the checkpoint's" in printed
+    write_run_choices(checkpoint, {"warmup_steps": 180})
+    assert read_run_choices(checkpoint) == {"warmup_steps": 180}
+    args, _, chosen, printed = resolved("--max_train_minutes", "10", resume=str(checkpoint))
+    assert args.warmup_steps == chosen["warmup_steps"] == 180
+    (checkpoint / RUN_CHOICES).write_text("[180]")
+    with pytest.raises(UserInputError, match=f"{RUN_CHOICES}: holds list, not an object of option values"):
+        read_run_choices(checkpoint)
 
 
 def test_admin_overrides_get_the_post_ln_model_admin_is_defined_on(tmp_path, capsys):
@@ -321,6 +397,46 @@ def test_a_ten_step_run_validates_four_times_and_records_its_best_checkpoint_whe
         recorded = json.loads((checkpoint / "trainer_state.json").read_text())["best_model_checkpoint"]
         assert recorded is None or (".incomplete" not in recorded and Path(recorded).is_dir()), recorded
     assert f"kept the best of 4 validations: checkpoint-{best}" in printed and "no --max_steps" not in printed
+
+
+@pytest.mark.integration
+def test_a_dtmt_budget_run_trains_with_the_warmup_it_chose_and_its_checkpoints_keep_it(small_corpus, tmp_path, capsys):
+    """The DTMT row's warm-up from a budget's estimated length (docs/defaults.md) is the one the schedule uses, and
+    every checkpoint records it for a resumed run (`checkpoints.read_run_choices`)."""
+    from hf_deepnmt_training.checkpoints import read_run_choices
+    from hf_deepnmt_training.train import train
+
+    outcome = train(_defaults_run(small_corpus, tmp_path / "run", "--max_train_minutes", "0.2", "--save_total_limit",
+                                  "10", "--config_overrides", "d_model=16,attention_heads=2,max_position_embeddings=64"
+                                  )[1:])
+    printed = capsys.readouterr().err
+    found = re.search(r"--warmup_steps ([0-9]+): the row's 400, at most a fifth of the run's ≈ ([0-9,]+) steps", printed)
+    assert found, printed
+    warmup = int(found[1])
+    assert warmup == warmup_for_length(400, float(found[2].replace(",", ""))) == outcome.training_args.warmup_steps
+    assert "--warmup_steps 400 at most: a fifth of the run's length (below)" in printed
+    checkpoints = sorted((tmp_path / "run").glob("checkpoint-*"))
+    assert checkpoints and all(read_run_choices(folder) == {"warmup_steps": warmup} for folder in checkpoints)
+    scheduler = outcome.trainer.lr_scheduler  # transformers' inverse_sqrt: warm-up to the peak at step `warmup`
+    assert scheduler.lr_lambdas[0](warmup) == pytest.approx(1.0) and scheduler.lr_lambdas[0](warmup // 2) < 0.6
+
+
+@pytest.mark.integration
+def test_the_papers_schedule_uses_the_warmup_the_nmt_defaults_chose(small_corpus, tmp_path):
+    """meng2019's eq. (17) schedule is built after the NMT defaults set the warm-up: it was built before them, with
+    transformers' warm-up 0, while the run printed and its card stated the row's."""
+    from hf_deepnmt_training.schedules import rnnplus_warmup_decay
+    from hf_deepnmt_training.train import train
+
+    outcome = train(_defaults_run(small_corpus, tmp_path / "run", "--max_steps", "4", "--save_strategy", "no",
+                                  "--logging_steps", "1", "--lr_schedule", "rnnplus_warmup_decay", "--lr_replicas", "2",
+                                  "--lr_decay_start",
+                                  "4", "--lr_decay_end", "8", "--config_overrides",
+                                  "d_model=16,attention_heads=2,max_position_embeddings=64")[1:])
+    assert outcome.training_args.warmup_steps == 1  # the row's 400, at most a fifth of --max_steps 4
+    logged = [entry["learning_rate"] for entry in outcome.trainer.state.log_history if "learning_rate" in entry]
+    assert logged == pytest.approx([3e-3 * rnnplus_warmup_decay(t, 1, 4, 8, 2) for t in range(4)], rel=1e-6)
+    assert logged[0] == pytest.approx(3e-3)  # warm-up 0 would have started at the peak, 2 × 3e-3
 
 
 def test_parse_time_defaults_are_real_training_arguments():

@@ -158,6 +158,34 @@ def write_trainer_state(state: Any, folder: str | os.PathLike) -> None:
     fsync_dir(str(folder))
 
 
+# Options `deepnmt train` chose from the run's measured length (the DTMT rows' warm-up), in each checkpoint: a
+# resumed run measures again and could land on another value, so it takes the checkpoint's.
+RUN_CHOICES = "deepnmt_run_choices.json"
+
+
+def write_run_choices(folder: str | os.PathLike, choices: dict[str, Any]) -> None:
+    """Write ``choices`` (option name -> value) into the checkpoint ``folder`` being staged; nothing when empty."""
+    if choices:
+        (Path(folder) / RUN_CHOICES).write_text(json.dumps(choices, indent=2, sort_keys=True) + "\n")
+
+
+def read_run_choices(checkpoint: str | os.PathLike) -> dict[str, Any]:
+    """The length-based choices ``checkpoint`` was trained with (`write_run_choices`); empty for a checkpoint written
+    without any (the rules chose nothing, or an older hf_deepnmt)."""
+    path = Path(checkpoint) / RUN_CHOICES
+    if not path.is_file():
+        return {}
+    try:
+        choices = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise UserInputError(f"{path}: cannot be read as JSON ({error}); it holds the options the run chose from its "
+                             "length, so delete the checkpoint or the file to resume with fresh choices.") from None
+    if not isinstance(choices, dict):
+        raise UserInputError(f"{path}: holds {type(choices).__name__}, not an object of option values; delete it "
+                             "to resume with fresh choices.")
+    return choices
+
+
 def final_path(checkpoint: str) -> str | None:
     """The path a checkpoint recorded under ``OUTPUT_DIR/.incomplete/`` (where it was written) has once moved into
     place, ``OUTPUT_DIR/checkpoint-N``, when that folder exists; None for any other path."""

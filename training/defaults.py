@@ -141,6 +141,21 @@ def describe_dropout_rule() -> str:
     return ", ".join(parts)
 
 
+def warmup_for_length(row_warmup: int, steps: float) -> int:
+    """A size row's warm-up for a run of ``steps`` optimizer steps: the row's, at most a fifth of the run (at least
+    one step), so that a short run spends most of its steps after the warm-up."""
+    return min(row_warmup, max(1, int(steps // 5)))
+
+
+# The model types whose warm-up the run-length rule also caps at a fifth of an *estimated* length (a
+# --max_train_minutes budget, or --num_train_epochs); a --max_steps run's warm-up is capped for every model in
+# `resolve`. DTMT only: issue 63's study measured DTMT#1's warm-up 200 above its 400 on all three corpora at 10
+# minutes (~1,000 steps; two seeds) and below it on two of three at 25 (~2,500 steps), which a fifth of the run's
+# steps gives (docs/defaults.md, "Label smoothing and warm-up on DTMT#1"); issue 41 measured the Transformer row's
+# warm-up 400 above 200 at ~1,100 steps on two of three corpus sizes, so its budget runs keep 400.
+WARMUP_BY_LENGTH_TYPES: tuple[str, ...] = ("dtmt",)
+
+
 def describe_model(m: dict[str, Any]) -> str:
     """A size row's model in words, as `deepnmt train` prints it: "deep_transformer 2-6 layers, d_model 128, 4 heads,
     FFN 512, pre-LN, tied embeddings" or "dtmt DTMT#1 (transition depth 1, lgru), d_model 128, 4 heads"."""
@@ -186,7 +201,9 @@ def resolved_option_rules() -> dict[str, str]:
     (or this package's), which only ``--nmt_defaults false``, a recipe or a trained model keep."""
     return {
         "learning_rate": _by_device("learning_rate"),
-        "warmup_steps": f"{_by_device('warmup_steps')}; at most a fifth of --max_steps",
+        "warmup_steps": f"{_by_device('warmup_steps')}; at most a fifth of --max_steps, and for the CPU rows' "
+                        f"{', '.join(WARMUP_BY_LENGTH_TYPES)} at most a fifth of the steps planned without it "
+                        "(those a --max_train_minutes budget is estimated to train, or --num_train_epochs)",
         "max_tokens": f"{_by_device('max_tokens')}; none (sentence batches) when --per_device_train_batch_size is "
                       "given",
         "vocab_size": f"{_by_device('vocab_size')}; unused when --tokenizer_name gives the tokenizer",
@@ -222,6 +239,9 @@ class Resolution:
     # the row's dropout is chosen from the run's length once the data is tokenized (`dropout_for_epochs`): a CPU row
     # whose model the command line did not replace and whose dropout it did not set
     dropout_by_length: bool = False
+    # the row's warm-up is capped at a fifth of the run's estimated length then too (`warmup_for_length`): a CPU row
+    # of `WARMUP_BY_LENGTH_TYPES` whose warm-up the command line did not set, in a run without --max_steps
+    warmup_by_length: bool = False
 
     def describe(self, effective_model: dict[str, Any] | None = None) -> list[str]:
         """The lines `deepnmt train` prints at start; ``effective_model``: the chosen model fields with the command
@@ -238,7 +258,8 @@ class Resolution:
                                    for other in (self.size.model, *self.size.alternatives)
                                    if other["model_type"] != m["model_type"]) + ")")
         for key, value in self.options.items():
-            lines.append(f"[deepnmt]   --{key} {value}")
+            lines.append(f"[deepnmt]   --{key} {value}" + (" at most: a fifth of the run's length (below)"
+                                                          if key == "warmup_steps" and self.warmup_by_length else ""))
         return lines
 
 
@@ -257,7 +278,7 @@ def resolve(pairs: int, device: str, given: set[str], model_fields_given: bool, 
         resolution.model = dict(size.model_for(model_type) or {})
     chosen: dict[str, Any] = {
         "learning_rate": size.learning_rate,
-        "warmup_steps": size.warmup_steps if max_steps <= 0 else min(size.warmup_steps, max(1, max_steps // 5)),
+        "warmup_steps": size.warmup_steps if max_steps <= 0 else warmup_for_length(size.warmup_steps, max_steps),
         "max_tokens": size.max_tokens,
         "vocab_size": size.vocab_size,
         "max_eval_samples": size.max_eval_samples,

@@ -30,10 +30,11 @@ from hf_deepnmt.errors import UserInputError
 from .arguments import TRAIN_ALIASES, canonical_options, quiet_libraries
 from .build import (build_model, check_torch_compile_options, load_or_train_tokenizer, lr_scheduler_factory,
                     optimizer_setting, prepare_torch_compile)
-from .checkpoints import resume_target
+from .checkpoints import read_run_choices, resume_target
 from .clock import RunClock
 from .data import DataArguments, DataError, length_column
-from .defaults import DROPOUT_FIELDS, Resolution, describe_dropout_rule, dropout_for_epochs, given_options
+from .defaults import (DROPOUT_FIELDS, Resolution, describe_dropout_rule, dropout_for_epochs, given_options,
+                       warmup_for_length)
 from .hub import push_folder
 from .metrics import TranslationMetrics
 from .preprocess import ReadSplit, TokenizedSplit, read_split, tokenize_split
@@ -174,7 +175,7 @@ def train(argv: Sequence[str], clock: RunClock | None = None) -> TrainOutcome:
     clock = clock if clock is not None else RunClock()
     model_args, data_args, training_args, recipe = parse_train_args(argv)
     quiet_libraries()
-    schedule = lr_scheduler_factory(model_args, training_args)
+    lr_scheduler_factory(model_args, training_args)  # a bad --lr_schedule fails now, before the data is read
     model_type = None
     if not model_args.model_name_or_path:  # a bad model config fails now, not after the tokenizer is trained
         # a new model of the NMT defaults: the size row's model it will most likely be (the data picks the row)
@@ -189,8 +190,10 @@ def train(argv: Sequence[str], clock: RunClock | None = None) -> TrainOutcome:
     prepared, defaults, tokenizer = _prepare_data(argv, model_args, data_args, training_args, recipe, output_dir)
     datasets = {split: entry.dataset for split, entry in prepared.items()}
     run_until_budget(model_args, training_args)
-    if defaults is not None and defaults.dropout_by_length:  # needs the tokenized data and the run's length
-        resolve_dropout(model_args, data_args, training_args, recipe, tokenizer, datasets["train"], resume)
+    run_choices: dict[str, Any] = {}
+    if defaults is not None:  # the choices that need the tokenized data and the run's length
+        run_choices = resolve_by_length(model_args, data_args, training_args, recipe, tokenizer, datasets["train"],
+                                        defaults, resume)
     model = build_model(model_args, data_args, recipe["model"], tokenizer, training_args.label_smoothing_factor)
     model.generation_config.num_beams = model_args.eval_num_beams
     if model_args.eval_num_beams == 1:  # greedy: transformers refuses to save a beam-only setting beside it
@@ -200,7 +203,10 @@ def train(argv: Sequence[str], clock: RunClock | None = None) -> TrainOutcome:
         print(f"[deepnmt] {compiling}", file=sys.stderr)
     callbacks = plan_evaluations(model_args, training_args, "validation" in datasets,
                                  given_options(canonical_options(argv, TRAIN_ALIASES)))
-    trainer = build_trainer(model, tokenizer, datasets, model_args, data_args, training_args, schedule)
+    # built now that the NMT defaults (and the run's length) have set the warm-up it reads
+    trainer = build_trainer(model, tokenizer, datasets, model_args, data_args, training_args,
+                            lr_scheduler_factory(model_args, training_args))
+    trainer.run_choices = run_choices
     for callback in callbacks:
         trainer.add_callback(callback)
     # Seq2SeqTrainer's evaluation writes transformers' global defaults (max_length=20, …) into the model's
@@ -287,21 +293,43 @@ def read_corpora(argv: Sequence[str], model_args: ModelArguments, data_args: Dat
     return corpora, defaults
 
 
-def resolve_dropout(model_args: ModelArguments, data_args: DataArguments, training_args: Seq2SeqTrainingArguments,
-                    recipe: dict, tokenizer: Any, train_dataset: Any, resume: str | None = None) -> None:
-    """The NMT defaults' dropout (a CPU row, dropout not set by the command line): from the run's length in passes
-    over the training data (`hf_deepnmt_training.run_length`, `hf_deepnmt_training.defaults.dropout_for_epochs`),
-    written into the model fields of ``recipe`` and printed. Every process of a distributed run takes process 0's
-    choice (a measured step time differs between processes); a resumed run keeps its checkpoint's dropout (a
-    measurement near a threshold could choose another)."""
+def resolve_by_length(model_args: ModelArguments, data_args: DataArguments, training_args: Seq2SeqTrainingArguments,
+                      recipe: dict, tokenizer: Any, train_dataset: Any, defaults: Resolution,
+                      resume: str | None = None) -> dict[str, Any]:
+    """The NMT defaults' choices that depend on the run's length (`hf_deepnmt_training.run_length`), printed and
+    returned (option -> value, for the checkpoints):
+
+    * the dropout (``defaults.dropout_by_length``: a CPU row, dropout not set by the command line), from the run's
+      passes over the training data (`hf_deepnmt_training.defaults.dropout_for_epochs`), written into the model
+      fields of ``recipe``;
+    * the warm-up (``defaults.warmup_by_length``: a CPU row's DTMT without --warmup_steps or --max_steps), the row's
+      capped at a fifth of the run's estimated steps (`hf_deepnmt_training.defaults.warmup_for_length`), set on
+      ``training_args``.
+
+    The run's length is measured once, for both. Every process of a distributed run takes process 0's choices (a
+    measured step time differs between processes); a resumed run keeps its checkpoint's (a measurement near a
+    threshold could choose another): the dropout from its config, the warm-up from `checkpoints.read_run_choices`
+    (a checkpoint without one trained with the row's warm-up, which stays)."""
+    chosen: dict[str, Any] = {}
     fields = DROPOUT_FIELDS[recipe["model"]["model_type"]]
+    dropout_needed, warmup_needed = defaults.dropout_by_length, defaults.warmup_by_length
     saved = Path(resume) / "config.json" if resume else None
-    if saved is not None and saved.is_file() and "dropout" in (config := json.loads(saved.read_text())):
+    if dropout_needed and saved is not None and saved.is_file() and "dropout" in (
+            config := json.loads(saved.read_text())):
         recipe["model"].update({key: config[key] for key in fields if key in config})
+        dropout_needed = False
         if training_args.process_index == 0:
             print(f"[deepnmt]   dropout {config['dropout']}: the checkpoint's, whose run this resumes",
                   file=sys.stderr)
-        return
+    if warmup_needed and resume:
+        warmup_needed = False
+        training_args.warmup_steps = read_run_choices(resume).get("warmup_steps", training_args.warmup_steps)
+        chosen["warmup_steps"] = training_args.warmup_steps
+        if training_args.process_index == 0:
+            print(f"[deepnmt]   --warmup_steps {training_args.warmup_steps}: the checkpoint's, whose run this "
+                  "resumes", file=sys.stderr)
+    if not (dropout_needed or warmup_needed):
+        return chosen
     lengths = length_column(train_dataset)
     per_epoch = steps_per_epoch(lengths, data_args.max_tokens, training_args.per_device_train_batch_size,
                                 training_args.world_size, training_args.gradient_accumulation_steps)
@@ -314,16 +342,25 @@ def resolve_dropout(model_args: ModelArguments, data_args: DataArguments, traini
 
     length = plan_run_length(training_args.max_steps, UNBOUNDED_STEPS, model_args.max_train_minutes,
                              training_args.num_train_epochs, per_epoch, step_seconds)
-    dropout = dropout_for_epochs(length.epochs)
+    choice = [dropout_for_epochs(length.epochs), warmup_for_length(int(training_args.warmup_steps), length.steps)]
     if torch.distributed.is_available() and torch.distributed.is_initialized():
-        chosen = [dropout]
-        torch.distributed.broadcast_object_list(chosen, src=0)
-        dropout = chosen[0]
-    recipe["model"].update(dict.fromkeys(fields, dropout))  # every dropout of the model (`DROPOUT_FIELDS`)
-    if training_args.process_index == 0:
-        print(f"[deepnmt]   {' = '.join(fields)} {dropout}: the run is {length.how}: ≈ {length.steps:,.0f} steps = "
-              f"{length.epochs:.1f} passes over the training data ({per_epoch:,} steps each); "
-              f"{describe_dropout_rule()} (docs/defaults.md)", file=sys.stderr)
+        torch.distributed.broadcast_object_list(choice, src=0)
+    dropout, warmup = choice
+    said = f"the run is {length.how}: ≈ {length.steps:,.0f} steps = {length.epochs:.1f} passes over the training data " \
+           f"({per_epoch:,} steps each)"
+    if dropout_needed:
+        recipe["model"].update(dict.fromkeys(fields, dropout))  # every dropout of the model (`DROPOUT_FIELDS`)
+        if training_args.process_index == 0:
+            print(f"[deepnmt]   {' = '.join(fields)} {dropout}: {said}; {describe_dropout_rule()} (docs/defaults.md)",
+                  file=sys.stderr)
+    if warmup_needed:
+        row = training_args.warmup_steps
+        training_args.warmup_steps = chosen["warmup_steps"] = warmup
+        if training_args.process_index == 0:
+            print(f"[deepnmt]   --warmup_steps {warmup}: the row's {row}, at most a fifth of the run's "
+                  f"≈ {length.steps:,.0f} steps (a {recipe['model']['model_type']} row's rule, docs/defaults.md)"
+                  + ("" if dropout_needed else f"; {said}"), file=sys.stderr)
+    return chosen
 
 
 def tokenize_corpora(corpora: dict[str, ReadSplit], tokenizer: Any, model_args: ModelArguments,

@@ -22,8 +22,8 @@ from hf_deepnmt_model_cards.licenses import normalise_license
 
 from .arguments import TRAIN_ALIASES, canonical_options, unknown_arguments_message
 from .data import DataArguments
-from .defaults import (CPU_SIZES, DROPOUT_FIELDS, GPU_SIZES, PARSE_TIME_DEFAULTS, Resolution, given_options,
-                       resolve as resolve_defaults, resolved_option_rules)
+from .defaults import (CPU_SIZES, DROPOUT_FIELDS, GPU_SIZES, PARSE_TIME_DEFAULTS, WARMUP_BY_LENGTH_TYPES, Resolution,
+                       given_options, resolve as resolve_defaults, resolved_option_rules)
 from .errors import CommandLineError, is_user_mistake
 from .recipes import config_fields, load_recipe, model_fields, parse_overrides, recipe_to_argv, resolve_path
 from .train_options import check_option_values, store_option_table
@@ -229,7 +229,8 @@ def apply_scratch_defaults(model_args: ModelArguments, data_args: DataArguments,
                            given: set[str]) -> Resolution:
     """Set the data-dependent NMT defaults (`hf_deepnmt_training.defaults.resolve`) of a from-scratch run without a recipe on
     the parsed arguments, never touching an option the command line set, and print them (process 0). The returned
-    resolution says whether the dropout is still to be chosen from the run's length (`resolve_dropout`)."""
+    resolution says whether the dropout and the warm-up are still to be chosen from the run's length
+    (`hf_deepnmt_training.train.resolve_by_length`)."""
     device = "cpu" if training_args.use_cpu or not torch.cuda.is_available() else "gpu"
     resolution = resolve_defaults(pairs, device, given, bool(model_args.config_name), training_args.max_steps,
                                   model_args.model_type)
@@ -242,6 +243,8 @@ def apply_scratch_defaults(model_args: ModelArguments, data_args: DataArguments,
     recipe["model"] = {**resolution.model, **recipe["model"]}
     resolution.dropout_by_length = device == "cpu" and bool(resolution.model) and not overrides.keys() & set(
         DROPOUT_FIELDS[resolution.model["model_type"]])
+    resolution.warmup_by_length = device == "cpu" and resolution.model.get("model_type") in WARMUP_BY_LENGTH_TYPES \
+        and "warmup_steps" in resolution.options and not 0 < training_args.max_steps  # --max_steps: capped already
     if device == "cpu" and "dataloader_pin_memory" not in given:
         resolution.options["dataloader_pin_memory"] = False  # nothing to pin for (and a warning per epoch)
     for key, value in resolution.options.items():

@@ -51,7 +51,7 @@ from hf_deepnmt.losses import UNITS, AuxiliaryLoss, LossNormalizers, batch_norma
 from hf_deepnmt.errors import UserInputError
 
 from .checkpoints import (INCOMPLETE_DIR, fsync_dir, fsync_tree, last_checkpoint, record_final_best_checkpoint,
-                          write_trainer_state)
+                          write_run_choices, write_trainer_state)
 from .errors import NonFiniteLossError
 from .data import TokenBudgetBatchSampler, length_column
 
@@ -80,7 +80,8 @@ class TrainerInternals(Seq2SeqTrainer):
 
     * ``_prepare_for_training``: under FSDP2, zero gradients for parameters a process left unused;
     * ``_issue_warnings_after_load``: a tied ``lm_head.weight`` is not "missing" on resume;
-    * ``_save_checkpoint`` (with ``_get_output_dir``): atomic checkpoint writes;
+    * ``_save_checkpoint`` (with ``_get_output_dir``): atomic checkpoint writes (with the run's length-based
+      choices, ``run_choices``);
     * ``_remove_unused_columns``: the model's columns for the token-budget data loader;
     * ``_created_lr_scheduler``: a schedule built by a factory is owned by the Trainer like its own.
     """
@@ -137,6 +138,7 @@ class TrainerInternals(Seq2SeqTrainer):
             del self._get_output_dir
         self.accelerator.wait_for_everyone()
         if self.args.should_save:
+            write_run_choices(staged, getattr(self, "run_choices", {}))
             fsync_tree(staged)
             if os.path.exists(final):
                 shutil.rmtree(final)
@@ -256,6 +258,9 @@ class DeepNMTTrainer(TrainerInternals):
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
+        # options `deepnmt train` chose from the run's measured length (`hf_deepnmt_training.train.resolve_by_length`),
+        # written into every checkpoint so that a resumed run keeps them (`checkpoints.read_run_choices`)
+        self.run_choices: dict[str, Any] = {}
         check_new_parameter_options(new_parameters_lr_scale, new_parameters_freeze_steps)
         self.new_parameters = tuple(new_parameters)
         self.new_parameters_lr_scale = float(new_parameters_lr_scale)
