@@ -87,9 +87,10 @@ def test_the_transformer_defaults_become_their_row_and_dtmt1_at_the_rules_dropou
     `transformer` row's (the same training as --model_type deep_transformer), a DTMT#1 run at the dropout the
     run-length rule gives its passes is the new defaults', and issue 41's page keeps comparing with the Transformer."""
     def run(row: str, bleu: float, corpus: str, passes: float, **model: object) -> dict:
-        # 1,000 steps in 1,500 s at 1.5 s a step: the rule's estimate is the run's own passes
+        # 3,000 steps in 1,500 s at 0.5 s a step: the rule's estimate is the run's own passes (and the DTMT warm-up
+        # rule's a fifth of 3,000 steps is more than the row's 400)
         return {"row": row, "corpus": corpus, "size": "full", "budget_minutes": 25.0, "test": {"bleu": bleu},
-                "steps": 1000, "passes": passes, "step_seconds": 1.5, "model": model}
+                "steps": 3000, "passes": passes, "step_seconds": 0.5, "model": model}
 
     report = {"runs": {
         "gettext-en-es-full-25min-defaults": run("defaults", 34.0, "gettext-en-es", 9.0, encoder_layers=2,
@@ -218,3 +219,61 @@ def test_issue41s_transformer_runs_are_the_first_seed_of_the_rows_that_pin_their
     assert any(line.startswith("| `dtmt1-ls0.0` | 9.0") for line in table)
     view = db.issue41_view({name: entry for name, entry in runs.items() if entry.get("corpus", "bible") == "bible"})
     assert {entry["row"] for entry in view.values()} == {"dropout0.0", "dropout0.1", "ls0.2"}
+
+
+def test_the_dtmt_defaults_at_warmup_400_where_the_rule_now_chooses_less_are_the_dtmt1_warmup400_row(
+        tmp_path: Path) -> None:
+    """Since the DTMT warm-up rule (2026-11-29: the row's 400, at most a fifth of the estimated steps) a `defaults`
+    run of DTMT#1 at warm-up 400 whose estimate was under 2,000 steps is not today's defaults: its folder is set aside
+    before the cell's defaults train again, and its record is the `dtmt1-warmup400` row's (seed kept); where the rule
+    still gives 400 (25 minutes), or the run chose by the rule, it stays."""
+    def rule(steps: str) -> str:
+        return (f"[deepnmt]   dropout = rnn_dropout = readout_dropout 0.0: the run is a 10-minute budget at 0.5 s a step "
+                f"(…): ≈ {steps} steps = 3.7 passes over the training data (289 steps each); …")
+
+    new_log = ("[deepnmt]   --warmup_steps 400 at most: a fifth of the run's length (below)\n" + rule("1,066") +
+               "\n[deepnmt]   --warmup_steps 213: the row's 400, at most a fifth of the run's ≈ 1,066 steps (a dtmt "
+               "row's rule, docs/defaults.md)\n")
+    logs = {"a-10min-defaults": "[deepnmt]   --warmup_steps 400\n" + rule("1,066"),
+            "a-25min-defaults": "[deepnmt]   --warmup_steps 400\n" + rule("2,665"), "b-10min-defaults": new_log}
+    for name, text in logs.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.json").write_text("{}")
+        (tmp_path / name / "config.json").write_text('{"model_type": "dtmt"}')
+        (tmp_path / f"{name}.log").write_text(text)
+    assert db.warmup_of([], new_log) == 213 and db.warmup_of([], logs["a-10min-defaults"]) == 400
+    assert db.set_aside_before_rule(tmp_path, "a-10min-defaults")
+    assert (tmp_path / "a-10min-defaults-warmup400" / "metrics.json").is_file()
+    assert (tmp_path / "a-10min-defaults-warmup400.log").is_file() and not (tmp_path / "a-10min-defaults").exists()
+    assert not db.set_aside_before_rule(tmp_path, "a-25min-defaults")
+    assert not db.set_aside_before_rule(tmp_path, "b-10min-defaults")
+    # a `defaults` folder of the Transformer (the defaults before issue 63) is set aside too: it is not today's
+    (tmp_path / "b-10min-defaults" / "config.json").write_text('{"model_type": "deep_transformer"}')
+    assert db.set_aside_before_rule(tmp_path, "b-10min-defaults")
+    assert (tmp_path / "b-10min-defaults-transformer" / "metrics.json").is_file()
+
+    def run(row: str, bleu: float, budget: float, steps: str, warmup: int, **extra: object) -> dict:
+        return {"row": row, "corpus": "gettext-en-es", "size": "full", "budget_minutes": budget,
+                "test": {"bleu": bleu}, "steps": 1000, "passes": 3.4, "step_seconds": 0.57, "warmup_steps": warmup,
+                "rule": {"dropout": 0.0, "passes": 3.7, "line": rule(steps)}, "model": {"model_type": "dtmt"},
+                "command": f"deepnmt train --{row} {bleu}", **extra}
+
+    report = {"runs": {
+        "gettext-en-es-full-10min-defaults": run("defaults", 32.11, 10.0, "1,066", 400),
+        "gettext-en-es-full-10min-defaults-seed2": run("defaults", 26.5, 10.0, "1,208", 400, seed=2),
+        "gettext-en-es-full-25min-defaults": run("defaults", 41.3, 25.0, "2,665", 400),
+        # DTMT#1 at the rule's dropout, warm-up 400 (no rule line: its dropout was given): the defaults of before
+        "gettext-en-es-full-10min-dtmt1-lr3e-3-dropout0.0": {**run("dtmt1-lr3e-3-dropout0.0", 32.11, 10.0, "", 400),
+                                                             "rule": None},
+    }}
+    runs = db.migrate(report)["runs"]
+    assert runs["gettext-en-es-full-10min-dtmt1-warmup400"]["test"]["bleu"] == 32.11
+    assert "before the DTMT warm-up rule" in runs["gettext-en-es-full-10min-dtmt1-warmup400"]["ran_as"]
+    assert runs["gettext-en-es-full-10min-dtmt1-warmup400-seed2"]["seed"] == 2
+    assert "gettext-en-es-full-10min-defaults" not in runs and "gettext-en-es-full-10min-defaults-seed2" not in runs
+    assert runs["gettext-en-es-full-25min-defaults"]["test"]["bleu"] == 41.3  # ≈ 2,665 steps: the rule gives 400
+    assert db.estimated_steps(runs["gettext-en-es-full-10min-dtmt1-lr3e-3-dropout0.0"]) == pytest.approx(600 / 0.57)
+    assert db.migrate({"runs": {name: dict(entry) for name, entry in runs.items()}})["runs"] == runs  # once
+    runs["gettext-en-es-full-10min-defaults"] = run("defaults", 33.0, 10.0, "1,066", 213)  # the rule's choice
+    assert db.migrate({"runs": dict(runs)})["runs"]["gettext-en-es-full-10min-defaults"]["test"]["bleu"] == 33.0
+    assert db.corpus_scores(runs, 10.0)["gettext-en-es"]["dtmt1-warmup400"] == round((32.11 + 26.5) / 2, 2)

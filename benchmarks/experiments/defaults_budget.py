@@ -89,6 +89,9 @@ ROWS: dict[str, list[str]] = {
     "dtmt1-ls0.0": ["--model_type", "dtmt", "--label_smoothing_factor", "0.0"],
     "dtmt1-warmup200": ["--model_type", "dtmt", "--warmup_steps", "200"],
     "dtmt1-warmup800": ["--model_type", "dtmt", "--warmup_steps", "800"],
+    # the defaults' DTMT#1 before the warm-up rule (2026-11-29): the row's 400 at every length; their runs of fewer
+    # than ~2,000 estimated steps (where the rule now chooses less) are this row's since (`migrate`)
+    "dtmt1-warmup400": ["--model_type", "dtmt", "--warmup_steps", "400"],
     "dtmt1-vocab8000": ["--model_type", "dtmt", "--vocab_size", "8000"],
     "dtmt1-d192": ["--model_type", "dtmt", "--config_overrides", "d_model=192,init_range=0.18"],
     # issue 41's Transformer runs with the warm-up of their time (200) that stayed above the DTMT#1 defaults on the
@@ -255,17 +258,40 @@ def describe(folder: Path, log_path: Path, code: int, arguments: list[str], minu
     return run
 
 
-# The line `deepnmt train` prints for a warm-up its defaults chose.
-WARMUP_LINE = re.compile(r"^\[deepnmt\]\s+--warmup_steps (\d+)\s*$", re.MULTILINE)
+# The lines `deepnmt train` prints for a warm-up its defaults chose: "--warmup_steps 400" (the size row's), and
+# since the DTMT warm-up rule "--warmup_steps 213: the row's 400, at most a fifth of …" after the row's
+# "--warmup_steps 400 at most: …" (which is not the choice, and does not match).
+WARMUP_LINE = re.compile(r"^\[deepnmt\]\s+--warmup_steps (\d+)(?::|\s*$)", re.MULTILINE)
+# The run-length estimate in the dropout rule's line: "… ≈ 1,066 steps = 3.7 passes …".
+ESTIMATED_STEPS = re.compile(r"≈ ([0-9,]+) steps")
 
 
 def warmup_of(arguments: list[str], log_text: str) -> int | None:
-    """The warm-up a run trained with: the command line's ``--warmup_steps``, else the one the defaults chose (its
-    log line), else None (neither: not a run of the defaults' warm-up)."""
+    """The warm-up a run trained with: the command line's ``--warmup_steps``, else the last one the defaults chose
+    (its log line), else None (neither: not a run of the defaults' warm-up)."""
     if "--warmup_steps" in arguments:
         return int(arguments[arguments.index("--warmup_steps") + 1])
-    chosen = WARMUP_LINE.search(log_text)
-    return int(chosen[1]) if chosen else None
+    chosen = WARMUP_LINE.findall(log_text)
+    return int(chosen[-1]) if chosen else None
+
+
+def estimated_steps(run: dict) -> float | None:
+    """The steps `deepnmt train` estimated for a budget run like ``run``: its printed estimate (the dropout rule's
+    line), else the budget over the run's own step time (validations not counted); None without either."""
+    printed = ESTIMATED_STEPS.search((run.get("rule") or {}).get("line", ""))
+    if printed:
+        return float(printed[1].replace(",", ""))
+    return run["budget_minutes"] * 60.0 / run["step_seconds"] if run.get("step_seconds") else None
+
+
+def before_warmup_rule(run: dict) -> bool:
+    """Whether ``run`` trained DTMT#1 at the row's warm-up where the defaults' warm-up rule (2026-11-29: at most a
+    fifth of the estimated steps, `hf_deepnmt_training.defaults.warmup_for_length`) now chooses another."""
+    from hf_deepnmt_training.defaults import warmup_for_length
+
+    steps = estimated_steps(run)
+    return run_model_type(run) == "dtmt" and run.get("warmup_steps") == WARMUP_NOW and steps is not None \
+        and warmup_for_length(WARMUP_NOW, steps) != WARMUP_NOW
 
 
 # The line `deepnmt train` prints when its defaults choose the dropout from the run's length.
@@ -275,18 +301,29 @@ RULE_LINE = re.compile(r"dropout ([0-9.]+): the run is [^\n]*?= ([0-9.]+) passes
 def set_aside_before_rule(work: Path, name: str) -> bool:
     """A finished `defaults` run from before the run-length dropout rule (its log has no rule line) is the
     `dropout0.0` row's run (`migrate`), and one from before the warm-up change (its log shows the defaults choosing
-    ``--warmup_steps 200``) the `warmup200` row's; neither is one of today's defaults: its folder and log are
-    renamed to ``NAME-before-rule`` / ``NAME-warmup200`` so that the study records today's defaults instead (the
-    `warmup400` run of the cell, `migrate`, or a new run). Returns whether it did."""
+    ``--warmup_steps 200``) the `warmup200` row's, one of the Transformer (its config says so) from before issue 63
+    made DTMT#1 the defaults the `transformer` row's, and a DTMT#1 one at warm-up 400 from before the DTMT warm-up
+    rule, where it now chooses less, the `dtmt1-warmup400` row's; none is one of today's defaults: its folder and log
+    are renamed to ``NAME-before-rule`` / ``NAME-warmup200`` / ``NAME-transformer`` / ``NAME-warmup400`` so that the
+    study records today's defaults instead (the `warmup400` run of the cell, `migrate`, or a new run). Returns
+    whether it did."""
     folder, log = work / name, work / f"{name}.log"
     finished = (folder / "metrics.json").is_file() and log.is_file()  # an unfinished run is trained again whole
     if not finished:
         return False
     text = log.read_text(errors="replace")
-    if not RULE_LINE.search(text):
+    rule = RULE_LINE.search(text)
+    config = folder / "config.json"
+    model = {"model_type": json.loads(config.read_text()).get("model_type")} if config.is_file() else {}
+    if not rule:
         suffix = "before-rule"
     elif warmup_of([], text) == WARMUP_BEFORE:
         suffix = "warmup200"
+    elif model.get("model_type") == "deep_transformer":  # the defaults before issue 63 made DTMT#1 theirs
+        suffix = "transformer"
+    elif before_warmup_rule({"rule": {"line": rule[0]}, "warmup_steps": warmup_of([], text),
+                             "model": model}):
+        suffix = "warmup400"
     else:
         return False
     for path in (folder, log):
@@ -322,7 +359,10 @@ def migrate(report: dict) -> dict:
     runs of the `dropout0.0` row: the defaults of that time, the same training as ``--config_overrides
     dropout=0.0``; `defaults` runs from before the warm-up change (warm-up 200, recorded or not) are the `warmup200`
     row's. Renamed in place, once. A cell without a `defaults` run then takes its `warmup400` run as the defaults'
-    (the same command once the defaults choose that warm-up), marked ``ran_as``."""
+    (the same command once the defaults choose that warm-up), marked ``ran_as``. Issue 63's: the Transformer
+    defaults' runs are the `transformer` row's; DTMT#1 runs at the rule's dropout are the defaults'; DTMT#1 runs of
+    the defaults at warm-up 400 where the DTMT warm-up rule now chooses less are the `dtmt1-warmup400` row's; issue
+    41's Transformer runs at warm-up 200 are the rows pinning it."""
     for name in list(report.get("runs", {})):
         run = report["runs"][name]
         if run.get("row") == "defaults" and run.get("test") and not run.get("rule") \
@@ -360,10 +400,18 @@ def migrate(report: dict) -> dict:
         defaults = sibling(run, "defaults")
         passes = estimated_passes(run)
         if run.get("row") in DTMT1_AT_RULE_DROPOUT and run.get("test") and passes is not None \
-                and defaults not in report["runs"] and DTMT1_AT_RULE_DROPOUT[run["row"]] == dropout_for_epochs(passes):
+                and defaults not in report["runs"] and DTMT1_AT_RULE_DROPOUT[run["row"]] == dropout_for_epochs(passes) \
+                and not before_warmup_rule(run):
             report["runs"][defaults] = {**run, "row": "defaults", "ran_as": (
                 f"the {run['row']} run: DTMT#1 with dropout {DTMT1_AT_RULE_DROPOUT[run['row']]} in all three dropouts "
                 f"is what the defaults choose since issue 63 for a run of ≈ {passes:.1f} passes")}
+    for name in list(report.get("runs", {})):  # the defaults' DTMT#1 runs at warm-up 400 where the rule now chooses less
+        run = report["runs"][name]
+        if run.get("row") == "defaults" and run.get("test") and before_warmup_rule(run):
+            report["runs"].setdefault(sibling(run, "dtmt1-warmup400"), {**run, "row": "dtmt1-warmup400", "ran_as": (
+                (f"{run['ran_as']}; " if run.get("ran_as") else "")
+                + "the defaults before the DTMT warm-up rule (2026-11-29): warm-up 400, as --warmup_steps 400")})
+            del report["runs"][name]
     for name in list(report.get("runs", {})):  # issue 41's Transformer runs at warm-up 200 and the rule's dropout
         run = report["runs"][name]
         row = TRANSFORMER_WARMUP200.get(run.get("row"))
