@@ -529,7 +529,8 @@ def test_train_help_shows_what_a_new_models_run_uses(capsys):
     assert f"NMT default of a new model without --recipe: CPU {row.learning_rate:g} below 200,000 pairs" in \
         help_of("learning_rate") and f"(default: 5e-05 {where}" in help_of("learning_rate")
     assert f"CPU {row.warmup_steps} below 200,000 pairs" in help_of("warmup_steps") and \
-        "at most a fifth of --max_steps" in help_of("warmup_steps") and f"(default: 0 {where}" in help_of("warmup_steps")
+        "at most a fifth of --max_steps" in help_of("warmup_steps") and \
+        "dtmt at most a fifth of the steps planned without it" in help_of("warmup_steps") and f"(default: 0 {where}" in help_of("warmup_steps")
     assert f"CPU {row.vocab_size:,} below 200,000 pairs" in help_of("vocab_size") and \
         "unused when --tokenizer_name gives the tokenizer" in help_of("vocab_size")
     assert "--max_steps / 4 rounded up (four validations" in help_of("eval_steps")
