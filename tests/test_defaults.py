@@ -281,7 +281,8 @@ def test_a_short_budget_gives_dtmt_a_fifth_of_its_steps_as_warmup_and_a_resumed_
 
     args, recipe, chosen, printed = resolved("--max_train_minutes", "10")
     assert args.warmup_steps == chosen["warmup_steps"] == 200
-    assert "--warmup_steps 200: the row's 400, at most a fifth of the run's ≈ 1,000 steps (a dtmt row's rule" in printed
+    assert "--warmup_steps 200: the row's 400, at most a fifth of the run's ≈ 1,000 steps (a dtmt row's " \
+        "rule" in printed
     assert "dropout = rnn_dropout = readout_dropout 0.1: the run is a 10-minute budget" in printed  # 1,000 passes
     args, _, chosen, printed = resolved("--max_train_minutes", "25")
     assert args.warmup_steps == chosen["warmup_steps"] == 400 and "≈ 2,500 steps" in printed
@@ -410,7 +411,8 @@ def test_a_dtmt_budget_run_trains_with_the_warmup_it_chose_and_its_checkpoints_k
                                   "10", "--config_overrides", "d_model=16,attention_heads=2,max_position_embeddings=64"
                                   )[1:])
     printed = capsys.readouterr().err
-    found = re.search(r"--warmup_steps ([0-9]+): the row's 400, at most a fifth of the run's ≈ ([0-9,]+) steps", printed)
+    found = re.search(r"--warmup_steps ([0-9]+): the row's 400, at most a fifth of the run's ≈ ([0-9,]+) steps",
+                      printed)
     assert found, printed
     warmup = int(found[1])
     assert warmup == warmup_for_length(400, float(found[2].replace(",", ""))) == outcome.training_args.warmup_steps
@@ -530,7 +532,8 @@ def test_train_help_shows_what_a_new_models_run_uses(capsys):
         help_of("learning_rate") and f"(default: 5e-05 {where}" in help_of("learning_rate")
     assert f"CPU {row.warmup_steps} below 200,000 pairs" in help_of("warmup_steps") and \
         "at most a fifth of --max_steps" in help_of("warmup_steps") and \
-        "dtmt at most a fifth of the steps planned without it" in help_of("warmup_steps") and f"(default: 0 {where}" in help_of("warmup_steps")
+        "dtmt at most a fifth of the steps planned without it" in help_of("warmup_steps") and \
+        f"(default: 0 {where}" in help_of("warmup_steps")
     assert f"CPU {row.vocab_size:,} below 200,000 pairs" in help_of("vocab_size") and \
         "unused when --tokenizer_name gives the tokenizer" in help_of("vocab_size")
     assert "--max_steps / 4 rounded up (four validations" in help_of("eval_steps")

@@ -228,8 +228,8 @@ def test_the_dtmt_defaults_at_warmup_400_where_the_rule_now_chooses_less_are_the
     before the cell's defaults train again, and its record is the `dtmt1-warmup400` row's (seed kept); where the rule
     still gives 400 (25 minutes), or the run chose by the rule, it stays."""
     def rule(steps: str) -> str:
-        return (f"[deepnmt]   dropout = rnn_dropout = readout_dropout 0.0: the run is a 10-minute budget at 0.5 s a step "
-                f"(…): ≈ {steps} steps = 3.7 passes over the training data (289 steps each); …")
+        return ("[deepnmt]   dropout = rnn_dropout = readout_dropout 0.0: the run is a 10-minute budget at 0.5 s "
+                f"a step (…): ≈ {steps} steps = 3.7 passes over the training data (289 steps each); …")
 
     new_log = ("[deepnmt]   --warmup_steps 400 at most: a fifth of the run's length (below)\n" + rule("1,066") +
                "\n[deepnmt]   --warmup_steps 213: the row's 400, at most a fifth of the run's ≈ 1,066 steps (a dtmt "

@@ -346,8 +346,8 @@ def resolve_by_length(model_args: ModelArguments, data_args: DataArguments, trai
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.broadcast_object_list(choice, src=0)
     dropout, warmup = choice
-    said = f"the run is {length.how}: ≈ {length.steps:,.0f} steps = {length.epochs:.1f} passes over the training data " \
-           f"({per_epoch:,} steps each)"
+    said = (f"the run is {length.how}: ≈ {length.steps:,.0f} steps = {length.epochs:.1f} passes over the training "
+            f"data ({per_epoch:,} steps each)")
     if dropout_needed:
         recipe["model"].update(dict.fromkeys(fields, dropout))  # every dropout of the model (`DROPOUT_FIELDS`)
         if training_args.process_index == 0:

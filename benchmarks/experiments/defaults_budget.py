@@ -405,7 +405,8 @@ def migrate(report: dict) -> dict:
             report["runs"][defaults] = {**run, "row": "defaults", "ran_as": (
                 f"the {run['row']} run: DTMT#1 with dropout {DTMT1_AT_RULE_DROPOUT[run['row']]} in all three dropouts "
                 f"is what the defaults choose since issue 63 for a run of ≈ {passes:.1f} passes")}
-    for name in list(report.get("runs", {})):  # the defaults' DTMT#1 runs at warm-up 400 where the rule now chooses less
+    # the defaults' DTMT#1 runs at warm-up 400 where the DTMT warm-up rule now chooses less
+    for name in list(report.get("runs", {})):
         run = report["runs"][name]
         if run.get("row") == "defaults" and run.get("test") and before_warmup_rule(run):
             report["runs"].setdefault(sibling(run, "dtmt1-warmup400"), {**run, "row": "dtmt1-warmup400", "ran_as": (
