@@ -150,9 +150,10 @@ def warmup_for_length(row_warmup: int, steps: float) -> int:
 # The model types whose warm-up the run-length rule also caps at a fifth of an *estimated* length (a
 # --max_train_minutes budget, or --num_train_epochs); a --max_steps run's warm-up is capped for every model in
 # `resolve`. DTMT only: issue 63's study measured DTMT#1's warm-up 200 above its 400 on all three corpora at 10
-# minutes (~1,000 steps; two seeds) and below it on two of three at 25 (~2,500 steps), which a fifth of the run's
-# steps gives (docs/defaults.md, "Label smoothing and warm-up on DTMT#1"); issue 41 measured the Transformer row's
-# warm-up 400 above 200 at ~1,100 steps on two of three corpus sizes, so its budget runs keep 400.
+# minutes (~1,000 steps; mean of two seeds, three on the Bible) and below it on two of three at 25 (~2,500 steps),
+# which a fifth of the run's steps gives, and the rule itself +1.50 BLEU over warm-up 400 on the mean of the three
+# at 10 (docs/defaults.md, "The DTMT warm-up rule"); issue 41 measured the Transformer row's warm-up 400 above 200 at
+# ~1,100 steps on two of three corpus sizes, so its budget runs keep 400.
 WARMUP_BY_LENGTH_TYPES: tuple[str, ...] = ("dtmt",)
 
 

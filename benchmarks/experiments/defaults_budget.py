@@ -279,8 +279,12 @@ def estimated_steps(run: dict) -> float | None:
     """The steps `deepnmt train` estimated for a budget run like ``run``: its printed estimate (the dropout rule's
     line), else the budget over the run's own step time (validations not counted); None without either."""
     printed = ESTIMATED_STEPS.search((run.get("rule") or {}).get("line", ""))
-    if printed:
-        return float(printed[1].replace(",", ""))
+    return float(printed[1].replace(",", "")) if printed else steps_at_own_speed(run)
+
+
+def steps_at_own_speed(run: dict) -> float | None:
+    """A budget run's length in steps at its own step time, validations not counted (what `deepnmt train` would
+    estimate had it measured that time); None without a step time."""
     return run["budget_minutes"] * 60.0 / run["step_seconds"] if run.get("step_seconds") else None
 
 
@@ -351,7 +355,7 @@ def estimated_passes(run: dict) -> float | None:
     validations not counted), from the run's own step time; None without one."""
     if not run.get("step_seconds") or not run.get("passes") or not run.get("steps"):
         return None
-    return run["budget_minutes"] * 60.0 / run["step_seconds"] / (run["steps"] / run["passes"])
+    return steps_at_own_speed(run) / (run["steps"] / run["passes"])
 
 
 def migrate(report: dict) -> dict:
