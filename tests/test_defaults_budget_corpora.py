@@ -136,7 +136,8 @@ def test_the_results_page_names_every_invocation_of_the_study_not_only_the_last(
 def test_the_rules_sweep_rows_change_one_rule_of_the_defaults_dtmt1() -> None:
     # issue 41's `ls0.2`, `vocab2000`, ... runs on the Bible trained the Transformer: the sweep on DTMT#1 has its own
     # rows, each pinning the defaults' DTMT (--model_type dtmt) and changing one rule
-    sweep = [row for row in db.ROWS if row.startswith("dtmt1-") and not row.startswith("dtmt1-lr")]
+    sweep = [row for row in db.ROWS if row.startswith("dtmt1-") and not row.startswith("dtmt1-lr")
+             and row not in db.TWO_RULES]
     assert {"dtmt1-ls0.2", "dtmt1-warmup800", "dtmt1-vocab8000", "dtmt1-d192"} <= set(sweep)
     for row in sweep:
         options = db.ROWS[row]
@@ -277,3 +278,56 @@ def test_the_dtmt_defaults_at_warmup_400_where_the_rule_now_chooses_less_are_the
     runs["gettext-en-es-full-10min-defaults"] = run("defaults", 33.0, 10.0, "1,066", 213)  # the rule's choice
     assert db.migrate({"runs": dict(runs)})["runs"]["gettext-en-es-full-10min-defaults"]["test"]["bleu"] == 33.0
     assert db.corpus_scores(runs, 10.0)["gettext-en-es"]["dtmt1-warmup400"] == round((32.11 + 26.5) / 2, 2)
+
+
+def test_the_label_smoothing_rows_at_warmup_400_from_before_the_rule_are_two_rule_rows_out_of_leave_one_out(
+        tmp_path: Path) -> None:
+    """A `dtmt1-ls0.0` / `dtmt1-ls0.2` run from before the DTMT warm-up rule trained at warm-up 400 where the rule now
+    chooses less: it is recorded (and its folder set aside) as the row pinning both settings, so that the row itself
+    is measured again beside today's defaults; the pinning row changes two rules of the defaults and so takes no part
+    in the leave-one-corpus-out check, whose rows change one each."""
+    def run(row: str, corpus: str, bleu: float, budget: float, steps: str, warmup: int, **extra: object) -> dict:
+        line = (f"dropout 0.0: the run is a {budget:g}-minute budget at 0.5 s a step (…): ≈ {steps} steps = 3.7 "
+                "passes over the training data (289 steps each)")
+        return {"row": row, "corpus": corpus, "size": "full", "budget_minutes": budget, "test": {"bleu": bleu},
+                "steps": 1000, "passes": 3.4, "step_seconds": 0.57, "warmup_steps": warmup,
+                "rule": {"dropout": 0.0, "passes": 3.7, "line": line}, "model": {"model_type": "dtmt"},
+                "command": f"deepnmt train --{row} {corpus} {budget}", **extra}
+
+    corpora = ("bible", "gettext-en-es", "gettext-en-de")
+    runs = {}
+    for corpus, defaults, old_ls, new_ls in zip(corpora, (9.3, 32.2, 21.4), (12.0, 36.0, 17.0), (9.0, 32.0, 21.0)):
+        prefix = "" if corpus == "bible" else f"{corpus}-"
+        runs[f"{prefix}full-10min-defaults"] = run("defaults", corpus, defaults, 10.0, "1,066", 213)
+        runs[f"{prefix}full-10min-dtmt1-ls0.0"] = run("dtmt1-ls0.0", corpus, old_ls, 10.0, "1,066", 400)
+        runs[f"{prefix}full-25min-dtmt1-ls0.0"] = run("dtmt1-ls0.0", corpus, old_ls, 25.0, "2,665", 400)
+    migrated = db.migrate({"runs": {name: dict(entry) for name, entry in runs.items()}})["runs"]
+    for prefix in ("", "gettext-en-es-", "gettext-en-de-"):
+        assert f"{prefix}full-10min-dtmt1-ls0.0" not in migrated
+        moved = migrated[f"{prefix}full-10min-dtmt1-ls0.0-warmup400"]
+        assert moved["row"] == "dtmt1-ls0.0-warmup400" and "the dtmt1-ls0.0 row before" in moved["ran_as"]
+        assert migrated[f"{prefix}full-25min-dtmt1-ls0.0"]["row"] == "dtmt1-ls0.0"  # the rule gives 400 there
+    # the old runs would win two folds of three; as a two-rule row they are in the table, not in the check
+    table = "\n".join(db.corpora_section(migrated, dict(db.ROWS)))
+    assert "| `dtmt1-ls0.0-warmup400` | 12.0 (+2.70)" in table
+    assert "Leave one corpus out" not in table  # one row (`defaults`) is left in the check: no choice
+    for corpus, new_ls in zip(corpora, (9.0, 32.0, 21.0)):  # today's row, measured again
+        prefix = "" if corpus == "bible" else f"{corpus}-"
+        # the same command as the run set aside (same folder, same seed): it is shown as today's row all the same
+        migrated[f"{prefix}full-10min-dtmt1-ls0.0"] = run("dtmt1-ls0.0", corpus, new_ls, 10.0, "1,066", 213)
+    table = "\n".join(db.corpora_section(migrated, dict(db.ROWS)))
+    assert "over the rows `defaults`, `dtmt1-ls0.0` measured on all three" in table
+    assert "| bible | `defaults` | +0.00 | `defaults` |" in table
+    # the folder of such a run is set aside under the pinning row's name before the row trains again
+    text = ("[deepnmt]   --warmup_steps 400\n[deepnmt]   dropout = rnn_dropout = readout_dropout " +
+            runs["full-10min-dtmt1-ls0.0"]["rule"]["line"] + "\n")
+    for name in ("full-10min-dtmt1-ls0.0", "full-25min-dtmt1-ls0.0"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.json").write_text("{}")
+        (tmp_path / name / "config.json").write_text('{"model_type": "dtmt"}')
+        (tmp_path / f"{name}.log").write_text(text.replace("10-minute", "25-minute").replace("1,066", "2,665")
+                                              if name.startswith("full-25") else text)
+    assert db.set_aside_before_rule(tmp_path, "full-10min-dtmt1-ls0.0", "dtmt1-ls0.0")
+    assert (tmp_path / "full-10min-dtmt1-ls0.0-warmup400" / "metrics.json").is_file()
+    assert db.run_name("full", "10", "dtmt1-ls0.0-warmup400") == "full-10min-dtmt1-ls0.0-warmup400"
+    assert not db.set_aside_before_rule(tmp_path, "full-25min-dtmt1-ls0.0", "dtmt1-ls0.0")

@@ -92,6 +92,10 @@ ROWS: dict[str, list[str]] = {
     # the defaults' DTMT#1 before the warm-up rule (2026-11-29): the row's 400 at every length; their runs of fewer
     # than ~2,000 estimated steps (where the rule now chooses less) are this row's since (`migrate`)
     "dtmt1-warmup400": ["--model_type", "dtmt", "--warmup_steps", "400"],
+    # the label-smoothing rows' runs of before the warm-up rule, likewise (`migrate`): two rules changed each, the
+    # label smoothing and the warm-up, so the leave-one-corpus-out check leaves them out (`TWO_RULES`)
+    "dtmt1-ls0.2-warmup400": ["--model_type", "dtmt", "--label_smoothing_factor", "0.2", "--warmup_steps", "400"],
+    "dtmt1-ls0.0-warmup400": ["--model_type", "dtmt", "--label_smoothing_factor", "0.0", "--warmup_steps", "400"],
     "dtmt1-vocab8000": ["--model_type", "dtmt", "--vocab_size", "8000"],
     "dtmt1-d192": ["--model_type", "dtmt", "--config_overrides", "d_model=192,init_range=0.18"],
     # issue 41's Transformer runs with the warm-up of their time (200) that stayed above the DTMT#1 defaults on the
@@ -122,6 +126,13 @@ ISSUE41_ROWS = ("dropout0.0", "dropout0.1", "dropout0.3", "d256-dropout0.3", "at
 # `MECHANISM_MARGIN` BLEU on at least `MECHANISM_WINS` of the corpora (`mechanism_verdicts`).
 MECHANISMS = ("cad", "dou2018-dense", "admin-6-6", "dtmt1", "dtmt1-lr3e-3-dropout0.1", "dtmt1-lr3e-3-dropout0.0")
 MECHANISM_MARGIN, MECHANISM_WINS = 0.5, 2
+# The rows whose DTMT#1 runs at warm-up 400, from before the DTMT warm-up rule (2026-11-29) where it now chooses less,
+# are recorded as another row's (`migrate`, `set_aside_before_rule`): the row pinning that warm-up.
+BEFORE_WARMUP_RULE = {"defaults": "dtmt1-warmup400", "dtmt1-ls0.2": "dtmt1-ls0.2-warmup400",
+                      "dtmt1-ls0.0": "dtmt1-ls0.0-warmup400"}
+# Rows that change two rules of today's defaults: in the tables, not in the leave-one-corpus-out check, whose rows
+# change one rule each (`corpora_section`).
+TWO_RULES = ("dtmt1-ls0.2-warmup400", "dtmt1-ls0.0-warmup400")
 # The `cpu-small` warm-up of the defaults before this study made it 400 (2026-11-26): `defaults` runs that resolved
 # to it are the `warmup200` row's, and `warmup400` runs are the defaults' since then (`migrate`).
 WARMUP_BEFORE, WARMUP_NOW = 200, 400
@@ -302,15 +313,16 @@ def before_warmup_rule(run: dict) -> bool:
 RULE_LINE = re.compile(r"dropout ([0-9.]+): the run is [^\n]*?= ([0-9.]+) passes over the training data[^\n]*")
 
 
-def set_aside_before_rule(work: Path, name: str) -> bool:
+def set_aside_before_rule(work: Path, name: str, row: str = "defaults") -> bool:
     """A finished `defaults` run from before the run-length dropout rule (its log has no rule line) is the
     `dropout0.0` row's run (`migrate`), and one from before the warm-up change (its log shows the defaults choosing
     ``--warmup_steps 200``) the `warmup200` row's, one of the Transformer (its config says so) from before issue 63
     made DTMT#1 the defaults the `transformer` row's, and a DTMT#1 one at warm-up 400 from before the DTMT warm-up
     rule, where it now chooses less, the `dtmt1-warmup400` row's; none is one of today's defaults: its folder and log
     are renamed to ``NAME-before-rule`` / ``NAME-warmup200`` / ``NAME-transformer`` / ``NAME-warmup400`` so that the
-    study records today's defaults instead (the `warmup400` run of the cell, `migrate`, or a new run). Returns
-    whether it did."""
+    study records today's defaults instead (the `warmup400` run of the cell, `migrate`, or a new run). For another
+    ``row`` of `BEFORE_WARMUP_RULE` (a label-smoothing row) only the last applies: its run at warm-up 400 becomes
+    ``NAME-warmup400``, the name of the row pinning that warm-up. Returns whether it did."""
     folder, log = work / name, work / f"{name}.log"
     finished = (folder / "metrics.json").is_file() and log.is_file()  # an unfinished run is trained again whole
     if not finished:
@@ -319,7 +331,12 @@ def set_aside_before_rule(work: Path, name: str) -> bool:
     rule = RULE_LINE.search(text)
     config = folder / "config.json"
     model = {"model_type": json.loads(config.read_text()).get("model_type")} if config.is_file() else {}
-    if not rule:
+    if row != "defaults":
+        suffix = "warmup400" if rule and before_warmup_rule(
+            {"rule": {"line": rule[0]}, "warmup_steps": warmup_of([], text), "model": model}) else None
+        if suffix is None:
+            return False
+    elif not rule:
         suffix = "before-rule"
     elif warmup_of([], text) == WARMUP_BEFORE:
         suffix = "warmup200"
@@ -365,8 +382,9 @@ def migrate(report: dict) -> dict:
     row's. Renamed in place, once. A cell without a `defaults` run then takes its `warmup400` run as the defaults'
     (the same command once the defaults choose that warm-up), marked ``ran_as``. Issue 63's: the Transformer
     defaults' runs are the `transformer` row's; DTMT#1 runs at the rule's dropout are the defaults'; DTMT#1 runs of
-    the defaults at warm-up 400 where the DTMT warm-up rule now chooses less are the `dtmt1-warmup400` row's; issue
-    41's Transformer runs at warm-up 200 are the rows pinning it."""
+    the defaults at warm-up 400 where the DTMT warm-up rule now chooses less are the `dtmt1-warmup400` row's, and
+    those of the label-smoothing rows the rows pinning that warm-up as well (`BEFORE_WARMUP_RULE`); issue 41's
+    Transformer runs at warm-up 200 are the rows pinning it."""
     for name in list(report.get("runs", {})):
         run = report["runs"][name]
         if run.get("row") == "defaults" and run.get("test") and not run.get("rule") \
@@ -409,13 +427,16 @@ def migrate(report: dict) -> dict:
             report["runs"][defaults] = {**run, "row": "defaults", "ran_as": (
                 f"the {run['row']} run: DTMT#1 with dropout {DTMT1_AT_RULE_DROPOUT[run['row']]} in all three dropouts "
                 f"is what the defaults choose since issue 63 for a run of ≈ {passes:.1f} passes")}
-    # the defaults' DTMT#1 runs at warm-up 400 where the DTMT warm-up rule now chooses less
+    # DTMT#1 runs at warm-up 400 where the DTMT warm-up rule now chooses less: the defaults' are the
+    # `dtmt1-warmup400` row's, the label-smoothing rows' the rows pinning that warm-up too (`BEFORE_WARMUP_RULE`)
     for name in list(report.get("runs", {})):
         run = report["runs"][name]
-        if run.get("row") == "defaults" and run.get("test") and before_warmup_rule(run):
-            report["runs"].setdefault(sibling(run, "dtmt1-warmup400"), {**run, "row": "dtmt1-warmup400", "ran_as": (
+        row = BEFORE_WARMUP_RULE.get(run.get("row"))
+        if row and run.get("test") and before_warmup_rule(run):
+            what = "the defaults" if run["row"] == "defaults" else f"the {run['row']} row"
+            report["runs"].setdefault(sibling(run, row), {**run, "row": row, "ran_as": (
                 (f"{run['ran_as']}; " if run.get("ran_as") else "")
-                + "the defaults before the DTMT warm-up rule (2026-11-29): warm-up 400, as --warmup_steps 400")})
+                + f"{what} before the DTMT warm-up rule (2026-11-29): warm-up 400, as --warmup_steps 400")})
             del report["runs"][name]
     for name in list(report.get("runs", {})):  # issue 41's Transformer runs at warm-up 200 and the rule's dropout
         run = report["runs"][name]
@@ -581,8 +602,8 @@ def main() -> None:
     while todo or running or scoring:
         while todo and len(running) + len(scoring) < args.parallel:
             name, folder, arguments, key = todo.pop(0)
-            if key["row"] == "defaults":
-                set_aside_before_rule(work, name)
+            if key["row"] in BEFORE_WARMUP_RULE:
+                set_aside_before_rule(work, name, key["row"])
             if (folder / "metrics.json").is_file() and (work / f"{name}.log").is_file():
                 # it finished after its study process had been stopped: recorded, not trained again
                 report["runs"][name] = {**key, **describe(folder, work / f"{name}.log", 0, arguments, None)}
@@ -839,7 +860,8 @@ def corpora_section(runs: dict, described: dict) -> list[str]:
             lines += [f"- `{row}`: {verdict['wins']} win(s) of {len(verdict['deltas'])} measured corpora "
                       f"({', '.join(f'{name} {delta:+.2f}' for name, delta in verdict['deltas'].items())}): "
                       f"**{verdict['verdict']}**" for row, verdict in verdicts.items()]
-        rules = [row for row in rows if row not in MECHANISMS and all(row in scores[name] for name in corpora)]
+        rules = [row for row in rows if row not in MECHANISMS and row not in TWO_RULES
+                 and all(row in scores[name] for name in corpora)]
         held_out = leave_one_corpus_out(scores, rules)
         if held_out:
             lines += ["", f"Leave one corpus out over the rows {', '.join(f'`{row}`' for row in rules)} measured on "
@@ -857,8 +879,11 @@ def repeated(runs: dict, budget: float, row: str, size: str = "full") -> bool:
     of now."""
     own = [run for run in runs.values() if run.get("row") == row and run["budget_minutes"] == budget
            and run["size"] == size and run.get("test") and not run.get("ran_as")]
-    copies = {run.get("command") for run in runs.values() if run.get("ran_as") and run.get("row") != row}
-    return bool(own) and all(run.get("command") in copies for run in own)
+    def identity(run: dict) -> tuple:  # a copy keeps the run's command and results; a new run of the same command
+        return run.get("command"), run.get("steps"), json.dumps(run.get("test"), sort_keys=True)  # differs in them
+
+    copies = {identity(run) for run in runs.values() if run.get("ran_as") and run.get("row") != row}
+    return bool(own) and all(identity(run) in copies for run in own)
 
 
 def corpus_description(name: str) -> str:
