@@ -490,6 +490,10 @@ def test_a_budget_run_validates_by_the_clock_and_keeps_its_best_checkpoint(small
                  "--config_overrides", "d_model=16,encoder_ffn_dim=32,decoder_ffn_dim=32,max_position_embeddings=64"])
     assert code == 0
     printed = capsys.readouterr().err
+    # it says so at start, instead of the --eval_steps 1000 / --save_steps 1000 that it never reaches
+    assert "--eval_steps, --save_steps: none; a validation and a checkpoint at every quarter of --max_train_minutes, " \
+           "by the clock" in printed
+    assert "--eval_steps 1000" not in printed and "--save_steps 1000" not in printed
     args = torch.load(out / "training_args.bin", weights_only=False)
     assert args.load_best_model_at_end and args.metric_for_best_model == "bleu" and args.greater_is_better
     state = json.loads((out / "trainer_state.json").read_text())

@@ -243,6 +243,10 @@ class Resolution:
     # the row's warm-up is capped at a fifth of the run's estimated length then too (`warmup_for_length`): a CPU row
     # of `WARMUP_BY_LENGTH_TYPES` whose warm-up the command line did not set, in a run without --max_steps
     warmup_by_length: bool = False
+    # a --max_train_minutes run without --max_steps that validates and whose command line sets none of --eval_steps,
+    # --save_steps, --save_strategy validates and saves at every quarter of its minutes instead of every --eval_steps
+    # (`hf_deepnmt_training.train.plan_evaluations`): its chosen --eval_steps / --save_steps are never reached
+    by_the_clock: bool = False
 
     def describe(self, effective_model: dict[str, Any] | None = None) -> list[str]:
         """The lines `deepnmt train` prints at start; ``effective_model``: the chosen model fields with the command
@@ -259,6 +263,11 @@ class Resolution:
                                    for other in (self.size.model, *self.size.alternatives)
                                    if other["model_type"] != m["model_type"]) + ")")
         for key, value in self.options.items():
+            if self.by_the_clock and key in ("eval_steps", "save_steps"):
+                if key == "eval_steps":
+                    lines.append("[deepnmt]   --eval_steps, --save_steps: none; a validation and a checkpoint at "
+                                 "every quarter of --max_train_minutes, by the clock")
+                continue
             lines.append(f"[deepnmt]   --{key} {value}" + (" at most: a fifth of the run's length (below)"
                                                           if key == "warmup_steps" and self.warmup_by_length else ""))
         return lines

@@ -245,6 +245,9 @@ def apply_scratch_defaults(model_args: ModelArguments, data_args: DataArguments,
         DROPOUT_FIELDS[resolution.model["model_type"]])
     resolution.warmup_by_length = device == "cpu" and resolution.model.get("model_type") in WARMUP_BY_LENGTH_TYPES \
         and "warmup_steps" in resolution.options and not 0 < training_args.max_steps  # --max_steps: capped already
+    resolution.by_the_clock = model_args.max_train_minutes is not None and not 0 < training_args.max_steps \
+        and training_args.eval_strategy == "steps" \
+        and not {"eval_steps", "save_steps", "save_strategy"} & given  # as plan_evaluations decides
     if device == "cpu" and "dataloader_pin_memory" not in given:
         resolution.options["dataloader_pin_memory"] = False  # nothing to pin for (and a warning per epoch)
     for key, value in resolution.options.items():
