@@ -77,7 +77,10 @@ def test_cad_layers_without_cross_attention_return_zero_weights_that_tools_can_i
     assert first.shape == second.shape == (2, 4, 3, 6)  # (B, H, T, S)
     assert torch.count_nonzero(first) == 0 and torch.allclose(second.sum(-1), torch.ones(2, 4, 3))
     steps = _split_model_outputs((), out.cross_attentions, cur_len=1, added_len=3)
-    assert len(steps) == 2 and all(len(step) == 3 and step[0].shape == (2, 4, 1, 6) for step in steps)
+    # the zero entry is split like an attended layer's (which dimension the helper splits is transformers' choice:
+    # the step dimension before 5.25, dimension 1 since)
+    assert len(steps) == 2 and all(len(step) == 3 and step[0].shape == step[1].shape == step[2].shape
+                                   and step[0].shape[0] == 2 for step in steps)
     generated = model.generate(**inputs, num_beams=1, do_sample=False, max_new_tokens=4, output_attentions=True,
                                return_dict_in_generate=True)
     assert all(len(step) == 3 and step[0].shape[:2] == (2, 4) for step in generated.cross_attentions)
@@ -87,9 +90,12 @@ def test_dtmt_declares_itself_stateful_so_assisted_decoding_gets_transformers_re
     model = build("dtmt").eval()
     assert DTMTForConditionalGeneration._is_stateful
     inputs = {key: batch[key] for key in ("input_ids", "attention_mask")}
-    with pytest.raises(ValueError, match="stateful"):
+    # transformers' refusal: "stateful" until 5.24; since 5.25 its assisted decoding first asks for the KV cache a
+    # recurrent decoder does not have ("Assisted decoding requires a cache")
+    refused = "stateful|requires a cache"
+    with pytest.raises((ValueError, RuntimeError), match=refused):
         model.generate(**inputs, assistant_model=build("dtmt").eval(), num_beams=1, max_new_tokens=3)
-    with pytest.raises(ValueError, match="stateful"):
+    with pytest.raises((ValueError, RuntimeError), match=refused):
         model.generate(**inputs, prompt_lookup_num_tokens=2, num_beams=1, max_new_tokens=3)
 
 
