@@ -41,7 +41,8 @@ from .preprocess import ReadSplit, TokenizedSplit, read_split, tokenize_split
 from .recipes import model_fields
 from .report import TrainOutcome, finish_run
 from .run_length import measure_step_seconds, plan_run_length, steps_per_epoch
-from .train_arguments import ModelArguments, apply_scratch_defaults, parse_train_args, provisional_row_model
+from .train_arguments import (UNBOUNDED_STEPS, ModelArguments, apply_scratch_defaults, parse_train_args,
+                              provisional_row_model, validates_by_the_clock)
 from .trainer import DeepNMTTrainer
 from .translate import evaluate_model, new_token_budget
 
@@ -79,9 +80,6 @@ class TimeBudget(_Interval):
         control.should_save = args.save_strategy != "no"
 
 
-# A run with --max_train_minutes and no --max_steps runs until its budget: transformers needs a step count, so it
-# gets one no budget reaches (docs/defaults.md, "A time budget is a run length").
-UNBOUNDED_STEPS = 1_000_000_000
 # Schedules whose learning rate at a step does not depend on the run's length (the others decay over --max_steps).
 LENGTH_FREE_SCHEDULES = ("inverse_sqrt", "constant", "constant_with_warmup", "rnnplus_warmup_decay")
 
@@ -122,8 +120,7 @@ def plan_evaluations(model_args: ModelArguments, training_args: Seq2SeqTrainingA
         if patience is not None:
             callbacks.append(EarlyStoppingCallback(early_stopping_patience=patience))
         return callbacks
-    budget_run = model_args.max_train_minutes is not None and training_args.max_steps == UNBOUNDED_STEPS
-    if budget_run and not {"eval_steps", "save_steps", "save_strategy"} & given:
+    if validates_by_the_clock(model_args, training_args, given):
         training_args.eval_steps = training_args.save_steps = UNBOUNDED_STEPS  # only the clock triggers them
         callbacks.append(TimedEvaluation(model_args.max_train_minutes / EVALUATIONS_PER_BUDGET))
     same_schedule = training_args.save_strategy == "steps" and training_args.save_steps % training_args.eval_steps == 0

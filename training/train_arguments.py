@@ -224,6 +224,21 @@ def check_train_args(model_args: ModelArguments, training_args: Seq2SeqTrainingA
     model_args.license = normalise_license(model_args.license)  # checked by check_option_values
 
 
+# A run with --max_train_minutes and no --max_steps runs until its budget: transformers needs a step count, so it
+# gets one no budget reaches (docs/defaults.md, "A time budget is a run length").
+UNBOUNDED_STEPS = 1_000_000_000
+
+
+def validates_by_the_clock(model_args: ModelArguments, training_args: Seq2SeqTrainingArguments,
+                           given: set[str]) -> bool:
+    """Whether a run with NMT defaults that validates by steps does so by the clock instead (`hf_deepnmt_training.
+    train.plan_evaluations`): a --max_train_minutes run without --max_steps (before or after its step count became
+    `UNBOUNDED_STEPS`) whose command line sets none of --eval_steps, --save_steps, --save_strategy."""
+    no_step_count = training_args.max_steps <= 0 or training_args.max_steps == UNBOUNDED_STEPS
+    return model_args.max_train_minutes is not None and no_step_count \
+        and not {"eval_steps", "save_steps", "save_strategy"} & given
+
+
 def apply_scratch_defaults(model_args: ModelArguments, data_args: DataArguments,
                            training_args: Seq2SeqTrainingArguments, recipe: dict, pairs: int,
                            given: set[str]) -> Resolution:
@@ -245,9 +260,8 @@ def apply_scratch_defaults(model_args: ModelArguments, data_args: DataArguments,
         DROPOUT_FIELDS[resolution.model["model_type"]])
     resolution.warmup_by_length = device == "cpu" and resolution.model.get("model_type") in WARMUP_BY_LENGTH_TYPES \
         and "warmup_steps" in resolution.options and not 0 < training_args.max_steps  # --max_steps: capped already
-    resolution.by_the_clock = model_args.max_train_minutes is not None and not 0 < training_args.max_steps \
-        and training_args.eval_strategy == "steps" \
-        and not {"eval_steps", "save_steps", "save_strategy"} & given  # as plan_evaluations decides
+    resolution.by_the_clock = training_args.eval_strategy == "steps" and validates_by_the_clock(model_args,
+                                                                                             training_args, given)
     if device == "cpu" and "dataloader_pin_memory" not in given:
         resolution.options["dataloader_pin_memory"] = False  # nothing to pin for (and a warning per epoch)
     for key, value in resolution.options.items():
