@@ -14,9 +14,10 @@ from conftest import tiny_model, train_argv
 from hf_deepnmt.errors import UserInputError
 from hf_deepnmt_training.cli import main
 from hf_deepnmt_training.train import UNBOUNDED_STEPS
-from hf_deepnmt_training.defaults import (CPU_SIZES, DROPOUT_BY_EPOCHS, DROPOUT_FIELDS, GPU_SIZES, PARSE_TIME_DEFAULTS,
-                                         WARMUP_BY_LENGTH_TYPES, describe_dropout_rule, dropout_for_epochs,
-                                         given_options, resolve, size_class, warmup_for_length)
+from hf_deepnmt_training.defaults import (CPU_SIZES, DROPOUT_BY_EPOCHS, DROPOUT_FIELDS, GPU_SIZES,
+                                         LABEL_SMOOTHING_BY_TYPE, PARSE_TIME_DEFAULTS, WARMUP_BY_LENGTH_TYPES,
+                                         describe_dropout_rule, dropout_for_epochs, given_options, resolve,
+                                         size_class, warmup_for_length)
 from hf_deepnmt_training.run_length import measure_step_seconds, plan_run_length, steps_per_epoch
 from hf_deepnmt_training.train_arguments import apply_scratch_defaults, parse_train_args
 
@@ -155,6 +156,58 @@ def test_the_dropout_is_chosen_by_length_only_where_the_command_line_left_it(tmp
         else:
             resolution = apply_scratch_defaults(model_args, data_args, args, recipe, 1_000, given_options(argv))
         assert resolution.dropout_by_length is by_length, (extra, device)
+
+
+def test_the_cpu_rows_dtmt_gets_label_smoothing_0_2_and_every_other_model_keeps_0_1(tmp_path, capsys):
+    """Issue 63: label smoothing 0.2 on the CPU row's DTMT#1 (docs/defaults.md, "Label smoothing 0.2 for DTMT#1");
+    the row's Transformer, a --config_name model, a GPU row and a command line that sets it keep their own."""
+    assert LABEL_SMOOTHING_BY_TYPE == {"dtmt": 0.2}
+
+    def smoothing(*extra: str, device: str = "cpu") -> tuple[float, str]:
+        argv = _argv(tmp_path, *extra)
+        model_args, data_args, args, recipe = parse_train_args(argv)
+        import unittest.mock
+
+        with unittest.mock.patch("torch.cuda.is_available", return_value=device == "gpu"):
+            args.use_cpu = device == "cpu"
+            apply_scratch_defaults(model_args, data_args, args, recipe, 29_024, given_options(argv))
+        return args.label_smoothing_factor, capsys.readouterr().err
+
+    value, printed = smoothing()
+    assert value == 0.2
+    assert "[deepnmt]   --label_smoothing_factor 0.2 (the CPU row's dtmt model's; 0.1 for the others)" in printed
+    assert printed.count("--label_smoothing_factor") == 1
+    assert smoothing("--config_overrides", "d_model=64")[0] == 0.2  # still the row's DTMT
+    assert smoothing("--model_type", "dtmt")[0] == 0.2
+    for extra in (("--model_type", "deep_transformer"), ("--config_overrides", "cross_attention_drop_depth=5"),
+                  ("--config_name", "transformer-base"), ("--label_smoothing_factor", "0.15")):
+        value, printed = smoothing(*extra)
+        assert value == (0.15 if "0.15" in extra else 0.1), extra
+        assert printed.count("--label_smoothing_factor") == 1 and "(the CPU row's" not in printed, extra
+    assert smoothing(device="gpu")[0] == 0.1  # the GPU rows' Transformers
+    for extra in (("--nmt_defaults", "false"), ("--recipe", "quickstart")):  # no NMT defaults: parsed, not resolved
+        assert parse_train_args(_argv(tmp_path, *extra))[2].label_smoothing_factor == 0.1
+
+
+def test_a_resumed_run_keeps_its_checkpoints_label_smoothing(tmp_path, tiny_tokenizer, capsys):
+    """A run begun at another label smoothing (an older hf_deepnmt's 0.1) goes on with it when resumed."""
+    from datasets import Dataset
+
+    import hf_deepnmt_training.train as train_module
+
+    rows = Dataset.from_dict({"input_ids": [[5, 6, 7, 2]] * 40, "attention_mask": [[1] * 4] * 40,
+                              "labels": [[8, 9, 2]] * 40, "length": [4] * 40})
+    checkpoint = tmp_path / "run" / "checkpoint-100"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "config.json").write_text(json.dumps({"dropout": 0.0, "label_smoothing": 0.1}))
+    for extra, expected in (((), 0.1), (("--label_smoothing_factor", "0.3"), 0.3)):  # the command line still wins
+        argv = _argv(tmp_path, "--max_steps", "50", "--config_overrides", "dropout=0.0", *extra)
+        model_args, data_args, args, recipe = parse_train_args(argv)
+        defaults = apply_scratch_defaults(model_args, data_args, args, recipe, 40, given_options(argv))
+        train_module.resolve_by_length(model_args, data_args, args, recipe, tiny_tokenizer, rows, defaults,
+                                       str(checkpoint))
+        assert args.label_smoothing_factor == expected
+        assert ("--label_smoothing_factor 0.1: the checkpoint's" in capsys.readouterr().err) is (not extra)
 
 
 def test_steps_per_epoch_counts_the_trainers_batches():
@@ -369,7 +422,7 @@ def test_the_default_cpu_model_is_dtmt1_with_the_rules_dropout_in_every_dropout(
     assert "model: dtmt DTMT#1 (transition depth 1, lgru), d_model 16, 2 heads" in printed
     config = json.loads((out / "config.json").read_text())
     assert (config["model_type"], config["transition_depth"], config["rnn_cell"]) == ("dtmt", 1, "lgru")
-    assert config["init_range"] == 0.23 and config["label_smoothing"] == 0.1
+    assert config["init_range"] == 0.23 and config["label_smoothing"] == 0.2  # the DTMT row's (LABEL_SMOOTHING_BY_TYPE)
     passes = float(re.search(r"dropout = rnn_dropout = readout_dropout ([0-9.]+): the run is --max_steps 3: ≈ 3 "
                              r"steps = ([0-9.]+) passes", printed)[2])
     assert {config[key] for key in DROPOUT_FIELDS["dtmt"]} == {dropout_for_epochs(passes)}

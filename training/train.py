@@ -306,11 +306,20 @@ def resolve_by_length(model_args: ModelArguments, data_args: DataArguments, trai
     The run's length is measured once, for both. Every process of a distributed run takes process 0's choices (a
     measured step time differs between processes); a resumed run keeps its checkpoint's (a measurement near a
     threshold could choose another): the dropout from its config, the warm-up from `checkpoints.read_run_choices`
-    (a checkpoint without one trained with the row's warm-up, which stays)."""
+    (a checkpoint without one trained with the row's warm-up, which stays). A resumed run keeps its checkpoint's
+    label smoothing too where the defaults chose it (`hf_deepnmt_training.defaults.label_smoothing_for`): a run
+    begun by an hf_deepnmt of another rule goes on with the objective it began with."""
     chosen: dict[str, Any] = {}
     fields = DROPOUT_FIELDS[recipe["model"]["model_type"]]
     dropout_needed, warmup_needed = defaults.dropout_by_length, defaults.warmup_by_length
     saved = Path(resume) / "config.json" if resume else None
+    if "label_smoothing_factor" in defaults.options and saved is not None and saved.is_file() \
+            and (smoothing := json.loads(saved.read_text()).get("label_smoothing")) is not None \
+            and smoothing != training_args.label_smoothing_factor:
+        training_args.label_smoothing_factor = smoothing
+        if training_args.process_index == 0:
+            print(f"[deepnmt]   --label_smoothing_factor {smoothing}: the checkpoint's, whose run this resumes",
+                  file=sys.stderr)
     if dropout_needed and saved is not None and saved.is_file() and "dropout" in (
             config := json.loads(saved.read_text())):
         recipe["model"].update({key: config[key] for key in fields if key in config})

@@ -23,7 +23,7 @@ from hf_deepnmt_model_cards.licenses import normalise_license
 from .arguments import TRAIN_ALIASES, canonical_options, unknown_arguments_message
 from .data import DataArguments
 from .defaults import (CPU_SIZES, DROPOUT_FIELDS, GPU_SIZES, PARSE_TIME_DEFAULTS, WARMUP_BY_LENGTH_TYPES, Resolution,
-                       given_options, resolve as resolve_defaults, resolved_option_rules)
+                       given_options, label_smoothing_for, resolve as resolve_defaults, resolved_option_rules)
 from .errors import CommandLineError, is_user_mistake
 from .recipes import config_fields, load_recipe, model_fields, parse_overrides, recipe_to_argv, resolve_path
 from .train_options import check_option_values, store_option_table
@@ -127,16 +127,16 @@ def train_argument_parser(scratch_defaults: dict[str, Any] | None = None) -> HfA
     parser.set_defaults(**NMT_DEFAULTS, **(scratch_defaults or {}))
     rules = resolved_option_rules() if scratch_defaults is not None else {}
     for action in parser._actions:
+        if action.dest == "label_smoothing_factor":
+            action.help = ("Label smoothing ε of the training NLL (deepnmt's default 0.1, the value of every paper "
+                           "of this package; transformers' own default is 0.0). Recorded in the model config as "
+                           "`label_smoothing`. Evaluation losses are never smoothed.")
         if action.dest in rules and not action.option_strings[0].startswith("--no_"):
             # what a new model's run uses, then the parser's own default (where the NMT defaults do not apply)
             action.help = (f"{(action.help or '').rstrip()} NMT default of a new model without --recipe: "
                            f"{rules[action.dest]}. (default: %(default)s where the NMT defaults do not apply: "
                            "--nmt_defaults false, --recipe, --model_name_or_path)")
-        if action.dest == "label_smoothing_factor":
-            action.help = ("Label smoothing ε of the training NLL (deepnmt's default 0.1, the value of every paper "
-                           "of this package; transformers' own default is 0.0). Recorded in the model config as "
-                           "`label_smoothing`. Evaluation losses are never smoothed.")
-        elif action.dest == "torch_compile":
+        if action.dest == "torch_compile":
             action.help = ("Compile the model with torch.compile for training (docs/training.md, 'Compiling'). A "
                            "Transformer is compiled whole by the Trainer, as one graph whose batch and length "
                            "dimensions are dynamic (batches of new shapes do not recompile); a DTMT model compiles "
@@ -262,6 +262,9 @@ def apply_scratch_defaults(model_args: ModelArguments, data_args: DataArguments,
         and "warmup_steps" in resolution.options and not 0 < training_args.max_steps  # --max_steps: capped already
     resolution.by_the_clock = training_args.eval_strategy == "steps" and validates_by_the_clock(model_args,
                                                                                              training_args, given)
+    smoothing = label_smoothing_for(resolution.model, device)  # the model is final: --config_overrides picked it
+    if smoothing is not None and "label_smoothing_factor" not in given:
+        resolution.options["label_smoothing_factor"] = smoothing
     if device == "cpu" and "dataloader_pin_memory" not in given:
         resolution.options["dataloader_pin_memory"] = False  # nothing to pin for (and a warning per epoch)
     for key, value in resolution.options.items():
@@ -272,8 +275,9 @@ def apply_scratch_defaults(model_args: ModelArguments, data_args: DataArguments,
         effective = model_fields(model_args.config_name, model_args.config_overrides, model_args.model_type,
                                  recipe["model"])[1]
         print("\n".join(resolution.describe(effective) + [
-            "[deepnmt]   " + ", ".join(f"--{key} {getattr(value, 'value', value)}" for key, value in fixed.items()),
-            f"[deepnmt]   --label_smoothing_factor {training_args.label_smoothing_factor}"]), file=sys.stderr)
+            "[deepnmt]   " + ", ".join(f"--{key} {getattr(value, 'value', value)}" for key, value in fixed.items())]
+            + ([] if "label_smoothing_factor" in resolution.options else
+               [f"[deepnmt]   --label_smoothing_factor {training_args.label_smoothing_factor}"])), file=sys.stderr)
     return resolution
 
 
