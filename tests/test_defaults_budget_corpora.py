@@ -85,7 +85,8 @@ def test_leave_one_corpus_out_picks_a_rule_on_two_corpora_and_scores_it_on_the_t
 def test_the_transformer_defaults_become_their_row_and_dtmt1_at_the_rules_dropout_the_defaults() -> None:
     """Issue 63 switched the CPU defaults to DTMT#1: the recorded `defaults` runs that trained the Transformer are the
     `transformer` row's (the same training as --model_type deep_transformer), a DTMT#1 run at the dropout the
-    run-length rule gives its passes is the new defaults', and issue 41's page keeps comparing with the Transformer."""
+    run-length rule gives its passes was the new defaults' (at label smoothing 0.1: the `dtmt1-ls0.1` row's since
+    the defaults' DTMT#1 takes 0.2), and issue 41's page keeps comparing with the Transformer."""
     def run(row: str, bleu: float, corpus: str, passes: float, **model: object) -> dict:
         # 3,000 steps in 1,500 s at 0.5 s a step: the rule's estimate is the run's own passes (and the DTMT warm-up
         # rule's a fifth of 3,000 steps is more than the row's 400)
@@ -108,14 +109,16 @@ def test_the_transformer_defaults_become_their_row_and_dtmt1_at_the_rules_dropou
             entry.setdefault("rule", {"dropout": 0.1})
     runs = db.migrate(report)["runs"]
     assert runs["gettext-en-es-full-25min-transformer"]["test"]["bleu"] == 34.0
-    assert runs["gettext-en-es-full-25min-defaults"]["test"]["bleu"] == 41.0
-    assert "dtmt1-lr3e-3-dropout0.1 run" in runs["gettext-en-es-full-25min-defaults"]["ran_as"]
+    # the defaults' training from then to the label-smoothing rule (2026-12-07): the `dtmt1-ls0.1` row since
+    before = "gettext-en-es-full-25min-dtmt1-ls0.1"
+    assert runs[before]["test"]["bleu"] == 41.0 and "dtmt1-lr3e-3-dropout0.1 run" in runs[before]["ran_as"]
+    assert "to the label-smoothing rule (2026-12-07)" in runs[before]["ran_as"]
     assert runs["full-25min-transformer"]["test"]["bleu"] == 15.0 and "full-25min-defaults" not in runs
-    assert db.run_model_type(runs["gettext-en-es-full-25min-defaults"]) == "dtmt"
+    assert db.run_model_type(runs[before]) == "dtmt" and "gettext-en-es-full-25min-defaults" not in runs
     # once more, as every study command does on load: nothing moves (a DTMT#1 copy has no rule line, yet it is not
     # the `dropout0.0` row of the defaults before that rule)
     again = db.migrate({"runs": {name: dict(entry) for name, entry in runs.items()}})["runs"]
-    assert sorted(again) == sorted(runs) and again["gettext-en-es-full-25min-defaults"]["test"]["bleu"] == 41.0
+    assert sorted(again) == sorted(runs) and again[before]["test"]["bleu"] == 41.0
     view = db.issue41_view(runs)  # the Transformer in the defaults' column, DTMT#1's defaults left out
     assert view["full-25min-defaults"]["test"]["bleu"] == 15.0 and "full-25min-transformer" not in view
     assert view["gettext-en-es-full-25min-defaults"]["test"]["bleu"] == 34.0
@@ -135,13 +138,22 @@ def test_the_results_page_names_every_invocation_of_the_study_not_only_the_last(
 
 def test_the_rules_sweep_rows_change_one_rule_of_the_defaults_dtmt1() -> None:
     # issue 41's `ls0.2`, `vocab2000`, ... runs on the Bible trained the Transformer: the sweep on DTMT#1 has its own
-    # rows, each pinning the defaults' DTMT (--model_type dtmt) and changing one rule
+    # rows, each pinning the defaults' DTMT (--model_type dtmt) and changing one rule of the defaults they were
+    # measured against: the label-smoothing rows that of the defaults before 0.2 (2026-12-07), the others, measured
+    # then, pin that 0.1 beside their rule, so that another seed of theirs trains what the first did
     sweep = [row for row in db.ROWS if row.startswith("dtmt1-") and not row.startswith("dtmt1-lr")
              and row not in db.TWO_RULES]
-    assert {"dtmt1-ls0.2", "dtmt1-warmup800", "dtmt1-vocab8000", "dtmt1-d192"} <= set(sweep)
+    assert {"dtmt1-ls0.2", "dtmt1-ls0.1", "dtmt1-warmup800", "dtmt1-vocab8000", "dtmt1-d192"} <= set(sweep)
     for row in sweep:
         options = db.ROWS[row]
-        assert options[:2] == ["--model_type", "dtmt"] and len(options) == 4, row
+        assert options[:2] == ["--model_type", "dtmt"], row
+        if row.startswith("dtmt1-ls"):
+            assert len(options) == 4 and options[2] == "--label_smoothing_factor", row
+        else:
+            assert len(options) == 6 and options[4:] == ["--label_smoothing_factor", "0.1"], row
+    for row, options in db.ROWS.items():  # every DTMT row measured before the rule pins the 0.1 it trained with
+        if "dtmt" in options and row not in ("defaults",):
+            assert "--label_smoothing_factor" in options, row
     # the width row scales the init range as the defaults' does: meng2019's ±0.08 at d 1024 times sqrt(1024 / d)
     assert db.ROWS["dtmt1-d192"][3] == "d_model=192,init_range=0.18" and round(0.08 * (1024 / 192) ** 0.5, 2) == 0.18
 
@@ -235,8 +247,10 @@ def test_the_dtmt_defaults_at_warmup_400_where_the_rule_now_chooses_less_are_the
     new_log = ("[deepnmt]   --warmup_steps 400 at most: a fifth of the run's length (below)\n" + rule("1,066") +
                "\n[deepnmt]   --warmup_steps 213: the row's 400, at most a fifth of the run's ≈ 1,066 steps (a dtmt "
                "row's rule, docs/defaults.md)\n")
+    smoothing = "[deepnmt]   --label_smoothing_factor 0.2 (the CPU row's dtmt model's; 0.1 for the others)\n"
     logs = {"a-10min-defaults": "[deepnmt]   --warmup_steps 400\n" + rule("1,066"),
-            "a-25min-defaults": "[deepnmt]   --warmup_steps 400\n" + rule("2,665"), "b-10min-defaults": new_log}
+            "a-25min-defaults": "[deepnmt]   --warmup_steps 400\n" + rule("2,665") + "\n" + smoothing,
+            "b-10min-defaults": new_log + smoothing}  # today's label smoothing: only the warm-up is at stake here
     for name, text in logs.items():
         (tmp_path / name).mkdir()
         (tmp_path / name / "metrics.json").write_text("{}")
@@ -262,7 +276,7 @@ def test_the_dtmt_defaults_at_warmup_400_where_the_rule_now_chooses_less_are_the
     report = {"runs": {
         "gettext-en-es-full-10min-defaults": run("defaults", 32.11, 10.0, "1,066", 400),
         "gettext-en-es-full-10min-defaults-seed2": run("defaults", 26.5, 10.0, "1,208", 400, seed=2),
-        "gettext-en-es-full-25min-defaults": run("defaults", 41.3, 25.0, "2,665", 400),
+        "gettext-en-es-full-25min-defaults": run("defaults", 41.3, 25.0, "2,665", 400, label_smoothing=0.2),
         # DTMT#1 at the rule's dropout, warm-up 400 (no rule line: its dropout was given): the defaults of before
         "gettext-en-es-full-10min-dtmt1-lr3e-3-dropout0.0": {**run("dtmt1-lr3e-3-dropout0.0", 32.11, 10.0, "", 400),
                                                              "rule": None},
@@ -275,7 +289,8 @@ def test_the_dtmt_defaults_at_warmup_400_where_the_rule_now_chooses_less_are_the
     assert runs["gettext-en-es-full-25min-defaults"]["test"]["bleu"] == 41.3  # ≈ 2,665 steps: the rule gives 400
     assert db.estimated_steps(runs["gettext-en-es-full-10min-dtmt1-lr3e-3-dropout0.0"]) == pytest.approx(600 / 0.57)
     assert db.migrate({"runs": {name: dict(entry) for name, entry in runs.items()}})["runs"] == runs  # once
-    runs["gettext-en-es-full-10min-defaults"] = run("defaults", 33.0, 10.0, "1,066", 213)  # the rule's choice
+    runs["gettext-en-es-full-10min-defaults"] = run("defaults", 33.0, 10.0, "1,066", 213,  # the rules' choices
+                                                    label_smoothing=0.2)
     assert db.migrate({"runs": dict(runs)})["runs"]["gettext-en-es-full-10min-defaults"]["test"]["bleu"] == 33.0
     assert db.corpus_scores(runs, 10.0)["gettext-en-es"]["dtmt1-warmup400"] == round((32.11 + 26.5) / 2, 2)
 
@@ -298,7 +313,8 @@ def test_the_label_smoothing_rows_at_warmup_400_from_before_the_rule_are_two_rul
     runs = {}
     for corpus, defaults, old_ls, new_ls in zip(corpora, (9.3, 32.2, 21.4), (12.0, 36.0, 17.0), (9.0, 32.0, 21.0)):
         prefix = "" if corpus == "bible" else f"{corpus}-"
-        runs[f"{prefix}full-10min-defaults"] = run("defaults", corpus, defaults, 10.0, "1,066", 213)
+        runs[f"{prefix}full-10min-defaults"] = run("defaults", corpus, defaults, 10.0, "1,066", 213,
+                                                   label_smoothing=0.2)  # today's defaults (their log says so)
         runs[f"{prefix}full-10min-dtmt1-ls0.0"] = run("dtmt1-ls0.0", corpus, old_ls, 10.0, "1,066", 400)
         runs[f"{prefix}full-25min-dtmt1-ls0.0"] = run("dtmt1-ls0.0", corpus, old_ls, 25.0, "2,665", 400)
     migrated = db.migrate({"runs": {name: dict(entry) for name, entry in runs.items()}})["runs"]
@@ -331,3 +347,61 @@ def test_the_label_smoothing_rows_at_warmup_400_from_before_the_rule_are_two_rul
     assert (tmp_path / "full-10min-dtmt1-ls0.0-warmup400" / "metrics.json").is_file()
     assert db.run_name("full", "10", "dtmt1-ls0.0-warmup400") == "full-10min-dtmt1-ls0.0-warmup400"
     assert not db.set_aside_before_rule(tmp_path, "full-25min-dtmt1-ls0.0", "dtmt1-ls0.0")
+
+
+def test_the_defaults_dtmt1_runs_at_label_smoothing_0_1_are_the_ls0_1_rows_and_the_ls0_2_runs_the_defaults(
+        tmp_path: Path) -> None:
+    """Since 2026-12-07 the defaults give DTMT#1 on a CPU label smoothing 0.2 (hf_deepnmt_training.defaults.
+    LABEL_SMOOTHING_BY_TYPE): the `defaults` runs recorded before trained 0.1 and are the `dtmt1-ls0.1` row's, the
+    `dtmt1-ls0.2` runs (under the warm-up rule) the defaults' — at every seed; a run whose log shows the 0.2 the
+    defaults chose stays the defaults'; a run at the rule's dropout of a fixed-dropout row is the `dtmt1-ls0.1`
+    row's, and the folder of an old `defaults` run is set aside as ``NAME-ls0.1`` before the row trains again."""
+    def run(row: str, bleu: float, seed: int | None = None, **extra: object) -> dict:
+        line = ("dropout 0.0: the run is a 10-minute budget at 0.5 s a step (…): ≈ 1,066 steps = 3.7 passes over the "
+                "training data (289 steps each)")
+        return {"row": row, "corpus": "gettext-en-es", "size": "full", "budget_minutes": 10.0, "test": {"bleu": bleu},
+                "steps": 1000, "passes": 3.4, "step_seconds": 0.57, "warmup_steps": 213,
+                "rule": {"dropout": 0.0, "passes": 3.7, "line": line}, "model": {"model_type": "dtmt"},
+                "command": f"deepnmt train --{row} {seed}" + (
+                    f" --label_smoothing_factor {row[8:]}" if row.startswith("dtmt1-ls") else ""),
+                **({"seed": seed} if seed else {}), **extra}
+
+    prefix = "gettext-en-es-full-10min-"
+    runs = {f"{prefix}defaults": run("defaults", 33.0), f"{prefix}defaults-seed2": run("defaults", 31.4, 2),
+            f"{prefix}dtmt1-ls0.2": run("dtmt1-ls0.2", 34.3), f"{prefix}dtmt1-ls0.2-seed2": run("dtmt1-ls0.2", 33.9, 2),
+            f"{prefix}defaults-seed3": run("defaults", 35.0, 3, label_smoothing=0.2),  # a run of today's defaults
+            "gettext-en-de-full-10min-dtmt1-lr3e-3-dropout0.0": {**run("dtmt1-lr3e-3-dropout0.0", 20.7),
+                                                                 "corpus": "gettext-en-de"}}
+    migrated = db.migrate({"runs": {name: dict(entry) for name, entry in runs.items()}})["runs"]
+    for suffix, bleu in (("", 33.0), ("-seed2", 31.4)):
+        before = migrated[f"{prefix}dtmt1-ls0.1{suffix}"]
+        assert before["row"] == "dtmt1-ls0.1" and before["test"]["bleu"] == bleu
+        assert "the defaults before the label-smoothing rule (2026-12-07): 0.1" in before["ran_as"]
+    for suffix, bleu in (("", 34.3), ("-seed2", 33.9)):
+        now = migrated[f"{prefix}defaults{suffix}"]
+        assert now["row"] == "defaults" and now["test"]["bleu"] == bleu and "the dtmt1-ls0.2 run" in now["ran_as"]
+    assert migrated[f"{prefix}defaults-seed3"] == runs[f"{prefix}defaults-seed3"]
+    assert "gettext-en-de-full-10min-defaults" not in migrated  # a fixed-dropout row's run trained 0.1
+    assert migrated["gettext-en-de-full-10min-dtmt1-ls0.1"]["row"] == "dtmt1-ls0.1"
+    assert db.migrate({"runs": {name: dict(entry) for name, entry in migrated.items()}})["runs"] == migrated  # once
+    # the table shows the runs under their rows now, once: `dtmt1-ls0.2`'s are all the defaults'
+    table = "\n".join(db.corpora_section({**migrated, **{
+        f"bible-{name}": {**entry, "corpus": "bible"} for name, entry in migrated.items()
+        if name.startswith(prefix)}}, dict(db.ROWS)))
+    assert "| `defaults` | –" not in table and "| `dtmt1-ls0.1` | " in table and "| `dtmt1-ls0.2` |" not in table
+    assert "(mean of 3 seeds: 34.3 / 33.9 / 35.0)" in table
+    # what a run printed decides a finished folder of the defaults: 0.1 (or no line, before the rule) is set aside
+    for name, printed in (("full-10min-defaults", "--label_smoothing_factor 0.1"), ("full-25min-defaults", None),
+                          ("full-30min-defaults", "--label_smoothing_factor 0.2 (the CPU row's dtmt model's; …)")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.json").write_text("{}")
+        (tmp_path / name / "config.json").write_text('{"model_type": "dtmt"}')
+        (tmp_path / f"{name}.log").write_text(f"[deepnmt]   --warmup_steps 213: the row's 400, at most a fifth\n"
+                                               f"[deepnmt]   dropout 0.0: {runs[prefix + 'defaults']['rule']['line']}\n"
+                                               + (f"[deepnmt]   {printed}\n" if printed else ""))
+    assert db.set_aside_before_rule(tmp_path, "full-10min-defaults")
+    assert (tmp_path / "full-10min-defaults-ls0.1" / "metrics.json").is_file()
+    assert (tmp_path / "full-10min-defaults-ls0.1.log").is_file() and not (tmp_path / "full-10min-defaults").exists()
+    assert db.set_aside_before_rule(tmp_path, "full-25min-defaults")
+    assert not db.set_aside_before_rule(tmp_path, "full-30min-defaults")
+    assert db.logged_label_smoothing((tmp_path / "full-30min-defaults.log").read_text()) == 0.2

@@ -85,19 +85,25 @@ ROWS: dict[str, list[str]] = {
     # issue 63: the rules' sweep on three corpora, on the defaults' DTMT#1 (one rule changed each; named `dtmt1-…`
     # because issue 41's `ls0.2`, `vocab2000`, … runs on the Bible are the Transformer's). The width row scales the
     # init range with it as the defaults' does (meng2019's ±0.08 at d 1024 times sqrt(1024 / d): 0.18 at d 192).
+    # The sweep ran before the defaults' DTMT#1 took label smoothing 0.2 from its row `dtmt1-ls0.2` (2026-12-07):
+    # every other DTMT#1 row pins the 0.1 its runs trained with (`LS_BEFORE`), so that another seed of the row trains
+    # what its first did; a rule measured on today's defaults needs a row of its own.
     "dtmt1-ls0.2": ["--model_type", "dtmt", "--label_smoothing_factor", "0.2"],
     "dtmt1-ls0.0": ["--model_type", "dtmt", "--label_smoothing_factor", "0.0"],
-    "dtmt1-warmup200": ["--model_type", "dtmt", "--warmup_steps", "200"],
-    "dtmt1-warmup800": ["--model_type", "dtmt", "--warmup_steps", "800"],
+    # the defaults' DTMT#1 before the label-smoothing rule (2026-12-07): their runs are this row's since (`migrate`)
+    "dtmt1-ls0.1": ["--model_type", "dtmt", "--label_smoothing_factor", "0.1"],
+    "dtmt1-warmup200": ["--model_type", "dtmt", "--warmup_steps", "200", "--label_smoothing_factor", "0.1"],
+    "dtmt1-warmup800": ["--model_type", "dtmt", "--warmup_steps", "800", "--label_smoothing_factor", "0.1"],
     # the defaults' DTMT#1 before the warm-up rule (2026-11-29): the row's 400 at every length; their runs of fewer
     # than ~2,000 estimated steps (where the rule now chooses less) are this row's since (`migrate`)
-    "dtmt1-warmup400": ["--model_type", "dtmt", "--warmup_steps", "400"],
+    "dtmt1-warmup400": ["--model_type", "dtmt", "--warmup_steps", "400", "--label_smoothing_factor", "0.1"],
     # the label-smoothing rows' runs of before the warm-up rule, likewise (`migrate`): two rules changed each, the
     # label smoothing and the warm-up, so the leave-one-corpus-out check leaves them out (`TWO_RULES`)
     "dtmt1-ls0.2-warmup400": ["--model_type", "dtmt", "--label_smoothing_factor", "0.2", "--warmup_steps", "400"],
     "dtmt1-ls0.0-warmup400": ["--model_type", "dtmt", "--label_smoothing_factor", "0.0", "--warmup_steps", "400"],
-    "dtmt1-vocab8000": ["--model_type", "dtmt", "--vocab_size", "8000"],
-    "dtmt1-d192": ["--model_type", "dtmt", "--config_overrides", "d_model=192,init_range=0.18"],
+    "dtmt1-vocab8000": ["--model_type", "dtmt", "--vocab_size", "8000", "--label_smoothing_factor", "0.1"],
+    "dtmt1-d192": ["--model_type", "dtmt", "--config_overrides", "d_model=192,init_range=0.18",
+                   "--label_smoothing_factor", "0.1"],
     # issue 41's Transformer runs with the warm-up of their time (200) that stayed above the DTMT#1 defaults on the
     # Bible at 10 minutes, as rows pinning that model and warm-up so that another seed trains the same thing
     # (`migrate` makes issue 41's runs their first seed's)
@@ -109,15 +115,18 @@ ROWS: dict[str, list[str]] = {
     "dou2018-dense": ["--config_overrides", "encoder_layer_aggregation=dense,decoder_layer_aggregation=dense"],
     "admin-6-6": ["--config_overrides", "residual_scaling=admin,encoder_layers=6"],  # liu2020: post-LN, 6 encoder layers
     "dtmt1": ["--model_type", "dtmt", "--config_overrides", DTMT1.format("dropout=0.2,rnn_dropout=0.1,readout_dropout=0.2"),
-              "--learning_rate", "0.002"],  # meng2019 DTMT#1 at the recipe meng2019-bible-dtmt4's width and dropouts
+              "--learning_rate", "0.002", "--label_smoothing_factor", "0.1"],  # meng2019 DTMT#1 at the recipe
+    # meng2019-bible-dtmt4's width and dropouts
     # what of dtmt1's win is the architecture: the defaults' Transformer with dtmt1's learning rate and dropout, and
     # DTMT#1 with the defaults' learning rate and dropout
     "lr2e-3-dropout0.2": ["--learning_rate", "0.002", "--config_overrides", "dropout=0.2"],
     "dtmt1-lr3e-3-dropout0.1": ["--model_type", "dtmt", "--config_overrides",
-                                DTMT1.format("dropout=0.1,rnn_dropout=0.1,readout_dropout=0.1")],
+                                DTMT1.format("dropout=0.1,rnn_dropout=0.1,readout_dropout=0.1"),
+                                "--label_smoothing_factor", "0.1"],
     # DTMT#1 with the dropout the run-length rule gives a run under 5 passes (the Bible at 25 minutes: 4.4 passes)
     "dtmt1-lr3e-3-dropout0.0": ["--model_type", "dtmt", "--config_overrides",
-                                DTMT1.format("dropout=0.0,rnn_dropout=0.0,readout_dropout=0.0")],
+                                DTMT1.format("dropout=0.0,rnn_dropout=0.0,readout_dropout=0.0"),
+                                "--label_smoothing_factor", "0.1"],
 }
 # The rows of issue 41's sweep, on the Transformer defaults of its time (`issue41_view`).
 ISSUE41_ROWS = ("dropout0.0", "dropout0.1", "dropout0.3", "d256-dropout0.3", "attn-act-dropout0.1", "lr1.5e-3",
@@ -130,9 +139,13 @@ MECHANISM_MARGIN, MECHANISM_WINS = 0.5, 2
 # are recorded as another row's (`migrate`, `set_aside_before_rule`): the row pinning that warm-up.
 BEFORE_WARMUP_RULE = {"defaults": "dtmt1-warmup400", "dtmt1-ls0.2": "dtmt1-ls0.2-warmup400",
                       "dtmt1-ls0.0": "dtmt1-ls0.0-warmup400"}
-# Rows that change two rules of today's defaults: in the tables, not in the leave-one-corpus-out check, whose rows
-# change one rule each (`corpora_section`).
+# Rows that changed two rules of the defaults of their time (both label smoothing and the warm-up the DTMT warm-up
+# rule had replaced): in the tables, not in the leave-one-corpus-out check, whose rows change one rule each of the
+# defaults they were measured against (`corpora_section`).
 TWO_RULES = ("dtmt1-ls0.2-warmup400", "dtmt1-ls0.0-warmup400")
+# The label smoothing every run trained with before the defaults' DTMT#1 took 0.2 (2026-12-07): the package's, 0.1.
+# Such `defaults` runs are the `dtmt1-ls0.1` row's since, and `dtmt1-ls0.2` runs the defaults' (`migrate`).
+LS_BEFORE, LS_ROW_BEFORE, LS_ROW_NOW = 0.1, "dtmt1-ls0.1", "dtmt1-ls0.2"
 # The `cpu-small` warm-up of the defaults before this study made it 400 (2026-11-26): `defaults` runs that resolved
 # to it are the `warmup200` row's, and `warmup400` runs are the defaults' since then (`migrate`).
 WARMUP_BEFORE, WARMUP_NOW = 200, 400
@@ -266,7 +279,39 @@ def describe(folder: Path, log_path: Path, code: int, arguments: list[str], minu
     warmup = warmup_of(arguments, text)
     if warmup is not None:
         run["warmup_steps"] = warmup
+    if LS_LINE.search(text):
+        run["label_smoothing"] = logged_label_smoothing(text)
     return run
+
+
+# The line `deepnmt train` prints for the label smoothing of a run with NMT defaults: chosen ("--label_smoothing_factor
+# 0.2 (the CPU row's dtmt model's; …)", since 2026-12-07) or the package's ("--label_smoothing_factor 0.1").
+LS_LINE = re.compile(r"^\[deepnmt\]\s+--label_smoothing_factor ([0-9.]+)", re.MULTILINE)
+
+
+def logged_label_smoothing(log_text: str) -> float:
+    """The label smoothing a run's log says it trained with: the last line (a resumed run's "--label_smoothing_factor
+    0.1: the checkpoint's" comes after the choice); `LS_BEFORE` in a log without one."""
+    printed = LS_LINE.findall(log_text)
+    return float(printed[-1]) if printed else LS_BEFORE
+
+
+def label_smoothing_of(run: dict) -> float:
+    """The label smoothing a recorded run trained with: its command's ``--label_smoothing_factor``, else the one its
+    log printed (recorded since 2026-12-07), else `LS_BEFORE` (every run recorded before then that did not set it)."""
+    command = (run.get("command") or "").split()
+    if "--label_smoothing_factor" in command:
+        return float(command[command.index("--label_smoothing_factor") + 1])
+    return run.get("label_smoothing", LS_BEFORE)
+
+
+def trains_todays_label_smoothing(run: dict) -> bool:
+    """Whether a DTMT#1 run of the `defaults` trained with the label smoothing the defaults choose for it today
+    (`hf_deepnmt_training.defaults.label_smoothing_for`); a Transformer run: True (its 0.1 did not change)."""
+    from hf_deepnmt_training.defaults import label_smoothing_for
+
+    model_type = run_model_type(run)
+    return label_smoothing_of(run) == (label_smoothing_for({"model_type": model_type}, "cpu") or LS_BEFORE)
 
 
 # The lines `deepnmt train` prints for a warm-up its defaults chose: "--warmup_steps 400" (the size row's), and
@@ -318,9 +363,10 @@ def set_aside_before_rule(work: Path, name: str, row: str = "defaults") -> bool:
     `dropout0.0` row's run (`migrate`), and one from before the warm-up change (its log shows the defaults choosing
     ``--warmup_steps 200``) the `warmup200` row's, one of the Transformer (its config says so) from before issue 63
     made DTMT#1 the defaults the `transformer` row's, and a DTMT#1 one at warm-up 400 from before the DTMT warm-up
-    rule, where it now chooses less, the `dtmt1-warmup400` row's; none is one of today's defaults: its folder and log
-    are renamed to ``NAME-before-rule`` / ``NAME-warmup200`` / ``NAME-transformer`` / ``NAME-warmup400`` so that the
-    study records today's defaults instead (the `warmup400` run of the cell, `migrate`, or a new run). For another
+    rule, where it now chooses less, the `dtmt1-warmup400` row's, and a DTMT#1 one at label smoothing 0.1 from before
+    the label-smoothing rule (2026-12-07) the `dtmt1-ls0.1` row's; none is one of today's defaults: its folder and
+    log are renamed to ``NAME-before-rule`` / ``NAME-warmup200`` / ``NAME-transformer`` / ``NAME-warmup400`` /
+    ``NAME-ls0.1`` so that the study records today's defaults instead (the `warmup400` run of the cell, `migrate`, or a new run). For another
     ``row`` of `BEFORE_WARMUP_RULE` (a label-smoothing row) only the last applies: its run at warm-up 400 becomes
     ``NAME-warmup400``, the name of the row pinning that warm-up. Returns whether it did."""
     folder, log = work / name, work / f"{name}.log"
@@ -345,6 +391,9 @@ def set_aside_before_rule(work: Path, name: str, row: str = "defaults") -> bool:
     elif before_warmup_rule({"rule": {"line": rule[0]}, "warmup_steps": warmup_of([], text),
                              "model": model}):
         suffix = "warmup400"
+    elif model.get("model_type") == "dtmt" and not trains_todays_label_smoothing(
+            {"model": model, "label_smoothing": logged_label_smoothing(text)}):  # before the label-smoothing rule
+        suffix = f"ls{logged_label_smoothing(text):g}"
     else:
         return False
     for path in (folder, log):
@@ -381,10 +430,12 @@ def migrate(report: dict) -> dict:
     dropout=0.0``; `defaults` runs from before the warm-up change (warm-up 200, recorded or not) are the `warmup200`
     row's. Renamed in place, once. A cell without a `defaults` run then takes its `warmup400` run as the defaults'
     (the same command once the defaults choose that warm-up), marked ``ran_as``. Issue 63's: the Transformer
-    defaults' runs are the `transformer` row's; DTMT#1 runs at the rule's dropout are the defaults'; DTMT#1 runs of
-    the defaults at warm-up 400 where the DTMT warm-up rule now chooses less are the `dtmt1-warmup400` row's, and
-    those of the label-smoothing rows the rows pinning that warm-up as well (`BEFORE_WARMUP_RULE`); issue 41's
-    Transformer runs at warm-up 200 are the rows pinning it."""
+    defaults' runs are the `transformer` row's; DTMT#1 runs at the rule's dropout are the `dtmt1-ls0.1` row's (the
+    defaults' until 2026-12-07); DTMT#1 runs of the defaults at warm-up 400 where the DTMT warm-up rule now chooses less are the `dtmt1-warmup400` row's, and
+    those of the label-smoothing rows the rows pinning that warm-up as well (`BEFORE_WARMUP_RULE`); the defaults'
+    other DTMT#1 runs at label smoothing 0.1, from before the label-smoothing rule (2026-12-07), are the
+    `dtmt1-ls0.1` row's, and the `dtmt1-ls0.2` runs the defaults'; issue 41's Transformer runs at warm-up 200 are the
+    rows pinning it."""
     for name in list(report.get("runs", {})):
         run = report["runs"][name]
         if run.get("row") == "defaults" and run.get("test") and not run.get("rule") \
@@ -417,16 +468,19 @@ def migrate(report: dict) -> dict:
             del report["runs"][name]
     from hf_deepnmt_training.defaults import dropout_for_epochs
 
-    for name in list(report.get("runs", {})):  # and DTMT#1 runs at the rule's dropout are the defaults' since then
+    # and DTMT#1 runs at the rule's dropout were the defaults' from then until the label-smoothing rule: the
+    # `dtmt1-ls0.1` row's
+    for name in list(report.get("runs", {})):
         run = report["runs"][name]
-        defaults = sibling(run, "defaults")
+        before = sibling(run, LS_ROW_BEFORE)
         passes = estimated_passes(run)
         if run.get("row") in DTMT1_AT_RULE_DROPOUT and run.get("test") and passes is not None \
-                and defaults not in report["runs"] and DTMT1_AT_RULE_DROPOUT[run["row"]] == dropout_for_epochs(passes) \
+                and before not in report["runs"] and DTMT1_AT_RULE_DROPOUT[run["row"]] == dropout_for_epochs(passes) \
                 and not before_warmup_rule(run):
-            report["runs"][defaults] = {**run, "row": "defaults", "ran_as": (
+            report["runs"][before] = {**run, "row": LS_ROW_BEFORE, "ran_as": (
                 f"the {run['row']} run: DTMT#1 with dropout {DTMT1_AT_RULE_DROPOUT[run['row']]} in all three dropouts "
-                f"is what the defaults choose since issue 63 for a run of ≈ {passes:.1f} passes")}
+                f"is what the defaults chose from issue 63 (2026-11-28) to the label-smoothing rule (2026-12-07) for "
+                f"a run of ≈ {passes:.1f} passes")}
     # DTMT#1 runs at warm-up 400 where the DTMT warm-up rule now chooses less: the defaults' are the
     # `dtmt1-warmup400` row's, the label-smoothing rows' the rows pinning that warm-up too (`BEFORE_WARMUP_RULE`)
     for name in list(report.get("runs", {})):
@@ -438,6 +492,26 @@ def migrate(report: dict) -> dict:
                 (f"{run['ran_as']}; " if run.get("ran_as") else "")
                 + f"{what} before the DTMT warm-up rule (2026-11-29): warm-up 400, as --warmup_steps 400")})
             del report["runs"][name]
+    # DTMT#1 runs of the defaults at the label smoothing of before the rule are the `dtmt1-ls0.1` row's, and the
+    # `dtmt1-ls0.2` runs the defaults' (a DTMT#1 at the rules' warm-up: those before it were moved above)
+    for name in list(report.get("runs", {})):
+        run = report["runs"][name]
+        if run.get("row") == "defaults" and run.get("test") and run_model_type(run) == "dtmt" \
+                and not trains_todays_label_smoothing(run):
+            report["runs"].setdefault(sibling(run, LS_ROW_BEFORE), {**run, "row": LS_ROW_BEFORE, "ran_as": (
+                (f"{run['ran_as']}; " if run.get("ran_as") else "")
+                + f"the defaults before the label-smoothing rule (2026-12-07): {label_smoothing_of(run)}, as "
+                f"--label_smoothing_factor {label_smoothing_of(run)}")})
+            del report["runs"][name]
+    for name in list(report.get("runs", {})):
+        run = report["runs"][name]
+        defaults = sibling(run, "defaults")
+        if run.get("row") == LS_ROW_NOW and run.get("test") and run_model_type(run) == "dtmt" \
+                and trains_todays_label_smoothing(run) and not before_warmup_rule(run) \
+                and defaults not in report["runs"]:
+            report["runs"][defaults] = {**run, "row": "defaults", "ran_as": (
+                f"the {LS_ROW_NOW} run: label smoothing {label_smoothing_of(run)} is what the defaults choose for "
+                "DTMT#1 on a CPU since 2026-12-07")}
     for name in list(report.get("runs", {})):  # issue 41's Transformer runs at warm-up 200 and the rule's dropout
         run = report["runs"][name]
         row = TRANSFORMER_WARMUP200.get(run.get("row"))
@@ -452,7 +526,8 @@ def migrate(report: dict) -> dict:
     return report
 
 
-# The rows that train the `cpu-small` DTMT#1 of the defaults since issue 63 at a fixed dropout (`migrate`).
+# The rows that train the `cpu-small` DTMT#1 of the defaults from issue 63 to the label-smoothing rule at a fixed
+# dropout (`migrate`).
 DTMT1_AT_RULE_DROPOUT = {"dtmt1-lr3e-3-dropout0.1": 0.1, "dtmt1-lr3e-3-dropout0.0": 0.0}
 # Issue 41's rows whose runs trained the Transformer at warm-up 200 (the defaults of that time) -> the row that pins
 # that training since issue 63 (`migrate`: where the run's dropout is the one the run-length rule gives it)
