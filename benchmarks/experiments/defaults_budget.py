@@ -715,6 +715,7 @@ def main() -> None:
             if run.get("test") and args.average_last > 0:
                 score_average(name, folder, key["corpus"])
     pool.shutdown()
+    report = migrate(report)  # the runs recorded now, under the rows they are the runs of (as the next load would)
     path.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     render(report, results)
 
