@@ -149,13 +149,16 @@ def test_the_rules_sweep_rows_change_one_rule_of_the_defaults_dtmt1() -> None:
         assert options[:2] == ["--model_type", "dtmt"], row
         if row.startswith("dtmt1-ls"):
             assert len(options) == 4 and options[2] == "--label_smoothing_factor", row
+        elif row in db.SINCE_LS_RULE:  # measured on today's defaults: their label smoothing
+            assert len(options) == 4 and "--label_smoothing_factor" not in options, row
         else:
             assert len(options) == 6 and options[4:] == ["--label_smoothing_factor", "0.1"], row
     for row, options in db.ROWS.items():  # every DTMT row measured before the rule pins the 0.1 it trained with
-        if "dtmt" in options and row not in ("defaults",):
+        if "dtmt" in options and row not in db.SINCE_LS_RULE:
             assert "--label_smoothing_factor" in options, row
     # the width row scales the init range as the defaults' does: meng2019's ±0.08 at d 1024 times sqrt(1024 / d)
     assert db.ROWS["dtmt1-d192"][3] == "d_model=192,init_range=0.18" and round(0.08 * (1024 / 192) ** 0.5, 2) == 0.18
+    assert db.ROWS["dtmt1-d96"][3] == "d_model=96,init_range=0.26" and round(0.08 * (1024 / 96) ** 0.5, 2) == 0.26
 
 
 def test_a_cell_run_at_other_seeds_is_named_by_its_seed_and_scored_by_the_mean(tmp_path: Path) -> None:
