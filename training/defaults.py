@@ -159,13 +159,14 @@ WARMUP_BY_LENGTH_TYPES: tuple[str, ...] = ("dtmt",)
 
 
 # The CPU rows' label smoothing by model type where it is not the package's 0.1 (`hf_deepnmt_training.
-# train_arguments.NMT_DEFAULTS`, every paper's): issue 63's study measured 0.2 on the row's DTMT#1 +0.78, +2.05 and
-# −0.19 BLEU from 0.1 at 10 minutes on its three corpora (Bible es→en, software messages en→es and en→de; means of
-# 2–5 runs each, under the warm-up rule) and +0.46, +0.77 and +0.64 at 25 (2–3 runs): the defaults then within 1 BLEU
-# of every corpus's best row at both budgets, which 0.1 missed by 2 on en→es at 10 (docs/defaults.md, "Label
-# smoothing 0.2 for DTMT#1"; the study's rows `dtmt1-ls0.2` and `dtmt1-ls0.1`). Applied where the
-# size row's model is one of these types (not a --config_name model, nor the row's Transformer alternative, whose
-# 0.2 issue 41 measured below 0.1 on most of its cells) and the command line leaves --label_smoothing_factor unset.
+# train_arguments.NMT_DEFAULTS`, every paper's): issue 63's study measured 0.2 on the row's DTMT#1 +0.78, +2.05
+# and −0.19 BLEU from 0.1 at 10 minutes on its three corpora (Bible es→en, software messages en→es and en→de;
+# means of 2–5 runs each, under the warm-up rule) and +0.46, +0.77 and +0.64 at 25 (2–3 runs): the defaults then
+# within 1 BLEU of every corpus's best row at both budgets, which 0.1 missed by 2 on en→es at 10
+# (docs/defaults.md, "Label smoothing 0.2 for DTMT#1"; the study's rows `dtmt1-ls0.2` and `dtmt1-ls0.1`). Applied
+# where the size row's model is one of these types (not a --config_name model, nor the row's Transformer
+# alternative, whose 0.2 issue 41 measured below 0.1 on most of its cells) and the command line leaves
+# --label_smoothing_factor unset.
 LABEL_SMOOTHING_BY_TYPE: dict[str, float] = {"dtmt": 0.2}
 
 

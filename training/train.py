@@ -313,15 +313,14 @@ def resolve_by_length(model_args: ModelArguments, data_args: DataArguments, trai
     fields = DROPOUT_FIELDS[recipe["model"]["model_type"]]
     dropout_needed, warmup_needed = defaults.dropout_by_length, defaults.warmup_by_length
     saved = Path(resume) / "config.json" if resume else None
-    if "label_smoothing_factor" in defaults.options and saved is not None and saved.is_file() \
-            and (smoothing := json.loads(saved.read_text()).get("label_smoothing")) is not None \
-            and smoothing != training_args.label_smoothing_factor:
+    config = json.loads(saved.read_text()) if saved is not None and saved.is_file() else {}  # the checkpoint's
+    smoothing = config.get("label_smoothing")
+    if "label_smoothing_factor" in defaults.options and smoothing not in (None, training_args.label_smoothing_factor):
         training_args.label_smoothing_factor = smoothing
         if training_args.process_index == 0:
             print(f"[deepnmt]   --label_smoothing_factor {smoothing}: the checkpoint's, whose run this resumes",
                   file=sys.stderr)
-    if dropout_needed and saved is not None and saved.is_file() and "dropout" in (
-            config := json.loads(saved.read_text())):
+    if dropout_needed and "dropout" in config:
         recipe["model"].update({key: config[key] for key in fields if key in config})
         dropout_needed = False
         if training_args.process_index == 0:

@@ -119,8 +119,8 @@ ROWS: dict[str, list[str]] = {
     "dou2018-dense": ["--config_overrides", "encoder_layer_aggregation=dense,decoder_layer_aggregation=dense"],
     "admin-6-6": ["--config_overrides", "residual_scaling=admin,encoder_layers=6"],  # liu2020: post-LN, 6 encoder layers
     "dtmt1": ["--model_type", "dtmt", "--config_overrides", DTMT1.format("dropout=0.2,rnn_dropout=0.1,readout_dropout=0.2"),
-              "--learning_rate", "0.002", "--label_smoothing_factor", "0.1"],  # meng2019 DTMT#1 at the recipe
-    # meng2019-bible-dtmt4's width and dropouts
+              "--learning_rate", "0.002", "--label_smoothing_factor", "0.1"],
+    # (meng2019 DTMT#1 at the recipe meng2019-bible-dtmt4's width and dropouts)
     # what of dtmt1's win is the architecture: the defaults' Transformer with dtmt1's learning rate and dropout, and
     # DTMT#1 with the defaults' learning rate and dropout
     "lr2e-3-dropout0.2": ["--learning_rate", "0.002", "--config_overrides", "dropout=0.2"],
@@ -373,9 +373,9 @@ def set_aside_before_rule(work: Path, name: str, row: str = "defaults") -> bool:
     rule, where it now chooses less, the `dtmt1-warmup400` row's, and a DTMT#1 one at label smoothing 0.1 from before
     the label-smoothing rule (2026-12-07) the `dtmt1-ls0.1` row's; none is one of today's defaults: its folder and
     log are renamed to ``NAME-before-rule`` / ``NAME-warmup200`` / ``NAME-transformer`` / ``NAME-warmup400`` /
-    ``NAME-ls0.1`` so that the study records today's defaults instead (the `warmup400` run of the cell, `migrate`, or a new run). For another
-    ``row`` of `BEFORE_WARMUP_RULE` (a label-smoothing row) only the last applies: its run at warm-up 400 becomes
-    ``NAME-warmup400``, the name of the row pinning that warm-up. Returns whether it did."""
+    ``NAME-ls0.1`` so that the study records today's defaults instead (the `warmup400` run of the cell, `migrate`,
+    or a new run). For another ``row`` of `BEFORE_WARMUP_RULE` (a label-smoothing row) only the warm-up applies: its
+    run at warm-up 400 becomes ``NAME-warmup400``, the name of the row pinning that warm-up. Returns whether it did."""
     folder, log = work / name, work / f"{name}.log"
     finished = (folder / "metrics.json").is_file() and log.is_file()  # an unfinished run is trained again whole
     if not finished:
@@ -399,8 +399,8 @@ def set_aside_before_rule(work: Path, name: str, row: str = "defaults") -> bool:
                              "model": model}):
         suffix = "warmup400"
     elif model.get("model_type") == "dtmt" and not trains_todays_label_smoothing(
-            {"model": model, "label_smoothing": logged_label_smoothing(text)}):  # before the label-smoothing rule
-        suffix = f"ls{logged_label_smoothing(text):g}"
+            {"model": model, "label_smoothing": (smoothing := logged_label_smoothing(text))}):  # before that rule
+        suffix = f"ls{smoothing:g}"
     else:
         return False
     for path in (folder, log):
@@ -438,11 +438,11 @@ def migrate(report: dict) -> dict:
     row's. Renamed in place, once. A cell without a `defaults` run then takes its `warmup400` run as the defaults'
     (the same command once the defaults choose that warm-up), marked ``ran_as``. Issue 63's: the Transformer
     defaults' runs are the `transformer` row's; DTMT#1 runs at the rule's dropout are the `dtmt1-ls0.1` row's (the
-    defaults' until 2026-12-07); DTMT#1 runs of the defaults at warm-up 400 where the DTMT warm-up rule now chooses less are the `dtmt1-warmup400` row's, and
-    those of the label-smoothing rows the rows pinning that warm-up as well (`BEFORE_WARMUP_RULE`); the defaults'
-    other DTMT#1 runs at label smoothing 0.1, from before the label-smoothing rule (2026-12-07), are the
-    `dtmt1-ls0.1` row's, and the `dtmt1-ls0.2` runs the defaults'; issue 41's Transformer runs at warm-up 200 are the
-    rows pinning it."""
+    defaults' until 2026-12-07); DTMT#1 runs of the defaults at warm-up 400 where the DTMT warm-up rule now chooses
+    less are the `dtmt1-warmup400` row's, and those of the label-smoothing rows the rows pinning that warm-up as
+    well (`BEFORE_WARMUP_RULE`); the defaults' other DTMT#1 runs at label smoothing 0.1, from before the
+    label-smoothing rule (2026-12-07), are the `dtmt1-ls0.1` row's, and the `dtmt1-ls0.2` runs the defaults'; issue
+    41's Transformer runs at warm-up 200 are the rows pinning it."""
     for name in list(report.get("runs", {})):
         run = report["runs"][name]
         if run.get("row") == "defaults" and run.get("test") and not run.get("rule") \
