@@ -514,6 +514,11 @@ def test_max_train_minutes_stops_training_at_the_budget(small_corpus, tmp_path, 
         assert f"`--max_train_minutes` = {float(bad)!r} is not allowed; use a positive number of minutes." \
             in capsys.readouterr().err
         assert not (tmp_path / "bad").exists()
+    for bad in ("1.5", "-0.1"):  # refused at the command line, not by the model config once the data is read
+        assert main(["train", *train_argv(small_corpus, tmp_path / "bad", "--label_smoothing_factor", bad)]) == 2
+        assert f"`--label_smoothing_factor` = {float(bad)!r} is not allowed; use a number in [0, 1)" \
+            in capsys.readouterr().err
+        assert not (tmp_path / "bad").exists()
 
 
 def test_train_help_names_the_defaults_the_paper_switches_recipes_and_presets(capsys):

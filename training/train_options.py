@@ -131,6 +131,11 @@ def check_option_values(*sources: Any) -> None:
     if minutes is not None and not (math.isfinite(minutes) and minutes > 0):
         raise CommandLineError(f"`--max_train_minutes` = {minutes!r} is not allowed; use a positive number of "
                                "minutes.")
+    smoothing = values.label_smoothing_factor
+    if smoothing is not None and not (math.isfinite(smoothing) and 0 <= smoothing < 1):
+        # the model configs refuse it too, but only once the data is read and the model built
+        raise CommandLineError(f"`--label_smoothing_factor` = {smoothing!r} is not allowed; use a number in [0, 1) "
+                               "(0.1 or 0.2 in deepnmt's defaults, 0 for none).")
     scale, hold = values.warm_start_new_lr_scale, values.warm_start_freeze_steps
     if ((scale is not None and scale != 1.0) or (hold is not None and hold != 0)) and not values.warm_start_from:
         raise CommandLineError("`--warm_start_new_lr_scale` / `--warm_start_freeze_steps` apply to the parameters a "
